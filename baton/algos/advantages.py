@@ -1,0 +1,186 @@
+"""Advantage estimators, chosen by name from `ADVANTAGES`.
+
+Every estimator takes keyword-only arguments and returns `(advantages [B, R], returns [B, R])`,
+both zero on padding. Data inputs use the field names below; everything else is a
+hyper-parameter. `compute_advantages(name, **kw)` passes each estimator only the data inputs
+it reads (so a trainer can hand over everything it has), while a misspelt hyper-parameter
+still raises TypeError.
+
+Outcome estimators (grpo, dr_grpo, rloo, reinforce_pp_baseline) read one scalar score per
+row and broadcast it over the response; their `returns` equal the advantages (there is no
+critic to fit). Groups: rows that share a prompt. Give either `group_index` [B] (any ids,
+any order: the rows of one prompt need not be adjacent) or `group_size` G (rows grouped
+consecutively, G per prompt, the order of `Batch.repeat(G, interleave=True)`).
+
+Std convention: GRPO divides by the *unbiased* (Bessel, n-1) group std, like verl and TRL
+(`torch.std` defaults), so numbers match those implementations; the paper does not say.
+For G=2 and rewards [1, 0] this gives +-0.707 (the biased std would give +-1).
+A group whose rewards are all equal has std 0 and gets advantage exactly 0 (no NaN): the
+centred reward is 0 and eps keeps the division finite. A group of one row gets 0 (no
+baseline to compare with); verl instead passes its raw score through.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from baton.algos.masked import masked_whiten
+from baton.algos.registry import Registry
+
+ADVANTAGES = Registry("advantage estimator")
+register_advantage = ADVANTAGES.register
+
+# Data inputs an estimator may read; any other keyword is a hyper-parameter.
+ADVANTAGE_INPUTS = ("scores", "response_mask", "group_index", "token_rewards", "values")
+
+
+def compute_advantages(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run estimator `name`, dropping the data inputs it does not take."""
+    fn = ADVANTAGES[name]
+    params = inspect.signature(fn).parameters
+    used = {k: v for k, v in kwargs.items() if k not in ADVANTAGE_INPUTS or k in params}
+    return fn(**used)
+
+
+# --- groups ----------------------------------------------------------------------------
+def group_inverse(n_rows: int, group_index: torch.Tensor | None = None,
+                  group_size: int | None = None) -> tuple[torch.Tensor, int]:
+    """Map each row to a dense group id 0..n_groups-1. Returns (inverse [B], n_groups)."""
+    if (group_index is None) == (group_size is None):
+        raise ValueError("give exactly one of group_index and group_size")
+    if group_index is not None:
+        _, inverse = torch.unique(group_index, return_inverse=True)  # [B]
+        return inverse, int(inverse.max()) + 1 if n_rows else 0
+    if n_rows % group_size:
+        raise ValueError(f"{n_rows} rows are not a whole number of groups of {group_size}")
+    return torch.arange(n_rows) // group_size, n_rows // group_size  # [B]
+
+
+def group_stats(scores: torch.Tensor, inverse: torch.Tensor, n_groups: int,
+                unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (group mean, group std, group size), each [B]."""
+    scores = scores.float() if not scores.is_floating_point() else scores
+    inverse = inverse.to(scores.device)
+    zeros = scores.new_zeros(n_groups)
+    count = zeros.index_add(0, inverse, torch.ones_like(scores))  # [n_groups]
+    mean = zeros.index_add(0, inverse, scores) / count  # [n_groups]
+    sq_dev = zeros.index_add(0, inverse, (scores - mean[inverse]) ** 2)  # [n_groups]
+    denom = (count - 1).clamp(min=1) if unbiased else count  # singleton: var 0, not 0/0
+    std = (sq_dev / denom).sqrt()  # [n_groups]
+    return mean[inverse], std[inverse], count[inverse]  # [B] each
+
+
+def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return per_row.unsqueeze(-1) * response_mask.to(per_row.dtype)  # [B, R]
+
+
+# --- outcome estimators ---------------------------------------------------------------
+@register_advantage("grpo")
+def grpo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
+                    group_index: torch.Tensor | None = None, group_size: int | None = None,
+                    norm_by_std: bool = True, eps: float = 1e-6, unbiased_std: bool = True):
+    """GRPO (Shao et al. 2024): A_i = (r_i - mean_group) / (std_group + eps) on every token.
+
+    scores [B], response_mask [B, R]. `norm_by_std=False` is Dr. GRPO (Liu et al. 2025),
+    which drops the std division because it up-weights near-uniform groups.
+    """
+    inverse, n_groups = group_inverse(len(scores), group_index, group_size)
+    mean, std, _ = group_stats(scores, inverse, n_groups, unbiased=unbiased_std)  # [B] each
+    adv = scores - mean  # [B]
+    if norm_by_std:
+        adv = adv / (std + eps)  # [B]
+    adv = _broadcast(adv, response_mask)  # [B, R]
+    return adv, adv
+
+
+@register_advantage("dr_grpo")
+def dr_grpo_advantages(*, scores, response_mask, group_index=None, group_size=None):
+    """Dr. GRPO: group-mean baseline only, no std scaling (pair with seq-mean-token-sum-norm)."""
+    return grpo_advantages(scores=scores, response_mask=response_mask, group_index=group_index,
+                           group_size=group_size, norm_by_std=False)
+
+
+@register_advantage("rloo")
+def rloo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
+                    group_index: torch.Tensor | None = None, group_size: int | None = None):
+    """RLOO (Ahmadian et al. 2024): A_i = r_i - mean of the *other* rows of the group.
+
+    Computed as n/(n-1) * (r_i - mean), which is the same number. Singleton groups get 0.
+    """
+    inverse, n_groups = group_inverse(len(scores), group_index, group_size)
+    mean, _, count = group_stats(scores, inverse, n_groups)  # [B] each
+    scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.zeros_like(count))
+    adv = _broadcast((scores - mean) * scale, response_mask)  # [B, R]
+    return adv, adv
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
+                                     group_index: torch.Tensor | None = None,
+                                     group_size: int | None = None, eps: float = 1e-8):
+    """REINFORCE++-baseline (Hu et al. 2025): subtract the group mean, then whiten over
+    all response tokens of the batch (batch-level, not group-level, normalisation).
+    """
+    inverse, n_groups = group_inverse(len(scores), group_index, group_size)
+    mean, _, _ = group_stats(scores, inverse, n_groups)  # [B]
+    centred = _broadcast(scores - mean, response_mask)  # [B, R]
+    adv = masked_whiten(centred, response_mask, eps=eps)  # [B, R]
+    return adv, adv
+
+
+# --- token-level estimators -----------------------------------------------------------
+def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                       gamma: float = 1.0) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over the masked tokens; masked tokens are skipped (the
+    chain jumps over them, so tool-output tokens inside a multi-turn response are not steps).
+    """
+    mask = response_mask.bool()  # [B, R]
+    ret = torch.zeros_like(token_rewards)  # [B, R]
+    running = token_rewards.new_zeros(token_rewards.shape[0])  # [B]
+    for t in reversed(range(token_rewards.shape[1])):
+        # `where`, not arithmetic with the mask, so garbage in padding cannot leak in as NaN
+        running = torch.where(mask[:, t], token_rewards[:, t] + gamma * running, running)  # [B]
+        ret[:, t] = torch.where(mask[:, t], running, 0.0)
+    return ret
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(*, token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                            gamma: float = 1.0, eps: float = 1e-8):
+    """REINFORCE++ (Hu et al. 2025): discounted return-to-go of the token rewards (the KL
+    penalty is expected to be folded into them already), whitened over the batch.
+    Returns (whitened advantages, raw returns)."""
+    returns = discounted_returns(token_rewards, response_mask, gamma)  # [B, R]
+    return masked_whiten(returns, response_mask, eps=eps), returns
+
+
+@register_advantage("gae")
+def gae_advantages(*, token_rewards: torch.Tensor, values: torch.Tensor,
+                   response_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
+                   whiten: bool = True):
+    """GAE (Schulman et al. 2016) for PPO: A_t = sum_k (gamma lam)^k delta_{t+k},
+    delta_t = r_t + gamma V_{t+1} - V_t, with V = 0 after the last response token.
+
+    token_rewards, values, response_mask [B, R]. Returns (advantages, returns = A + V before
+    whitening: the critic's targets). Masked tokens are skipped rather than treated as
+    terminal (values there are ignored, even garbage). `whiten` normalises the advantages
+    over the batch as verl / OpenRLHF do; the returns are never whitened.
+    """
+    mask = response_mask.bool()  # [B, R]
+    adv = torch.zeros_like(values)  # [B, R]
+    next_value = values.new_zeros(values.shape[0])  # [B]
+    next_adv = values.new_zeros(values.shape[0])  # [B]
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]  # [B]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # [B]
+        gae = delta + gamma * lam * next_adv  # [B]
+        # `where` so that a masked position passes the later value/advantage through untouched
+        next_value = torch.where(m, values[:, t], next_value)
+        next_adv = torch.where(m, gae, next_adv)
+        adv[:, t] = torch.where(m, gae, 0.0)
+    returns = torch.where(mask, adv + values, 0.0)  # [B, R]
+    if whiten:
+        adv = masked_whiten(adv, response_mask)
+    return adv, returns

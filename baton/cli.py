@@ -1,0 +1,116 @@
+"""The `baton` command.
+
+    baton train RECIPE.yaml [dotted.key=value ...]   RL training (GRPO family)
+    baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
+    baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
+    baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
+    baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
+
+A config error (unknown key, wrong type) prints one line naming the key and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from baton.config import ConfigError, load_config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from baton.trainers.grpo import train
+    from baton.trainers.grpo_config import GRPOConfig
+
+    cfg = load_config(GRPOConfig, args.recipe, args.overrides)
+    result = train(cfg)
+    _print_accuracy(result, cfg.trainer.run_dir)
+    return 0
+
+
+def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"held-out accuracy (run dir: {run_dir})")
+    table.add_column("model")
+    table.add_column("greedy", justify="right")
+    table.add_column("sampled", justify="right")
+    for name, prefix in (("start", "start/eval/"), ("trained", "eval/")):
+        if f"{prefix}accuracy_greedy" in result:
+            table.add_row(name, f"{result[prefix + 'accuracy_greedy']:.3f}",
+                          f"{result[prefix + 'accuracy_sampled']:.3f}")
+    Console().print(table)
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from baton.trainers.sft import SFTConfig, run_sft
+
+    run_sft(load_config(SFTConfig, args.recipe, args.overrides))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from baton.envs.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.model_dir, task=args.task, n=args.n, seed=args.seed,
+                                 max_new_tokens=args.max_new_tokens)
+    for k, v in result.items():
+        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from baton.rollout.server import serve_main
+
+    serve_main(argv)
+    return 0
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from baton.models.make import make_tiny_checkpoint
+
+    make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="baton", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, help_ in (("train", _train, "RL training from a recipe"),
+                            ("sft", _sft, "supervised fine-tuning from a recipe")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("recipe")
+        p.add_argument("overrides", nargs="*", help="dotted.key=value")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint")
+    p.add_argument("model_dir")
+    p.add_argument("--task", default="arithmetic")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.set_defaults(fn=_eval)
+    sub.add_parser("serve", help="serve a model over HTTP (see baton serve --help)", add_help=False)
+    p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer")
+    p.add_argument("out_dir")
+    p.add_argument("--preset", default="5m")
+    p.add_argument("--family", default="qwen2")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=_make_tiny)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        return _serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"baton: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

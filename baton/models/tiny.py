@@ -1,0 +1,98 @@
+"""Tiny causal-LM factory: Qwen2 / Llama models built from a config, never downloaded.
+
+Presets cover the sizes baton's tests and demos need (parameter counts with the 260-token
+byte vocabulary of `baton.models.tokenizer`, embeddings tied):
+
+    "0.75m"  hidden 128, 4 layers   0.82M params  unit tests, smoke runs
+    "2m"     hidden 192, 5 layers   2.2M params
+    "5m"     hidden 256, 6 layers   4.8M params
+    "25m"    hidden 512, 8 layers   25.3M params  benchmarks
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
+
+PRESETS: dict[str, dict[str, int]] = {
+    "0.75m": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
+    "2m": dict(hidden=192, layers=5, heads=6, kv_heads=2, intermediate=576),
+    "5m": dict(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768),
+    "25m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536),
+}
+
+_FAMILIES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+
+
+def tiny_config(
+    family: str = "qwen2",
+    vocab_size: int = 260,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 384,
+    max_position: int = 256,
+    pad_token_id: int | None = 0,
+    bos_token_id: int | None = 1,
+    eos_token_id: int | None = 2,
+    tie_word_embeddings: bool = True,
+    **extra: Any,
+) -> PretrainedConfig:
+    """Return a small Qwen2Config / LlamaConfig. Special ids default to the char tokenizer's."""
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(_FAMILIES)}")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"need hidden % heads == 0 and heads % kv_heads == 0, got {hidden}/{heads}/{kv_heads}")
+    config_cls, _ = _FAMILIES[family]
+    return config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        tie_word_embeddings=tie_word_embeddings,  # the embedding is most of a tiny model
+        **extra,
+    )
+
+
+def build_tiny_model(
+    preset: str | None = "0.75m",
+    family: str = "qwen2",
+    vocab_size: int = 260,
+    seed: int = 0,
+    verbose: bool = False,
+    **overrides: Any,
+) -> torch.nn.Module:
+    """Build a randomly initialised causal LM from a preset (keys of PRESETS), with overrides.
+
+    `overrides` are `tiny_config` arguments (hidden=..., layers=..., max_position=...).
+    The init is seeded so the same call gives the same weights.
+    """
+    sizes: dict[str, Any] = {}
+    if preset is not None:
+        key = preset.lower()
+        if key not in PRESETS:
+            raise ValueError(f"unknown tiny preset {preset!r}; expected one of {list(PRESETS)}")
+        sizes.update(PRESETS[key])
+    sizes.update(overrides)
+    config = tiny_config(family=family, vocab_size=vocab_size, **sizes)
+    _, model_cls = _FAMILIES[family]
+    with torch.random.fork_rng(devices=[]):  # seed the init without moving the caller's RNG
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    if verbose:
+        print(f"tiny {family} preset={preset}: {count_params(model) / 1e6:.2f}M params")
+    return model
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

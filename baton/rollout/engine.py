@@ -1,0 +1,275 @@
+"""`EmbeddedEngine`: an in-process rollout engine over an HF causal LM (pure PyTorch).
+
+It implements `baton.rollout.protocol.Engine`. Colocated training hands it the trainer's
+own `nn.Module`: the engine reads the parameters in place (never copies them), so after an
+optimizer step the next `generate` already samples from the new policy.
+
+How a `generate` call runs:
+  1. prompts are sorted by length and cut into groups whose KV cache
+     (rows * n * (prompt_len + max_new_tokens) tokens) fits `max_batch_tokens`;
+  2. each group is left-padded and prefilled once per prompt; the cache is then copied to
+     the prompt's n sample rows;
+  3. a decode loop samples one token per row per step, records tokens and logprobs, and
+     marks rows that hit EOS / a stop id / a stop string; once enough rows have finished
+     the batch is compacted so finished rows stop costing compute.
+Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
+own HF forward (`_hf.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from baton.rollout import _llama
+from baton.rollout._hf import HFRunner
+from baton.rollout._llama import LlamaRunner
+from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout.sampling import sample
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
+SLEEP_MODES = ("cache", "offload", "discard")
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple, set)) else [int(value)]
+
+
+class EmbeddedEngine:
+    """Rollout engine that runs inside the calling process.
+
+    sleep_mode: what `sleep()` frees. "cache": only the KV cache (the default, and the only
+    sensible one for a colocated trainer module, whose weights the trainer still needs);
+    "offload": also moves the weights to CPU (back on `wake()`); "discard": also frees the
+    weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
+    must refill every parameter before `generate`.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, *,
+                 eos_token_ids: int | list[int] | None = None, pad_token_id: int | None = None,
+                 version: int = 0, max_batch_tokens: int = 65536, fast: bool = True,
+                 fuse_weights: bool = True, sleep_mode: str = "cache"):
+        if sleep_mode not in SLEEP_MODES:
+            raise ValueError(f"sleep_mode must be one of {SLEEP_MODES}, got {sleep_mode!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.version = version
+        self.max_batch_tokens = max_batch_tokens
+        self.sleep_mode = sleep_mode
+        if eos_token_ids is None:
+            gen_cfg = getattr(model, "generation_config", None)
+            eos_token_ids = getattr(gen_cfg, "eos_token_id", None)
+            if eos_token_ids is None:
+                eos_token_ids = getattr(getattr(model, "config", None), "eos_token_id", None)
+            if eos_token_ids is None and tokenizer is not None:
+                eos_token_ids = tokenizer.eos_token_id
+        self.eos_token_ids = _as_id_list(eos_token_ids)
+        if pad_token_id is None and tokenizer is not None:
+            pad_token_id = tokenizer.pad_token_id
+        # any id works for padding (it is masked); fall back to EOS, then 0
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (self.eos_token_ids or [0])[0]
+        self.runner = (LlamaRunner(model, fuse=fuse_weights) if fast and _llama.supports(model)
+                       else HFRunner(model))
+        self._asleep = False
+        self._device = None  # the weights' device while offloaded
+        self._discarded: list[tuple[torch.Tensor, torch.Size]] = []  # (param, shape) while discarded
+        self._missing: dict[int, str] = {}  # id(param) -> name: still to refill after a discard
+
+    # --- properties --------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- generate ----------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if self._asleep:
+            raise RuntimeError("engine is asleep: call wake() before generate()")
+        if self._missing:
+            raise RuntimeError(f"{len(self._missing)} parameters were discarded by sleep() and not "
+                               f"refilled by update_weights, e.g. {next(iter(self._missing.values()))!r}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        results: list[list[Completion]] = [[] for _ in prompts]
+        was_training = self.model.training
+        self.model.eval()  # dropout off for the generic path
+        try:
+            with torch.inference_mode():
+                self.runner.pack()
+                generator = None
+                if params.seed is not None:
+                    generator = torch.Generator(device=self.device).manual_seed(params.seed)
+                for group in self._groups(prompts, params):
+                    for i, comps in zip(group, self._generate_group([prompts[i] for i in group],
+                                                                    params, generator)):
+                        for c in comps:
+                            c.prompt_index = i
+                        results[i] = comps
+        finally:
+            self.runner.release()
+            self.model.train(was_training)
+        return [c for comps in results for c in comps]
+
+    def _groups(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Prompt indices, by length, cut so each group's KV cache fits max_batch_tokens."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        groups: list[list[int]] = []
+        current: list[int] = []
+        for i in order:  # lengths ascend, so the newest prompt is the group's longest
+            rows = (len(current) + 1) * params.n
+            if current and rows * (len(prompts[i]) + params.max_new_tokens) > self.max_batch_tokens:
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+        return groups
+
+    def _generate_group(self, prompts: list[list[int]], params: SamplingParams,
+                        generator: torch.Generator | None) -> list[list[Completion]]:
+        device, n, max_new = self.device, params.n, params.max_new_tokens
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+        mask = torch.zeros(B, P, dtype=torch.long)  # [B, P]
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[b, P - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+
+        logits = self.runner.start(ids, mask, max_new, n)  # [B, V]
+        if n > 1:
+            logits = logits.repeat_interleave(n, 0)  # [B * n, V]
+        rows = B * n
+        stop_ids = _as_id_list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
+        stop_ids_t = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+        out_tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [rows, max_new]
+        out_logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
+        lengths = [max_new] * rows  # tokens kept per row; shortened when a row stops
+        stopped = [False] * rows
+        alive = torch.arange(rows, device=device)  # batch row -> group row
+        alive_list = list(range(rows))
+        finished_in_batch = torch.zeros(rows, dtype=torch.bool, device=device)  # [b]
+        texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
+
+        for t in range(max_new):
+            tokens, logprobs = sample(logits, params, generator)  # [b], [b]
+            out_tokens[alive, t] = tokens
+            out_logprobs[alive, t] = logprobs
+            if t == max_new - 1:
+                break
+            hit = torch.isin(tokens, stop_ids_t) if stop_ids_t.numel() else None  # [b]
+            if texts is not None:
+                str_hit = texts.push(alive_list, tokens.tolist())
+                hit = str_hit.to(device) if hit is None else hit | str_hit.to(device)
+            if hit is not None:
+                newly = hit & ~finished_in_batch  # [b]
+                if bool(newly.any()):
+                    for j in newly.nonzero().flatten().tolist():
+                        r = alive_list[j]
+                        lengths[r], stopped[r] = t + 1, True
+                    finished_in_batch |= newly
+                    n_done = int(finished_in_batch.sum())
+                    if n_done == len(alive_list):
+                        break
+                    if n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
+                        keep = (~finished_in_batch).nonzero().flatten()  # [b']
+                        self.runner.select(keep)
+                        tokens, alive = tokens[keep], alive[keep]
+                        alive_list = [alive_list[j] for j in keep.tolist()]
+                        finished_in_batch = finished_in_batch[keep]
+            logits = self.runner.decode(tokens)  # [b, V]
+
+        tok_rows, lp_rows = out_tokens.tolist(), out_logprobs.tolist()
+        per_prompt: list[list[Completion]] = [[] for _ in range(B)]
+        for r in range(rows):
+            L = lengths[r]
+            per_prompt[r // n].append(Completion(
+                prompt_index=r // n, token_ids=tok_rows[r][:L], logprobs=lp_rows[r][:L],
+                finish_reason="stop" if stopped[r] else "length", version=self.version))
+        return per_prompt
+
+    # --- weights -----------------------------------------------------------------------
+    def _param_table(self) -> dict[str, torch.Tensor]:
+        # state_dict keeps tied aliases (lm_head.weight), which named_parameters drops
+        table = dict(self.model.named_parameters())
+        for name, t in self.model.state_dict(keep_vars=True).items():
+            table.setdefault(name, t)
+        return table
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy (name, tensor) pairs into the model's parameters in place."""
+        table = self._param_table()
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = table.get(name)
+                if target is None:
+                    stripped = name
+                    for prefix in _WRAPPER_PREFIXES:
+                        stripped = stripped.removeprefix(prefix)
+                    target = table.get(stripped)
+                    name = stripped
+                if target is None:
+                    raise KeyError(f"update_weights: unknown parameter {name!r}")
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"update_weights: {name!r} has shape {tuple(target.shape)}, "
+                                     f"got {tuple(tensor.shape)}")
+                target.copy_(tensor)
+                self._missing.pop(id(target), None)
+        self.version = version
+
+    # --- memory ------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the KV cache (always) and, per `sleep_mode`, the weights' memory."""
+        if self._asleep:
+            return
+        self.runner.release()
+        if self.sleep_mode == "offload":
+            self._device = self.device
+            self.model.to("cpu")
+        elif self.sleep_mode == "discard":
+            self._device = self.device
+            self._discarded = [(p, p.shape) for p in self.model.parameters()]  # tied: once
+            for p, _ in self._discarded:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._asleep = True
+
+    def wake(self) -> None:
+        if not self._asleep:
+            return
+        if self.sleep_mode == "offload":
+            self.model.to(self._device)
+        elif self.sleep_mode == "discard":
+            for p, shape in self._discarded:
+                p.data = torch.empty(shape, dtype=p.dtype, device=self._device)
+            self._missing = {id(p): name for name, p in self.model.named_parameters()}
+            self._discarded = []
+        self._asleep = False
+
+
+class StopStringMatcher:
+    """Tracks each row's generated tokens and reports rows whose text now contains a stop
+    string. Only the tail is decoded (enough tokens to hold the longest stop string), so a
+    step costs O(rows * tail) whatever the length so far."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], rows: int):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        # every token decodes to >= 1 character in practice, so this many cover any stop
+        self.tail = max(len(s) for s in self.stops) + 1
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+
+    def push(self, rows: list[int], new_tokens: list[int]) -> torch.Tensor:
+        hits = torch.zeros(len(rows), dtype=torch.bool)
+        for j, (r, tok) in enumerate(zip(rows, new_tokens)):
+            seq = self.tokens[r]
+            seq.append(tok)
+            text = self.tokenizer.decode(seq[-self.tail:])
+            hits[j] = any(s in text for s in self.stops)
+        return hits

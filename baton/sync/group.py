@@ -1,0 +1,170 @@
+"""A stand-alone torch.distributed group for weight updates, plus the bucketed broadcast.
+
+The trainer (rank 0) and the inference engines (ranks 1..W-1) form a group of their own,
+outside any default process group: the trainer may already live in a torchrun/FSDP world
+and the server has none. So we build the ProcessGroup object directly from a TCPStore
+(the same idea as vLLM's `StatelessProcessGroup`) and call its collectives as methods,
+never through `torch.distributed.broadcast(group=...)`, which needs a registered group.
+
+Bucketing: many small tensors cost one collective each. `plan_buckets` packs consecutive
+tensors of one dtype into flat buffers of about `bucket_bytes`; sender and receiver run the
+same deterministic plan from the same (name, dtype, shape) list, so only that list crosses
+HTTP and the bytes go through the collective. `bucket_bytes=None` sends one tensor per
+broadcast, which is what SGLang's `/update_weights_from_distributed` expects.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import math
+import socket
+from typing import Iterable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default name
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: the spelling SGLang puts in `dtypes`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class WeightUpdateGroup:
+    """One rank of a weight-update group. Rank 0 (the trainer) hosts the TCPStore.
+
+    Every rank must construct its group at about the same time: the constructor returns
+    once all `world_size` ranks have joined (or raises after `timeout_s`).
+    """
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
+                 backend: str = "gloo", group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = 600.0):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world of size {world_size}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise ValueError("backend 'nccl' needs CUDA and a torch build with NCCL; use 'gloo' on CPU")
+        self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self._sock = None
+        listen_fd = None
+        if rank == 0:
+            # Bind the store's socket ourselves so it listens on master_address only
+            # (TCPStore alone binds every interface).
+            self._sock = socket.create_server((master_address, master_port), backlog=128)
+            listen_fd = self._sock.fileno()
+        store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listen_fd)
+        self._store = store  # the PG keeps using it; hold a reference
+        prefixed = dist.PrefixStore(f"baton/{group_name}", store)
+        if backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            # Loopback groups (tests, one machine) must not depend on hostname resolution.
+            dev = (dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if _is_loopback(master_address)
+                   else dist.ProcessGroupGloo.create_default_device())
+            opts._devices = [dev]
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+            self.device = torch.device("cpu")
+        else:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """In-place broadcast from `src` (blocking; on NCCL ordered on the current stream)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.pg.broadcast([tensor], opts).wait()
+
+    def close(self) -> None:
+        try:
+            if hasattr(self.pg, "shutdown"):
+                self.pg.shutdown()
+        except Exception:  # best effort: a peer may already be gone
+            pass
+        self.pg = None
+        self._store = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+# --- bucketing ----------------------------------------------------------------------
+
+Spec = tuple[str, str, Sequence[int]]  # (name, dtype name, shape)
+
+
+def plan_buckets(specs: Sequence[Spec], bucket_bytes: int | None) -> list[list[int]]:
+    """Group spec indices into buckets: consecutive, one dtype, <= bucket_bytes (a tensor
+    larger than that gets a bucket of its own). None/0 -> one tensor per bucket."""
+    if not bucket_bytes:
+        return [[i] for i in range(len(specs))]
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    cur_bytes, cur_dtype = 0, None
+    for i, (_, dt, shape) in enumerate(specs):
+        nbytes = math.prod(shape) * parse_dtype(dt).itemsize
+        if cur and (dt != cur_dtype or cur_bytes + nbytes > bucket_bytes):
+            buckets.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += nbytes
+        cur_dtype = dt
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def send_buckets(group: WeightUpdateGroup, tensors: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
+    """Trainer side: broadcast `tensors` (from rank 0) bucket by bucket."""
+    for bucket in plan:
+        if len(bucket) == 1:
+            t = tensors[bucket[0]].detach()
+            buf = t.to(group.device).contiguous()  # no copy when already there and contiguous
+        else:
+            buf = torch.cat([tensors[i].detach().to(group.device).reshape(-1) for i in bucket])  # [sum numel]
+        group.broadcast(buf, src=0)
+
+
+def receive_buckets(group: WeightUpdateGroup, specs: Sequence[Spec], plan: list[list[int]],
+                    device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Engine side: yield (name, tensor) as each bucket arrives, so at most one bucket is
+    in flight in memory; the consumer (engine.update_weights) copies each into place."""
+    comm_device = group.device
+    for bucket in plan:
+        dt = parse_dtype(specs[bucket[0]][1])
+        sizes = [math.prod(specs[i][2]) for i in bucket]
+        buf = torch.empty(sum(sizes), dtype=dt, device=comm_device)  # [sum numel]
+        group.broadcast(buf, src=0)
+        if device is not None and torch.device(device) != comm_device:
+            buf = buf.to(device)
+        for i, part in zip(bucket, torch.split(buf, sizes)):
+            yield specs[i][0], part.view(*specs[i][2])
+
+
+def drain(it: Iterable) -> None:
+    """Consume the rest of a receive iterator so the collective sequence completes even if
+    the consumer failed half way (otherwise the trainer blocks until its timeout)."""
+    for _ in it:
+        pass

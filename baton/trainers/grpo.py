@@ -1,0 +1,126 @@
+"""The GRPO driver loop (and its PPO-family relatives chosen by `algo.*` names).
+
+    baton train recipes/grpo_arithmetic.yaml trainer.steps=50
+
+One step, top to bottom, as the controller sees it:
+    prompts  --rollout.generate-->        rows (n per prompt, behaviour logprobs, version)
+    rows     --reward.compute_rewards-->  rewards
+    rows     --actor.compute_logprobs-->  old logprobs   (only if algo.recompute_old_logprobs)
+    rows     --reference.compute_ref_logprobs--> ref logprobs (only if algo.kl_coef > 0)
+    rows     --ADVANTAGES[algo.advantage]--> advantages (a pure function, here in the driver)
+    rows     --actor.update-->            new weights, metrics
+    actor    --rollout.sync_weights-->    the engine samples with version step+1
+
+Departures from the GRPO paper: one optimizer step per `actor.mini_batch_size` rows (the
+paper's "mu" iterations are `actor.epochs`); the KL term is optional (off by default, as in
+DAPO / Dr. GRPO); clip-higher (DAPO) is on by default (clip_high=0.28).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from baton import fields as F
+from baton.algos import compute_advantages
+from baton.batch import Batch
+from baton.config import save_config
+from baton.metrics import MetricsLogger, Timer, write_report
+from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.placement import build_roles
+from baton.trainers.run_state import RunState, latest_checkpoint
+
+
+def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
+    """What one step logs about its rollouts and its update (means over data-parallel ranks)."""
+    rewards, mask = batch[F.REWARDS], batch[F.RESPONSE_MASK].float()
+    lengths = mask.sum(1)
+    m: dict[str, Any] = {
+        "reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/truncated": sum(r == "length" for r in batch[F.FINISH_REASON]) / len(batch),
+        "rollout/policy_age": (version - batch[F.POLICY_VERSION].float()).mean().item(),
+        "rollout/tokens": int(lengths.sum().item()),
+    }
+    for k in batch.tensors:
+        if k.startswith("reward/"):
+            m[k] = batch[k].mean().item()
+    for k in ("reward/errors", "reward/timeouts"):
+        if k in batch.meta:
+            m[k] = batch.meta[k]
+    for k in update[0]:
+        m[k] = sum(u[k] for u in update) / len(update)
+    return m
+
+
+def evaluate(roles: dict, state: RunState) -> dict[str, float]:
+    """Held-out accuracy of the current policy: greedy and sampled (one sample per prompt)."""
+    return {f"eval/accuracy_{mode}": roles["rollout"].evaluate(state.eval_rows, mode == "greedy")
+            for mode in ("greedy", "sampled")}
+
+
+def train(cfg: GRPOConfig) -> dict[str, float]:
+    run_dir = Path(cfg.trainer.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    torch.manual_seed(cfg.trainer.seed)
+    roles = build_roles(cfg)
+    actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
+    state = RunState.fresh(cfg)
+    ckpt = latest_checkpoint(run_dir) if cfg.trainer.resume == "auto" else cfg.trainer.resume
+    if ckpt:
+        state.restore(actor.load_checkpoint(str(ckpt))[0])
+        rollout.sync_weights(state.step)
+    log = MetricsLogger(run_dir, cfg.trainer.steps, console=cfg.trainer.progress,
+                        sinks=cfg.trainer.sinks, start_step=state.step)
+    try:
+        if state.step == 0:
+            state.first_eval = evaluate(roles, state)
+            log.log(0, state.first_eval)
+        n, final_eval = cfg.rollout.n, {}
+        while state.step < cfg.trainer.steps:
+            step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
+            prompts = state.next_prompts(cfg.data.prompts_per_step)
+            prompts.meta["step"] = step
+            with timer("rollout"):
+                batch = rollout.generate(prompts)
+            with timer("reward"):
+                batch = batch.union(reward.compute_rewards(batch))
+            if cfg.algo.recompute_old_logprobs:
+                with timer("old_logprobs"):
+                    batch = batch.union(actor.compute_logprobs(batch))
+            else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
+                batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+            if ref is not None:
+                with timer("reference"):
+                    batch = batch.union(ref.compute_ref_logprobs(batch))
+            batch[F.ADVANTAGES], _ = compute_advantages(
+                cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
+                group_size=n)
+            with timer("update"):
+                update = actor.update(batch)
+            with timer("sync"):
+                rollout.sync_weights(step)
+            state.step = step
+            metrics = step_metrics(batch, update, version=step - 1)
+            last = step == cfg.trainer.steps
+            if last or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
+                with timer("eval"):
+                    metrics.update(evaluate(roles, state))
+            if last or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+                with timer("save"):
+                    actor.save_checkpoint(str(run_dir / "checkpoints" / f"step_{step}"), state.to_dict())
+            metrics.update(timer.pop())
+            metrics["timing/step_s"] = time.perf_counter() - t0
+            metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
+            log.log(step, metrics)
+            final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+    finally:
+        log.close()
+        for group in {id(g): g for g in roles.values()}.values():
+            group.shutdown()
+    write_report(run_dir)
+    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}

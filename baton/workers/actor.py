@@ -1,0 +1,170 @@
+"""The actor role: the trainable policy.
+
+Consumes rollout batches (prompt/response ids, masks, old logprobs, advantages, and
+reference logprobs when KL is on); produces per-token logprobs and policy updates.
+Data parallel: every rank holds a full replica; gradients are summed across ranks with one
+all-reduce per optimizer step over a flat buffer, and the losses are normalised by global
+token / sequence counts (all-reduced first), so 2 ranks x 4 rows give the gradient of
+1 rank x 8 rows (see baton.algos.aggregate_loss).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from baton import fields as F
+from baton.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, masked_mean  # noqa: F401
+from baton.batch import PAD_KEY, Batch
+from baton.controller import Dispatch, Execute, Worker, register
+from baton.models.load import load_model, load_tokenizer, save_pretrained
+from baton.trainers.grpo_config import GRPOConfig
+from baton.workers.optim import build_optimizer
+from baton.workers.sequences import batched_logprobs, response_logprobs
+
+TRAINER_STATE = "trainer_state.pt"
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+class ActorWorker(Worker):
+    def __init__(self, cfg: GRPOConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.placement.threads_per_worker:
+            torch.set_num_threads(cfg.placement.threads_per_worker)
+        self.model = load_model(cfg.model.path, dtype=_dtype(cfg.model.dtype), device=self.device)
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        a = cfg.actor
+        self.optim, self.sched = build_optimizer(
+            self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
+            warmup_steps=a.warmup_steps, total_steps=cfg.trainer.steps, schedule=a.lr_schedule,
+            min_ratio=a.min_lr_ratio)
+        self.updates = 0  # trainer steps taken: the policy version
+
+    # --- inference ---------------------------------------------------------------------
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """Consumes prompt/response ids; produces old_logprobs [B, R] and entropy [B, R]."""
+        self.model.eval()
+        out = batched_logprobs(self.model, batch, self.cfg.actor.micro_batch_size,
+                               self.cfg.rollout.temperature, with_entropy=True)
+        return Batch({F.OLD_LOGPROBS: out["logprobs"], F.ENTROPY: out[F.ENTROPY]})
+
+    # --- training ----------------------------------------------------------------------
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
+
+    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        algo, mask = self.cfg.algo, micro[F.RESPONSE_MASK].float()  # [b, R]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.actor.bf16):
+            logp, ent = response_logprobs(self.model, micro, self.cfg.rollout.temperature,
+                                          with_entropy=algo.entropy_coef > 0)
+        per_token, stats = POLICY_LOSSES[algo.policy_loss](
+            logp, micro[F.OLD_LOGPROBS], micro[F.ADVANTAGES], mask,
+            clip_low=algo.clip_low, clip_high=algo.clip_high)  # [b, R]
+        if algo.kl_coef > 0:
+            kl = KL_ESTIMATORS[algo.kl_estimator](logp, micro[F.REF_LOGPROBS])  # [b, R]
+            per_token = per_token + algo.kl_coef * kl
+            stats["actor/kl_ref"] = masked_mean(kl.detach(), mask).item()
+        if algo.entropy_coef > 0:
+            per_token = per_token - algo.entropy_coef * ent
+        loss = aggregate_loss(per_token, mask, algo.loss_agg, global_tokens=n_tokens,
+                              global_seqs=n_seqs, max_len=mask.shape[1])
+        return loss, {k: float(v) for k, v in stats.items()}
+
+    def _sync_grads(self) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.world_size == 1 or not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)  # SUM: losses are already divided by global counts
+        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Consumes a rollout batch with advantages; produces metrics; takes optimizer steps.
+
+        Mini-batches and micro-batch sizes count rows across all ranks; each rank takes its
+        share. Rows that are dispatch padding get a zero mask.
+        """
+        cfg, a = self.cfg, self.cfg.actor
+        batch = self._mask_padding(batch)
+        rows_global = len(batch) * self.dp_size
+        mini = max(1, (a.mini_batch_size or rows_global) // self.dp_size)
+        micro = max(1, a.micro_batch_size // self.dp_size)
+        self.model.train()
+        sums: dict[str, float] = {}
+        n_updates = 0
+        for epoch in range(a.epochs):
+            seed = cfg.trainer.seed * 1_000_003 + self.updates * 101 + epoch
+            for mb in batch.minibatches(mini, seed=seed):
+                mask = mb[F.RESPONSE_MASK].float()
+                counts = self._all_reduce(torch.tensor([mask.sum(), (mask.sum(1) > 0).sum()],
+                                                       dtype=torch.float64))
+                self.optim.zero_grad(set_to_none=True)
+                for mc in mb.minibatches(micro, shuffle=False):
+                    loss, stats = self._loss(mc, counts[0].item(), counts[1].item())
+                    loss.backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v * len(mc) / len(mb)
+                    sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()
+                self._sync_grads()
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
+                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()
+                self.optim.step()
+                n_updates += 1
+        self.sched.step()
+        self.updates += 1
+        metrics = {k: v / n_updates for k, v in sums.items()}
+        metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
+        return metrics
+
+    @staticmethod
+    def _mask_padding(batch: Batch) -> Batch:
+        pad = batch.meta.get(PAD_KEY, 0)
+        if not pad:
+            return batch
+        mask = batch[F.RESPONSE_MASK].clone()
+        mask[len(batch) - pad:] = 0
+        batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
+        batch[F.RESPONSE_MASK] = mask
+        return batch
+
+    # --- checkpoints -------------------------------------------------------------------
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def save_checkpoint(self, path: str, driver_state: dict[str, Any]) -> str:
+        """Write model + tokenizer (HF format) and optimizer/driver state atomically to `path`."""
+        final = Path(path)
+        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+        save_pretrained(self.model, self.tokenizer, tmp)
+        torch.save({"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
+                    "updates": self.updates, "driver": driver_state}, tmp / TRAINER_STATE)
+        if final.exists():
+            import shutil
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore weights, optimizer and schedule; returns the driver's saved state."""
+        loaded = load_model(path, dtype=_dtype(self.cfg.model.dtype), device=self.device)
+        with torch.no_grad():
+            for p, q in zip(self.model.parameters(), loaded.parameters()):
+                p.copy_(q)  # in place: the colocated engine keeps reading these tensors
+        state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
+        self.optim.load_state_dict(state["optim"])
+        self.sched.load_state_dict(state["sched"])
+        self.updates = state["updates"]
+        return state["driver"]

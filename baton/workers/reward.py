@@ -1,0 +1,37 @@
+"""The reward role: scores completions with rule-based reward functions.
+
+Consumes rows with `prompt`, `completion` and the task's fields (e.g. `answer`); produces
+`rewards` [B] (the weighted sum), one `reward/<name>` column per function, and failure
+counts in meta (`reward/errors`, `reward/timeouts`). Functions that raise or hang score 0
+and are reported (see baton.rewards.runner) instead of ending the run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baton import fields as F
+from baton.batch import Batch
+from baton.controller import Dispatch, Worker, register
+from baton.envs import TASKS  # noqa: F401  (importing registers the tasks' reward functions)
+from baton.rewards.runner import RewardRunner
+from baton.trainers.grpo_config import GRPOConfig
+
+PASSED_THROUGH = {F.PROMPT_TEXT, F.COMPLETION_TEXT, F.FINISH_REASON}
+
+
+class RewardWorker(Worker):
+    def __init__(self, cfg: GRPOConfig):
+        super().__init__()
+        self.runner = RewardRunner(cfg.reward.functions, timeout_s=cfg.reward.timeout_s)
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_rewards(self, batch: Batch) -> Batch:
+        extra = [k for k in batch.non_tensors if k not in PASSED_THROUGH]
+        rows = [{k: batch.non_tensors[k][i] for k in extra} for i in range(len(batch))]
+        totals, per_fn, stats = self.runner.score(list(batch[F.PROMPT_TEXT]),
+                                                  list(batch[F.COMPLETION_TEXT]), rows)
+        out = Batch({F.REWARDS: torch.tensor(totals, dtype=torch.float32),
+                     **{f"reward/{k}": torch.tensor(v, dtype=torch.float32) for k, v in per_fn.items()}})
+        out.meta.update({"reward/errors": stats.errors, "reward/timeouts": stats.timeouts})
+        return out
