@@ -70,7 +70,6 @@ def _make_tiny(args: argparse.Namespace) -> int:
     from baton.models.make import make_tiny_checkpoint
 
     make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)
-    print(f"wrote {args.out_dir}")
     return 0
 
 

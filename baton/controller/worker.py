@@ -203,7 +203,10 @@ class HostCore:
         return out
 
     def _fail(self, cls_name: str, method: str, e: BaseException) -> None:
-        err = WorkerError(cls_name, self.rank, method, traceback.format_exc(), self.origin)
+        tb = e.__traceback__  # drop this host's own frame: the user's code is what matters
+        tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
+        detail = "".join(traceback.format_exception(type(e), e, tb))
+        err = WorkerError(cls_name, self.rank, method, detail, self.origin)
         if self.chain_errors:
             raise err from e
         raise err from None  # the remote cause may not pickle; its traceback is in the text

@@ -261,8 +261,9 @@ class StopStringMatcher:
     def __init__(self, tokenizer: Any, stops: list[str], rows: int):
         self.tokenizer = tokenizer
         self.stops = [s for s in stops if s]
-        # every token decodes to >= 1 character in practice, so this many cover any stop
-        self.tail = max(len(s) for s in self.stops) + 1
+        # a token is >= 1 character, or >= 1 byte (<= 4 per character) for byte-level
+        # vocabularies, so this many tokens always hold the longest stop string
+        self.tail = 4 * max((len(s) for s in self.stops), default=0) + 4
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
 
     def push(self, rows: list[int], new_tokens: list[int]) -> torch.Tensor:

@@ -56,7 +56,8 @@ class WeightUpdateGroup:
     """
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 backend: str = "gloo", group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = 600.0):
+                 backend: str = "gloo", group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = 600.0,
+                 listen_socket: socket.socket | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of size {world_size}")
         if backend not in ("gloo", "nccl"):
@@ -69,8 +70,9 @@ class WeightUpdateGroup:
         listen_fd = None
         if rank == 0:
             # Bind the store's socket ourselves so it listens on master_address only
-            # (TCPStore alone binds every interface).
-            self._sock = socket.create_server((master_address, master_port), backlog=128)
+            # (TCPStore alone binds every interface). A caller may pre-bind it (port 0) to
+            # learn the port before any rank starts joining.
+            self._sock = listen_socket or socket.create_server((master_address, master_port), backlog=128)
             listen_fd = self._sock.fileno()
         store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
                               wait_for_workers=False, master_listen_fd=listen_fd)

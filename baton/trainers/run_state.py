@@ -21,7 +21,7 @@ from baton.trainers.grpo_config import GRPOConfig
 @dataclass
 class RunState:
     sampler: PromptSampler
-    eval_rows: Batch
+    eval_rows: list[dict[str, Any]]
     step: int = 0
     first_eval: dict[str, float] = field(default_factory=dict)
 
@@ -29,7 +29,7 @@ class RunState:
     def fresh(cls, cfg: GRPOConfig) -> "RunState":
         task = TASKS[cfg.data.task]
         return cls(sampler=PromptSampler(task.train_rows(seed=cfg.data.seed), seed=cfg.data.seed),
-                   eval_rows=collate(task.eval_rows(cfg.data.eval_size)))
+                   eval_rows=task.eval_rows(cfg.data.eval_size))
 
     def next_prompts(self, n: int) -> Batch:
         return collate(self.sampler.next_batch(n))

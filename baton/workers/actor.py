@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from baton import fields as F
-from baton.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, masked_mean  # noqa: F401
+from baton.algos import actor_loss, loss_normalisers
 from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.models.load import load_model, load_tokenizer, save_pretrained
@@ -65,22 +65,20 @@ class ActorWorker(Worker):
         return t
 
     def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
-        algo, mask = self.cfg.algo, micro[F.RESPONSE_MASK].float()  # [b, R]
+        algo = self.cfg.algo
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.actor.bf16):
             logp, ent = response_logprobs(self.model, micro, self.cfg.rollout.temperature,
-                                          with_entropy=algo.entropy_coef > 0)
-        per_token, stats = POLICY_LOSSES[algo.policy_loss](
-            logp, micro[F.OLD_LOGPROBS], micro[F.ADVANTAGES], mask,
-            clip_low=algo.clip_low, clip_high=algo.clip_high)  # [b, R]
-        if algo.kl_coef > 0:
-            kl = KL_ESTIMATORS[algo.kl_estimator](logp, micro[F.REF_LOGPROBS])  # [b, R]
-            per_token = per_token + algo.kl_coef * kl
-            stats["actor/kl_ref"] = masked_mean(kl.detach(), mask).item()
-        if algo.entropy_coef > 0:
-            per_token = per_token - algo.entropy_coef * ent
-        loss = aggregate_loss(per_token, mask, algo.loss_agg, global_tokens=n_tokens,
-                              global_seqs=n_seqs, max_len=mask.shape[1])
-        return loss, {k: float(v) for k, v in stats.items()}
+                                          with_entropy=True)  # [b, R], [b, R]
+        loss, stats = actor_loss(
+            logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
+            response_mask=micro[F.RESPONSE_MASK].float(),
+            ref_logprobs=micro[F.REF_LOGPROBS] if algo.kl_coef > 0 else None, entropy=ent,
+            policy_loss=algo.policy_loss,
+            policy_loss_kwargs={"clip_low": algo.clip_low, "clip_high": algo.clip_high},
+            kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
+            agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
+            max_len=self.cfg.rollout.max_new_tokens)
+        return loss, {f"actor/{k}": float(v) for k, v in stats.items()}
 
     def _sync_grads(self) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -109,16 +107,14 @@ class ActorWorker(Worker):
         for epoch in range(a.epochs):
             seed = cfg.trainer.seed * 1_000_003 + self.updates * 101 + epoch
             for mb in batch.minibatches(mini, seed=seed):
-                mask = mb[F.RESPONSE_MASK].float()
-                counts = self._all_reduce(torch.tensor([mask.sum(), (mask.sum(1) > 0).sum()],
-                                                       dtype=torch.float64))
+                counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
                 self.optim.zero_grad(set_to_none=True)
                 for mc in mb.minibatches(micro, shuffle=False):
                     loss, stats = self._loss(mc, counts[0].item(), counts[1].item())
                     loss.backward()
-                    for k, v in stats.items():
+                    stats["actor/loss"] = loss.item() * len(mb) / len(mc)  # summed back below
+                    for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
                         sums[k] = sums.get(k, 0.0) + v * len(mc) / len(mb)
-                    sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()
                 self._sync_grads()
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
                 sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()

@@ -14,7 +14,9 @@ import torch
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.controller import Dispatch, Worker, register
+from baton.controller import Dispatch, Execute, Worker, register
+from baton.envs import TASKS
+from baton.envs.evaluate import evaluate
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.trainers.grpo_config import GRPOConfig
@@ -90,3 +92,11 @@ class RolloutWorker(Worker):
         """Colocated in place: the engine already reads the updated parameters."""
         self.engine.version = version
         return version
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def evaluate(self, rows: list[dict], greedy: bool) -> float:
+        """Held-out accuracy with the current weights (greedy, or 4 samples per prompt)."""
+        r = self.cfg.rollout
+        return evaluate(self.engine, self.tokenizer, TASKS[self.cfg.data.task], rows, greedy, n=4,
+                        max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                        seed=self.cfg.trainer.seed)["accuracy"]

@@ -44,11 +44,11 @@ def test_matches_torch_distributions_and_bf16_rows():
     lp16 = logprobs_from_logits(logits.bfloat16(), labels, 0.7)
     assert lp16.dtype == torch.float32
     ref16 = torch.distributions.Categorical(logits=logits.bfloat16().float() / 0.7).log_prob(labels)
-    torch.testing.assert_close(lp16, ref16, atol=5e-2, rtol=0)
+    torch.testing.assert_close(lp16, ref16, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy_from_logits(logits.bfloat16(), 0.7),
                                torch.distributions.Categorical(
                                    logits=logits.bfloat16().float() / 0.7).entropy(),
-                               atol=5e-2, rtol=0)
+                               atol=1e-5, rtol=0)
 
 
 def test_logprobs_gradient_is_onehot_minus_softmax():

@@ -1,0 +1,261 @@
+"""The Ray backend: one host actor per slot, pinned to a placement-group bundle.
+
+The only module of baton that imports ray. Failures: results are awaited with `ray.wait`
+one at a time, so the driver raises as soon as any rank fails (an exception, or a dead
+process) even while its peers sit blocked in a collective; the pool is then marked broken.
+Futures passed between groups move as object refs: the same dp layout passes each rank's
+ref straight on; otherwise a small task on the cluster collects and re-splits the data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from baton.controller.dispatch import Dispatch, Execute, MethodSpec, Topology
+from baton.controller.future import Future, split_call
+from baton.controller.pool import mark_origin_broken
+from baton.controller.worker import HostCore, WorkerError
+
+_TEMP_DIRS: list[str] = []
+
+
+def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | None = None,
+               **init_kwargs: Any) -> None:
+    """Start a local Ray instance unless one is running: auth off, no usage stats, no
+    dashboard, and a temp dir of its own (removed by `shutdown_ray`)."""
+    if ray.is_initialized():
+        return
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    if temp_dir is None:
+        temp_dir = tempfile.mkdtemp(prefix="baton-ray-")  # short: Ray's socket paths are length-limited
+        _TEMP_DIRS.append(temp_dir)
+    init_kwargs.setdefault("include_dashboard", False)
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir, **init_kwargs)
+
+
+def shutdown_ray() -> None:
+    ray.shutdown()
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
+
+
+@ray.remote
+class _Host:
+    """The per-slot process: a HostCore plus what only Ray needs (node info, a port)."""
+
+    def __init__(self, origin: str, topo: Topology, rank: int) -> None:
+        self.core = HostCore(origin, topo, rank, chain_errors=False)
+
+    def node_info(self) -> tuple[str, str]:
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def setup(self, *args: Any) -> int:
+        return self.core.setup(*args)
+
+    def create(self, role: str, cls: type, args: tuple, kwargs: dict) -> int:
+        return self.core.create(role, cls, args, kwargs)
+
+    def remove(self, role: str) -> None:
+        self.core.remove(role)
+
+    def call(self, _baton_spec: tuple[str, str, str], *args: Any, **kwargs: Any) -> Any:
+        role, method, dispatch = _baton_spec
+        return self.core.call(role, method, dispatch, args, kwargs)
+
+
+def _finish(outputs: tuple, collect: Any, topo: Topology, rank_zero: bool) -> Any:
+    return outputs[0] if rank_zero else collect(list(outputs), topo)
+
+
+@ray.remote(num_cpus=0)
+def _collect_task(collect: Any, topo: Topology, rank_zero: bool, *outputs: Any) -> Any:
+    return _finish(outputs, collect, topo, rank_zero)
+
+
+@ray.remote(num_cpus=0)
+def _collect_split_task(collect: Any, topo: Topology, rank_zero: bool, split: Any,
+                        target: Topology, *outputs: Any) -> Any:
+    parts = split(_finish(outputs, collect, topo, rank_zero), target)
+    return tuple(parts) if target.world_size > 1 else parts[0]
+
+
+_SMALL = (int, float, bool, str, bytes, type(None))
+
+
+class RayBackend:
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.topo = pool, pool.topology
+        self.hosts: list[Any] = []
+        self.pg: Any = None
+        self.pids: list[int] = []
+        self.actor_ranks: dict[str, int] = {}
+
+    # --- life cycle ------------------------------------------------------------------
+    def start(self) -> None:
+        ensure_ray()
+        p = self.pool
+        bundle = {"CPU": float(p.cpus_per_worker)}
+        if p.gpus_per_worker:
+            bundle["GPU"] = float(p.gpus_per_worker)
+        self.pg = placement_group([dict(bundle) for _ in range(p.world_size)], strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=p.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise RuntimeError(f"pool {p.name!r}: {p.world_size} bundles of {bundle} not placed within "
+                               f"{p.ready_timeout_s} s; free resources: {ray.available_resources()}") from None
+        self.hosts = [_Host.options(
+            num_cpus=p.cpus_per_worker, num_gpus=p.gpus_per_worker or None, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+        ).remote(p.uid, self.topo, i) for i in range(p.world_size)]
+        self.actor_ranks = {h._actor_id.hex(): i for i, h in enumerate(self.hosts)}
+        try:
+            nodes = self.wait([h.node_info.remote() for h in self.hosts], "Host", "node_info")
+            port = self.wait([self.hosts[0].free_port.remote()], "Host", "free_port")[0]
+            # Single node: loopback, which always works for gloo/nccl rendezvous.
+            addr = "127.0.0.1" if len({n for n, _ in nodes}) == 1 else nodes[0][1]
+            local = [sum(1 for n, _ in nodes[:i] if n == nodes[i][0]) for i in range(len(nodes))]
+            use_cuda = bool(p.gpus_per_worker)
+            self.pids = self.wait([h.setup.remote(local[i], use_cuda, p.dist_timeout_s, (addr, port))
+                                   for i, h in enumerate(self.hosts)], "Host", "setup")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def create_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> list[int]:
+        args_ref, kwargs_ref = ray.put(args), ray.put(kwargs)  # one copy, not one per rank
+        return self.wait([h.create.remote(role, cls, args_ref, kwargs_ref) for h in self.hosts],
+                         cls.__name__, "__init__")
+
+    def remove_role(self, role: str) -> None:
+        self.wait([h.remove.remote(role) for h in self.hosts], "Host", "remove")
+
+    def shutdown(self) -> None:
+        for h in self.hosts:
+            ray.kill(h, no_restart=True)
+        self.hosts = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    # --- calls -----------------------------------------------------------------------
+    def call(self, role: str, cls_name: str, method: str, spec: MethodSpec, args: tuple,
+             kwargs: dict) -> "RayFuture":
+        mode = spec.mode
+        per_rank = split_call(mode, self.topo, args, kwargs, lambda f: self._resolve(f, spec))
+        ranks = [0] if spec.execute == Execute.RANK_ZERO else list(range(self.topo.world_size))
+        # A value that several ranks receive (replicated args; a chunk shared by tp peers)
+        # goes to the object store once instead of once per rank.
+        seen: dict[int, int] = {}
+        for r in ranks:
+            for v in (*per_rank[r][0], *per_rank[r][1].values()):
+                seen[id(v)] = seen.get(id(v), 0) + 1
+        puts: dict[int, Any] = {}
+
+        def ship(v: Any) -> Any:
+            if seen.get(id(v), 0) < 2 or isinstance(v, (*_SMALL, ray.ObjectRef)):
+                return v
+            if id(v) not in puts:
+                puts[id(v)] = ray.put(v)
+            return puts[id(v)]
+
+        refs = []
+        for r in ranks:
+            a, k = per_rank[r]
+            refs.append(self.hosts[r].call.remote((role, method, spec.dispatch),
+                                                  *map(ship, a), **{n: ship(v) for n, v in k.items()}))
+        return RayFuture(self, cls_name, method, spec, refs, ranks)
+
+    def _resolve(self, fut: Future, spec: MethodSpec) -> list[Any]:
+        if not isinstance(fut, RayFuture):
+            return spec.mode.split(fut.get(), self.topo)
+        p, target = fut.backend.topo, self.topo
+        rank_zero = fut.spec.execute == Execute.RANK_ZERO
+        dp = Dispatch.DP_COMPUTE.value
+        if (spec.dispatch == dp and fut.spec.dispatch == dp and not rank_zero
+                and p.dp_size == target.dp_size):
+            by_dp = {p.dp_rank(r): fut.refs[r] for r in p.collect_ranks()}  # same layout: hand refs on
+            return [by_dp[target.dp_rank(r)] for r in range(target.world_size)]
+        collect = fut.spec.mode.collect
+        if spec.dispatch == Dispatch.ONE_TO_ALL.value:
+            return [_collect_task.remote(collect, p, rank_zero, *fut.refs)] * target.world_size
+        out = _collect_split_task.options(num_returns=target.world_size).remote(
+            collect, p, rank_zero, spec.mode.split, target, *fut.refs)
+        return list(out) if target.world_size > 1 else [out]
+
+    def wait(self, refs: list[Any], cls_name: str, method: str, ranks: list[int] | None = None,
+             timeout: float | None = None) -> list[Any]:
+        """All results in order; raise a WorkerError at the first failure, as it happens."""
+        ranks = list(range(len(refs))) if ranks is None else ranks
+        index = {ref: i for i, ref in enumerate(refs)}
+        out: list[Any] = [None] * len(refs)
+        pending, deadline = list(refs), None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                raise TimeoutError(f"{cls_name}.{method}: {len(pending)} rank(s) not done within {timeout} s")
+            i = index[ready[0]]
+            try:
+                out[i] = ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - every Ray failure becomes a WorkerError
+                err = self._to_worker_error(e, cls_name, ranks[i], method)
+                self.pool.mark_broken(str(err))
+                mark_origin_broken(err)
+                raise err from None
+        return out
+
+    def _to_worker_error(self, e: Exception, cls_name: str, rank: int, method: str) -> WorkerError:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, WorkerError):  # raised by a HostCore (this group's or a producer's)
+            return WorkerError(cause.worker_cls, cause.rank, cause.method, cause.detail, cause.origin)
+        if isinstance(e, ray.exceptions.RayActorError):
+            dead = getattr(e, "actor_id", None)
+            if dead is None or self.actor_ranks.get(dead) == rank:
+                detail = f"the worker process died ({type(e).__name__}):\n{e}"
+            else:
+                detail = f"an input of this call was lost: another worker process died:\n{e}"
+            return WorkerError(cls_name, rank, method, detail, self.pool.uid)
+        return WorkerError(cls_name, rank, method, f"{type(e).__name__}: {e}", self.pool.uid)
+
+
+class RayFuture(Future):
+    def __init__(self, backend: RayBackend, cls_name: str, method: str, spec: MethodSpec,
+                 refs: list[Any], ranks: list[int]) -> None:
+        self.backend, self.cls_name, self.method, self.spec = backend, cls_name, method, spec
+        self.refs, self.ranks = refs, ranks
+        self._done, self._value = False, None
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._done:
+            outs = self.backend.wait(self.refs, self.cls_name, self.method, self.ranks, timeout)
+            topo = self.backend.topo
+            self._value = _finish(tuple(outs), self.spec.mode.collect, topo,
+                                  self.spec.execute == Execute.RANK_ZERO)
+            self._done = True
+        return self._value
+
+    def done(self) -> bool:
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        return len(ready) == len(self.refs)
+
+    def __repr__(self) -> str:
+        return f"RayFuture({self.cls_name}.{self.method}, ranks={self.ranks}, done={self.done()})"
+
+
+__all__ = ["ensure_ray", "shutdown_ray", "RayBackend", "RayFuture"]

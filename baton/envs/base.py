@@ -1,0 +1,61 @@
+"""What a task is: prompts to train on, held-out prompts to evaluate on, and how to score.
+
+A task hands the trainer plain rows (`{"prompt": str, "answer": str, ...}`): every field
+but the prompt reaches the reward functions as keyword arguments, TRL-style:
+`reward(prompt, completion, **row) -> float`. Reward functions are registered by name in
+`baton.rewards.runner.REWARD_FUNCTIONS` so recipes can weight them
+(`reward.functions: {"arithmetic/correct": 1.0}`).
+
+`TASKS` maps a task name to a ready instance; `register_task` adds one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+Row = dict[str, Any]
+RewardFn = Callable[..., float]
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+    # registered reward-function name -> default weight (what a recipe would usually use)
+    reward_weights: dict[str, float]
+
+    def train_rows(self, n: int | None = None, seed: int = 0) -> list[Row]:
+        """`n` seeded training rows (the task's default size when None); never held-out ones."""
+        ...
+
+    def eval_rows(self, n: int = 200) -> list[Row]:
+        """The first `n` held-out rows (always the same ones, disjoint from training rows)."""
+        ...
+
+    def target(self, row: Row) -> str:
+        """The reference completion for supervised training (without EOS)."""
+        ...
+
+    def is_correct(self, completion: str, row: Row) -> bool:
+        """Exact verifier used by evaluation."""
+        ...
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    if task.name in TASKS:
+        raise ValueError(f"task {task.name!r} is already registered")
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def row_kwargs(row: Row) -> Row:
+    """The fields of a row that go to a reward function as **kwargs (all but the texts)."""
+    return {k: v for k, v in row.items() if k not in ("prompt", "completion")}

@@ -1,0 +1,141 @@
+"""The generation endpoints of `baton serve`: /v1/completions, /v1/chat/completions, /generate.
+
+Request/response shapes are documented in `baton/rollout/server.py`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+
+from baton.rollout._server_schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list
+from baton.rollout.protocol import Completion
+
+
+def add_generation_routes(app: FastAPI, srv) -> None:
+    from baton.rollout.server import _params, _reject_unsupported, _usage
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> dict:
+        _reject_unsupported(req)
+        prompts = _completion_prompts(srv, req.prompt)
+        stops = stop_list(req.stop)
+        params = _params(n=req.n, max_new_tokens=req.max_tokens or srv.default_max_tokens,
+                         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                         stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos)
+        comps = await srv.generate(request, prompts, params)
+        choices = []
+        for i, c in enumerate(comps):
+            choice: dict[str, Any] = {"index": i, "text": srv.text(c, stops), "finish_reason": c.finish_reason,
+                                      "logprobs": None}
+            if req.logprobs is not None:
+                toks = [srv.token_str(t, req.return_tokens_as_token_ids) for t in c.token_ids]
+                offsets, pos = [], 0
+                for s in toks:
+                    offsets.append(pos)
+                    pos += len(s)
+                choice["logprobs"] = {
+                    "tokens": toks, "token_logprobs": c.logprobs, "text_offset": offsets,
+                    "top_logprobs": [{s: lp} for s, lp in zip(toks, c.logprobs)] if req.logprobs > 0 else None}
+            if req.return_token_ids:
+                choice["token_ids"] = c.token_ids
+                choice["prompt_token_ids"] = prompts[c.prompt_index]
+            choices.append(choice)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": srv.model_name, "choices": choices, "usage": _usage(prompts, comps),
+                "system_fingerprint": f"baton-v{srv.engine.version}"}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request) -> dict:
+        _reject_unsupported(req)
+        tok = srv.need_tokenizer()
+        if not getattr(tok, "chat_template", None):
+            raise HTTPException(400, "the tokenizer has no chat template; use /v1/completions")
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt,
+                                           **(req.chat_template_kwargs or {}))
+        except HTTPException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - template errors are the client's input
+            raise HTTPException(400, f"chat template failed: {exc}") from exc
+        # the template already holds any BOS it wants
+        prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+        stops = stop_list(req.stop)
+        max_new = req.max_completion_tokens or req.max_tokens or srv.default_max_tokens
+        params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
+                         top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
+                         seed=req.seed, ignore_eos=req.ignore_eos)
+        comps = await srv.generate(request, [prompt], params)
+        choices = []
+        for i, c in enumerate(comps):
+            choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": srv.text(c, stops)},
+                                      "finish_reason": c.finish_reason, "logprobs": None}
+            if req.logprobs:
+                content = []
+                for t, lp in zip(c.token_ids, c.logprobs):
+                    s = srv.token_str(t, req.return_tokens_as_token_ids)
+                    entry = {"token": s, "logprob": lp, "bytes": list(s.encode())}
+                    entry["top_logprobs"] = [dict(entry)] if req.top_logprobs else []
+                    content.append(entry)
+                choice["logprobs"] = {"content": content}
+            if req.return_token_ids:
+                choice["token_ids"] = c.token_ids
+            choices.append(choice)
+        out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+               "model": srv.model_name, "choices": choices, "usage": _usage([prompt], comps)}
+        if req.return_token_ids:
+            out["prompt_token_ids"] = prompt
+        return out
+
+    @app.post("/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Any:
+        sp = req.sampling_params
+        _reject_unsupported(req)
+        _reject_unsupported(sp)
+        if (req.text is None) == (req.input_ids is None):
+            raise HTTPException(400, "give exactly one of 'text' and 'input_ids'")
+        if req.input_ids is not None:
+            single = not req.input_ids or isinstance(req.input_ids[0], int)
+            prompts = [list(req.input_ids)] if single else [list(p) for p in req.input_ids]
+        else:
+            single = isinstance(req.text, str)
+            prompts = [srv.encode(t) for t in ([req.text] if single else req.text)]
+        if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
+            raise HTTPException(400, "seed and sampling_seed disagree")
+        stops = stop_list(sp.stop)
+        params = _params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
+                         top_k=sp.top_k, min_p=sp.min_p, stop=stops, stop_token_ids=sp.stop_token_ids,
+                         seed=sp.seed if sp.seed is not None else sp.sampling_seed, ignore_eos=sp.ignore_eos)
+        comps = await srv.generate(request, prompts, params)
+        rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
+        outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
+        return outs[0] if single and sp.n == 1 else outs
+
+
+def _completion_prompts(srv, prompt) -> list[list[int]]:
+    """OpenAI `prompt`: str | [str] | [int] (one tokenized prompt) | [[int]]."""
+    if isinstance(prompt, str):
+        return [srv.encode(prompt)]
+    if not prompt:
+        raise HTTPException(400, "prompt is empty")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    if isinstance(prompt[0], str):
+        return [srv.encode(p) for p in prompt]
+    return [list(p) for p in prompt]
+
+
+def _generate_item(srv, c: Completion, prompts: list[list[int]], stops: list[str], logprobs: bool, rid: str) -> dict:
+    if c.finish_reason == "stop":
+        finish = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+    else:
+        finish = {"type": "length", "length": len(c.token_ids)}
+    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompts[c.prompt_index]),
+                            "completion_tokens": len(c.token_ids), "weight_version": c.version}
+    if logprobs:
+        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(c.token_ids, c.logprobs)]
+    return {"text": srv.text(c, stops), "output_ids": c.token_ids, "meta_info": meta}

@@ -1,0 +1,175 @@
+"""Request bodies of `baton serve` (pydantic): OpenAI, SGLang-style /generate, weight updates.
+
+Type errors and out-of-range values are rejected by pydantic with a 422 that names the
+field; sampling options baton does not implement (penalties, constrained decoding, ...)
+are accepted only at their neutral values and otherwise rejected with a 400 by
+`unsupported()`, so a client never silently gets different sampling than it asked for.
+Unknown top-level keys are ignored (OpenAI clients send many); unknown keys inside
+/generate's `sampling_params` are rejected, since a typo there would silently change sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Stop = str | list[str] | None
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _SamplingExtras(_Lenient):
+    """vLLM / SGLang extensions accepted by both OpenAI endpoints."""
+    top_k: int = Field(-1, ge=-1)  # -1 or 0: off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stream: bool = False
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:<id>"
+    return_token_ids: bool = False  # vLLM: choices[i].token_ids / prompt_token_ids
+
+
+class CompletionRequest(_SamplingExtras):
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1024)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    stop: Stop = None
+    seed: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:  # OpenAI content parts: only text is understood here
+            if part.get("type") != "text":
+                raise ValueError(f"unsupported content part type {part.get('type')!r} (text only)")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_SamplingExtras):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1024)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stop: Stop = None
+    seed: int | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+
+
+class GenerateSamplingParams(BaseModel):
+    """SGLang's sampling_params names (`max_new_tokens`, `top_k=-1` off, `sampling_seed`)."""
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1024)
+    stop: Stop = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    min_new_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+class GenerateRequest(_Lenient):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    return_logprob: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+
+
+class UpdateWeightsFromDiskRequest(_Lenient):
+    model_path: str
+    load_format: str | None = None
+    version: int | None = None  # baton: the new policy version (default: current + 1)
+    weight_version: str | int | None = None  # SGLang's name; must parse as an int here
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+class InitWeightsUpdateGroupRequest(_Lenient):
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: Literal["gloo", "nccl", "auto"] = "auto"  # auto: nccl if the engine is on CUDA
+    timeout_s: float = Field(600.0, gt=0)
+
+
+class UpdateWeightsFromDistributedRequest(_Lenient):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    version: int | None = None
+    weight_version: str | int | None = None
+    # baton extension: tensors arrive packed in flat buckets of this many bytes (see
+    # baton.sync.group.plan_buckets); absent -> one broadcast per tensor, as SGLang does.
+    bucket_bytes: int | None = Field(None, ge=0)
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+class DestroyWeightsUpdateGroupRequest(_Lenient):
+    group_name: str = "weight_update_group"
+
+
+def unsupported(req: BaseModel) -> str | None:
+    """The first option set to a value baton cannot honour, as a reason string."""
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "stream": False,
+               "echo": False, "suffix": None, "min_new_tokens": 0, "json_schema": None, "regex": None,
+               "ebnf": None, "tools": None}
+    for name, value in neutral.items():
+        if name in type(req).model_fields and getattr(req, name) != value:
+            return f"{name}={getattr(req, name)!r} is not supported by baton serve"
+    best_of = getattr(req, "best_of", None)
+    if best_of is not None and best_of != getattr(req, "n", 1):
+        return "best_of != n is not supported by baton serve"
+    return None
+
+
+def stop_list(stop: Stop) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)

@@ -1,0 +1,238 @@
+"""`RemoteEngine`: the engine protocol over HTTP, for baton, SGLang and vLLM servers.
+
+    engine = RemoteEngine("http://127.0.0.1:8000", dialect="baton")
+    engine.generate([[1, 2, 3]], SamplingParams(n=4, max_new_tokens=32))
+
+Dialects (what is sent where):
+  baton   POST /generate (token ids in and out; baton's server, see `server.py`)
+  sglang  POST /generate with SGLang's names (`sampling_seed`, `top_k=-1` off); the
+          weight-update endpoints are the same as baton's. SGLang reports `weight_version`
+          as a string; a non-integer one falls back to this client's `version`.
+  vllm    POST /v1/completions with token-id prompts, `logprobs=1`,
+          `return_token_ids` and `return_tokens_as_token_ids` (ids from `token_ids` when the
+          server supports it, else parsed from "token_id:<id>" logprob tokens). vLLM's
+          default logprobs are taken *before* temperature; start vLLM with
+          `--logprobs-mode processed_logprobs` to match baton's convention at T != 1.
+          vLLM has no HTTP weight-update endpoints: update_weights raises.
+
+`update_weights(named tensors, version)` writes a safetensors file (needs a filesystem the
+server also sees) and calls `/update_weights_from_disk`; for large or remote models use
+`baton.sync.BroadcastSync`, which drives the distributed endpoints below.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Sequence
+
+import httpx
+import torch
+
+from baton.rollout.protocol import Completion, SamplingParams
+
+DIALECTS = ("baton", "sglang", "vllm")
+
+
+class RemoteEngineError(RuntimeError):
+    pass
+
+
+class RemoteEngine:
+    def __init__(self, base_url: str, dialect: str = "baton", *, model: str | None = None, timeout: float = 600.0,
+                 weights_dir: str | None = None, version: int = 0):
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
+        self.base_url = base_url.rstrip("/")
+        self.dialect = dialect
+        self.model = model
+        self.timeout = timeout
+        self.weights_dir = weights_dir
+        self.version = version
+        self._client: httpx.Client | None = None
+
+    # --- plumbing ----------------------------------------------------------------------
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:  # created lazily so the object pickles (Ray) and forks cleanly
+            self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout)
+        return self._client
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def _post(self, path: str, body: dict | None = None) -> Any:
+        r = self.client.post(path, json=body or {})
+        if r.status_code >= 400:
+            raise RemoteEngineError(f"POST {self.base_url}{path} -> {r.status_code}: {r.text[:2000]}")
+        return r.json() if r.content else None
+
+    def _get(self, path: str) -> Any:
+        r = self.client.get(path)
+        if r.status_code >= 400:
+            raise RemoteEngineError(f"GET {self.base_url}{path} -> {r.status_code}: {r.text[:2000]}")
+        return r.json() if r.content else None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def health(self) -> bool:
+        try:
+            return self.client.get("/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
+        import time
+        deadline = time.monotonic() + timeout
+        while not self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.base_url} not healthy after {timeout:.0f}s")
+            time.sleep(interval)
+
+    # --- generate ----------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        if self.dialect == "vllm":
+            return self._generate_vllm(prompts, params)
+        sp: dict[str, Any] = {"n": params.n, "max_new_tokens": params.max_new_tokens,
+                              "temperature": params.temperature, "top_p": params.top_p,
+                              "top_k": params.top_k if params.top_k > 0 else -1, "min_p": params.min_p,
+                              "ignore_eos": params.ignore_eos}
+        if params.stop:
+            sp["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            sp["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            sp["seed" if self.dialect == "baton" else "sampling_seed"] = params.seed
+        out = self._post("/generate", {"input_ids": [list(p) for p in prompts], "sampling_params": sp,
+                                       "return_logprob": True})
+        items = out if isinstance(out, list) else [out]
+        if len(items) != len(prompts) * params.n:
+            raise RemoteEngineError(f"expected {len(prompts) * params.n} outputs, got {len(items)}")
+        comps = []
+        for i, item in enumerate(items):  # prompt-major, as the protocol wants
+            meta = item["meta_info"]
+            lps = meta.get("output_token_logprobs") or []
+            ids = item.get("output_ids")
+            if ids is None:
+                ids = [int(x[1]) for x in lps]
+            finish = meta.get("finish_reason") or {}
+            reason = finish.get("type") if isinstance(finish, dict) else finish
+            comps.append(Completion(prompt_index=i // params.n, token_ids=[int(t) for t in ids],
+                                    logprobs=[float(x[0]) for x in lps],
+                                    finish_reason="length" if reason == "length" else "stop",
+                                    version=self._version_of(meta.get("weight_version"))))
+        return comps
+
+    def _version_of(self, v: Any) -> int:
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return self.version
+
+    def _model_name(self) -> str:
+        if self.model is None:
+            self.model = self._get("/v1/models")["data"][0]["id"]
+        return self.model
+
+    def _generate_vllm(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        body: dict[str, Any] = {
+            "model": self._model_name(), "prompt": [list(p) for p in prompts], "n": params.n,
+            "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1, "min_p": params.min_p,
+            "ignore_eos": params.ignore_eos, "logprobs": 1, "return_tokens_as_token_ids": True,
+            "return_token_ids": True, "skip_special_tokens": False}
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        out = self._post("/v1/completions", body)
+        choices = sorted(out["choices"], key=lambda c: c["index"])  # index = prompt * n + sample
+        if len(choices) != len(prompts) * params.n:
+            raise RemoteEngineError(f"expected {len(prompts) * params.n} choices, got {len(choices)}")
+        comps = []
+        for i, ch in enumerate(choices):
+            lp = ch.get("logprobs") or {}
+            ids = ch.get("token_ids")
+            if ids is None:
+                ids = [int(s.removeprefix("token_id:")) for s in lp.get("tokens") or []]
+            comps.append(Completion(prompt_index=i // params.n, token_ids=[int(t) for t in ids],
+                                    logprobs=[float(x) for x in lp.get("token_logprobs") or []],
+                                    finish_reason="length" if ch.get("finish_reason") == "length" else "stop",
+                                    version=self.version))
+        return comps
+
+    # --- weights -----------------------------------------------------------------------
+    def _no_vllm(self, what: str) -> None:
+        if self.dialect == "vllm":
+            raise NotImplementedError(f"{what}: vLLM's HTTP server has no weight-update endpoint; "
+                                      "use a vLLM worker extension or a baton/SGLang server")
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Ship weights through a temporary safetensors file + /update_weights_from_disk."""
+        self._no_vllm("update_weights")
+        from baton.sync.checkpoint import save_safetensors_atomic
+
+        tmpdir = tempfile.mkdtemp(prefix="baton-remote-", dir=self.weights_dir)
+        try:
+            path = save_safetensors_atomic(weights, os.path.join(tmpdir, f"weights-v{version}.safetensors"))
+            self.update_weights_from_disk(str(path), version)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        self._no_vllm("update_weights_from_disk")
+        body: dict[str, Any] = {"model_path": path, "weight_version": str(version)}
+        if self.dialect == "baton":
+            body["version"] = version
+        self._check(self._post("/update_weights_from_disk", body), "update_weights_from_disk")
+        self.version = version
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "gloo") -> None:
+        self._no_vllm("init_weights_update_group")
+        self._check(self._post("/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}), "init_weights_update_group")
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], version: int,
+                                        group_name: str = "weight_update_group", bucket_bytes: int | None = None) -> None:
+        self._no_vllm("update_weights_from_distributed")
+        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                                "group_name": group_name, "weight_version": str(version)}
+        if self.dialect == "baton":
+            body["version"] = version
+            if bucket_bytes:
+                body["bucket_bytes"] = bucket_bytes
+        elif bucket_bytes:
+            raise ValueError("SGLang receives one tensor per broadcast: use bucket_mb=0 with dialect='sglang'")
+        self._check(self._post("/update_weights_from_distributed", body), "update_weights_from_distributed")
+        self.version = version
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        self._post("/destroy_weights_update_group", {"group_name": group_name})
+
+    @staticmethod
+    def _check(resp: Any, what: str) -> None:
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise RemoteEngineError(f"{what}: {resp.get('message')}")
+
+    # --- memory ------------------------------------------------------------------------
+    def sleep(self) -> None:
+        if self.dialect == "vllm":
+            self._post("/sleep?level=1")  # needs VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode
+        else:
+            self._post("/release_memory_occupation")
+
+    def wake(self) -> None:
+        self._post("/wake_up" if self.dialect == "vllm" else "/resume_memory_occupation")

@@ -1,0 +1,155 @@
+"""Weight sync by torch.distributed broadcast: trainer rank 0 -> engine processes.
+
+Handshake (SGLang's protocol; the engine side is `WeightReceiver`, which `baton serve`
+exposes over HTTP and which any engine host, e.g. a Ray actor, can embed):
+  1. the trainer asks every engine to `init_weights_update_group(master_address,
+     master_port, rank_offset, world_size, group_name, backend)` and joins the same group
+     as rank 0 (engine i gets rank 1 + i * ranks_per_engine);
+  2. per push, it tells every engine the (names, dtypes, shapes) it is about to send, then
+     broadcasts the tensors, packed into flat buckets of ~bucket_mb (both sides derive the
+     same plan from the list, see `baton.sync.group.plan_buckets`), and waits for every
+     engine to confirm it loaded them.
+gloo on CPU, NCCL on GPU. With `bucket_mb=0` tensors go one per broadcast, which is what a
+real SGLang server expects.
+"""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Iterable, Sequence
+
+import torch
+
+from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, parse_dtype,
+                              plan_buckets, receive_buckets, send_buckets)
+
+
+class WeightReceiver:
+    """Engine side of a broadcast sync: owns the engine's weight-update groups."""
+
+    def __init__(self, engine, rank_in_engine: int = 0):
+        self.engine = engine
+        self.rank_in_engine = rank_in_engine  # a tensor-parallel engine's local rank; 0 here
+        self.groups: dict[str, WeightUpdateGroup] = {}
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
+                                  timeout_s: float = 600.0) -> None:
+        if group_name in self.groups:
+            raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
+        if rank_offset < 1:
+            raise ValueError("rank_offset must be >= 1: rank 0 is the trainer")
+        self.groups[group_name] = WeightUpdateGroup(master_address, master_port, rank_offset + self.rank_in_engine,
+                                                    world_size, backend=backend, group_name=group_name,
+                                                    timeout_s=timeout_s)
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], version: int,
+                                        group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None) -> None:
+        """Receive the broadcast described by (names, dtypes, shapes) and load it. Blocks
+        until the trainer has sent every bucket."""
+        group = self.groups.get(group_name)
+        if group is None:
+            raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
+        specs = validate_specs(names, dtypes, shapes)
+        plan = plan_buckets(specs, bucket_bytes)
+        device = getattr(self.engine, "device", None)
+        it = receive_buckets(group, specs, plan, device=device)
+        try:
+            self.engine.update_weights(it, version)
+        finally:
+            drain(it)  # if the engine rejected a name, still complete the collectives
+
+    def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            raise ValueError(f"no weight update group {group_name!r}")
+        group.close()
+
+    def close(self) -> None:
+        for name in list(self.groups):
+            self.groups.pop(name).close()
+
+
+def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]):
+    """(name, dtype, shape) triples; ValueError naming the problem if the lists disagree."""
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError(f"names, dtypes and shapes must have one entry per tensor "
+                         f"(got {len(names)}, {len(dtypes)}, {len(shapes)})")
+    for name, dt, shape in zip(names, dtypes, shapes):
+        parse_dtype(dt)
+        if any(int(d) < 0 for d in shape):
+            raise ValueError(f"negative dimension in shape of {name!r}: {list(shape)}")
+    return [(n, dt, [int(d) for d in s]) for n, dt, s in zip(names, dtypes, shapes)]
+
+
+class BroadcastSync:
+    """Trainer side. `engines`: `RemoteEngine`s, base URLs (-> RemoteEngine), or any object
+    with the `WeightReceiver` methods (e.g. a handle to an engine actor)."""
+
+    def __init__(self, engines, *, master_address: str = "127.0.0.1", master_port: int = 0,
+                 bucket_mb: float = 64.0, backend: str | None = None, group_name: str = DEFAULT_GROUP_NAME,
+                 ranks_per_engine: int = 1, timeout_s: float = 600.0, cast_dtype: torch.dtype | None = None):
+        from baton.rollout.remote import RemoteEngine
+
+        engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        self.engines = [RemoteEngine(e) if isinstance(e, str) else e for e in engines]
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.bucket_bytes = int(bucket_mb * 2**20) or None
+        self.group_name = group_name
+        self.cast_dtype = cast_dtype  # e.g. bf16 on the wire for an fp32 trainer
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="baton-sync")
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-sync-send")
+        self._broken: str | None = None
+        world_size = 1 + ranks_per_engine * len(self.engines)
+        # Bind first (port 0 = any free one) so the engines learn the port before anyone joins.
+        sock = socket.create_server((master_address, master_port), backlog=128)
+        port = sock.getsockname()[1]
+        futures = [self._pool.submit(e.init_weights_update_group, master_address, port, 1 + i * ranks_per_engine,
+                                     world_size, group_name, self.backend)
+                   for i, e in enumerate(self.engines)]
+        try:
+            self.group = WeightUpdateGroup(master_address, port, 0, world_size, backend=self.backend,
+                                           group_name=group_name, timeout_s=timeout_s, listen_socket=sock)
+        except BaseException:
+            sock.close()
+            raise
+        for f in futures:
+            f.result()
+
+    def push(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named = [(n, t if self.cast_dtype is None else t.to(self.cast_dtype)) for n, t in named_params]
+        names = [n for n, _ in named]
+        dtypes = [dtype_name(t.dtype) for _, t in named]
+        shapes = [list(t.shape) for _, t in named]
+        plan = plan_buckets(list(zip(names, dtypes, shapes)), self.bucket_bytes)
+        if self._broken is not None:
+            raise RuntimeError(f"weight update group is broken by an earlier failure ({self._broken}); "
+                               "close this BroadcastSync and create a new one")
+        futures = [self._pool.submit(e.update_weights_from_distributed, names, dtypes, shapes, version,
+                                     self.group_name, self.bucket_bytes) for e in self.engines]
+        # Send on a thread of its own: if an engine rejects the request it never posts its
+        # receives and our broadcast would block until the group timeout; this way the
+        # engine's error surfaces at once.
+        futures.append(self._sender.submit(_send, self.group, [t for _, t in named], plan))
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                self._broken = repr(f.exception())
+                raise RuntimeError(f"weight broadcast (version {version}) failed: {f.exception()}") from f.exception()
+
+    def close(self) -> None:
+        for e in self.engines:
+            try:
+                e.destroy_weights_update_group(self.group_name)
+            except Exception:  # the engine may be gone; the group dies with it
+                pass
+        self.group.close()
+        self._pool.shutdown(wait=False)
+        self._sender.shutdown(wait=False)
+
+
+@torch.no_grad()
+def _send(group: WeightUpdateGroup, tensors: list[torch.Tensor], plan: list[list[int]]) -> None:
+    send_buckets(group, tensors, plan)
