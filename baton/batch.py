@@ -26,6 +26,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from baton.fields import LEFT_PADDED
+
 PAD_KEY = "_pad"  # meta key: how many trailing rows of this batch are padding
 
 
@@ -34,6 +36,18 @@ def _as_object_array(values: Sequence[Any]) -> np.ndarray:
     for i, v in enumerate(values):  # element-wise so lists/tuples stay single objects
         arr[i] = v
     return arr
+
+
+def _cat_padded(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat along rows; [N, W] tensors of different widths are zero-padded to the widest
+    (on the left for prompt fields, see fields.LEFT_PADDED), as rows from different ranks are."""
+    widths = {t.shape[1:] for t in tensors}
+    if len(widths) > 1 and all(t.dim() == 2 for t in tensors):
+        width = max(t.shape[1] for t in tensors)
+        left = key in LEFT_PADDED
+        tensors = [torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]))
+                   for t in tensors]
+    return torch.cat(tensors)
 
 
 def _values_equal(a: Any, b: Any) -> bool:
@@ -94,16 +108,23 @@ class Batch:
         raise KeyError(f"Batch has no field {key!r}; it has {self.keys()}")
 
     def __setitem__(self, key: str, value: Any) -> None:
-        n = len(self)
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0:
+                raise ValueError(f"Batch tensor {key!r} is a scalar; put batch-level values in meta")
+            rows = value.shape[0]
+        else:
+            value = value if isinstance(value, np.ndarray) and value.dtype == object else _as_object_array(value)
+            rows = len(value)
+        others = [k for k in self.keys() if k != key]
+        n = len(self[others[0]]) if others else rows
+        if rows != n:  # checked before storing: a failed assignment leaves the batch as it was
+            raise ValueError(f"field {key!r} has {rows} rows, the batch has {n}")
         if isinstance(value, torch.Tensor):
             self.non_tensors.pop(key, None)
             self.tensors[key] = value
         else:
             self.tensors.pop(key, None)
-            self.non_tensors[key] = value if isinstance(value, np.ndarray) else _as_object_array(value)
-        if n and len(self[key]) != n:
-            del self[key]
-            raise ValueError(f"field {key!r} has {len(value)} rows, the batch has {n}")
+            self.non_tensors[key] = value
 
     def __delitem__(self, key: str) -> None:
         if self.tensors.pop(key, None) is None and self.non_tensors.pop(key, None) is None:
@@ -140,8 +161,15 @@ class Batch:
                      {k: v[np_index] for k, v in self.non_tensors.items()}, meta)
 
     # --- split and join --------------------------------------------------------------
+    def unpadded(self) -> "Batch":
+        """This batch without its trailing padding rows (meta[PAD_KEY]), if it has any."""
+        pad = self.meta.get(PAD_KEY, 0)
+        return self.rows(slice(0, len(self) - pad)) if pad else self
+
     def pad_to_multiple(self, n: int) -> tuple["Batch", int]:
-        """Append copies of the first rows so that len is divisible by n."""
+        """Append copies of the first rows so that len is divisible by n (padding this batch
+        already carries is dropped first, so re-chunking a chunk stays exact)."""
+        self = self.unpadded()
         pad = (-len(self)) % n
         if pad == 0:
             return self, 0
@@ -156,7 +184,7 @@ class Batch:
         padded, pad = self.pad_to_multiple(n)
         size = len(padded) // n
         chunks = [padded.rows(slice(i * size, (i + 1) * size)) for i in range(n)]
-        real = len(self)
+        real = len(padded) - pad
         for i, c in enumerate(chunks):
             c.meta[PAD_KEY] = max(0, min(size, (i + 1) * size - real))
         return chunks
@@ -167,14 +195,13 @@ class Batch:
         Meta is taken from the first part."""
         if not parts:
             raise ValueError("Batch.concat needs at least one batch")
-        parts = [p.rows(slice(0, len(p) - p.meta[PAD_KEY])) if p.meta.get(PAD_KEY) else p
-                 for p in parts]
+        parts = [p.unpadded() for p in parts]
         keys = parts[0].keys()
         for p in parts[1:]:
             if sorted(p.keys()) != sorted(keys):
                 raise ValueError(f"Batch.concat: fields differ: {sorted(keys)} vs {sorted(p.keys())}")
         meta = {k: v for k, v in parts[0].meta.items() if k != PAD_KEY}
-        return Batch({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors},
+        return Batch({k: _cat_padded(k, [p.tensors[k] for p in parts]) for k in parts[0].tensors},
                      {k: np.concatenate([p.non_tensors[k] for p in parts]) for k in parts[0].non_tensors},
                      meta)
 
@@ -210,7 +237,9 @@ class Batch:
             raise ValueError("mini-batch size must be positive")
         n = len(self)
         if shuffle:
-            g = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+            # No seed: draw from the global generator (torch.seed() would re-seed it, a side
+            # effect on every later random op of the caller).
+            g = torch.Generator().manual_seed(seed) if seed is not None else None
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+
+
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
@@ -66,6 +70,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _, val_tp = typing.get_args(tp) or (Any, Any)
         return {k: _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads "1e-3" (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key {key!r} expects float, got {value!r}")
         return float(value)

@@ -39,3 +39,7 @@ TENSOR_FIELDS = (
     TOKEN_REWARDS, ADVANTAGES, RETURNS, POLICY_VERSION, GROUP_INDEX,
 )
 NON_TENSOR_FIELDS = (PROMPT_TEXT, COMPLETION_TEXT, FINISH_REASON, ANSWER, UID)
+
+# Which side a field is padded on when batches of different widths are concatenated
+# (rows from different ranks): prompts are left-padded, everything else right-padded.
+LEFT_PADDED = frozenset({PROMPT_IDS, PROMPT_MASK})

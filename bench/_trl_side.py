@@ -129,7 +129,8 @@ def run_trl(model_dir: str, step_rows: list[list[dict[str, Any]]], *, G: int, ma
             scale_rewards="group", reward_weights=[reward_weights[n] for n in names],
             shuffle_dataset=False, logging_steps=1, report_to=[],
             save_strategy="no", log_completions=False, disable_tqdm=True, dataloader_num_workers=0,
-            # TRL turns checkpointing on by default; baton recomputes nothing. transformers 5 renamed it.
+            # TRL turns activation checkpointing on by default; baton does not use it.
+            # (transformers 5 renamed gradient_checkpointing to activation_checkpointing.)
             **{ckpt_flag: False},
         )
         tok = load_tokenizer(model_dir)

@@ -170,7 +170,7 @@ def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
         print(f"{label:32s}{b[key]:10.{nd}f}{t[key]:10.{nd}f}{ratio}")
     print(f"{f'mean reward, first {k} steps':32s}{b['reward_first']:10.3f}{t['reward_first']:10.3f}")
     print(f"{f'mean reward, last {k} steps':32s}{b['reward_last']:10.3f}{t['reward_last']:10.3f}")
-    print(f"{'process wall incl. setup (s)':32s}{res['baton']['wall_s']:10.1f}{res['trl']['wall_s']:10.1f}")
+    print(f"{'process wall, setup+eval (s)':32s}{res['baton']['wall_s']:10.1f}{res['trl']['wall_s']:10.1f}")
     print(f"\nbaton/TRL speed (TRL median step time / baton's): {t['step_s'] / b['step_s']:.2f}x")
     print("other = step - rollout - reward - update (baton: advantages, weight sync, metrics; "
           "TRL: tokenising, advantages, bookkeeping)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import math
+import os
 import socket
 from typing import Iterable, Iterator, Sequence
 
@@ -66,16 +67,20 @@ class WeightUpdateGroup:
             raise ValueError("backend 'nccl' needs CUDA and a torch build with NCCL; use 'gloo' on CPU")
         self.rank, self.world_size, self.backend, self.group_name = rank, world_size, backend, group_name
         timeout = datetime.timedelta(seconds=timeout_s)
-        self._sock = None
         listen_fd = None
         if rank == 0:
             # Bind the store's socket ourselves so it listens on master_address only
             # (TCPStore alone binds every interface). A caller may pre-bind it (port 0) to
             # learn the port before any rank starts joining.
-            self._sock = listen_socket or socket.create_server((master_address, master_port), backlog=128)
-            listen_fd = self._sock.fileno()
-        store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listen_fd)
+            sock = listen_socket or socket.create_server((master_address, master_port), backlog=128)
+            listen_fd = sock.detach()  # the store owns (and closes) the fd from here on
+        try:
+            store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
+                                  wait_for_workers=False, master_listen_fd=listen_fd)
+        except BaseException:
+            if listen_fd is not None:
+                os.close(listen_fd)
+            raise
         self._store = store  # the PG keeps using it; hold a reference
         prefixed = dist.PrefixStore(f"baton/{group_name}", store)
         if backend == "gloo":
@@ -107,9 +112,6 @@ class WeightUpdateGroup:
             pass
         self.pg = None
         self._store = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
 
 
 # --- bucketing ----------------------------------------------------------------------

@@ -73,6 +73,7 @@ def test_vanilla_gradient_is_reinforce():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     loss, _ = POLICY_LOSSES["vanilla"](logprobs=logp, old_logprobs=logp.detach(),
                                        advantages=torch.tensor([[2.0, -3.0]]), response_mask=torch.ones(1, 2))
+    assert loss.tolist() == [[-2.0, 3.0]]  # -A * 1
     loss.sum().backward()
     assert logp.grad.tolist() == [[-2.0, 3.0]]
 

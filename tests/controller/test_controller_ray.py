@@ -97,20 +97,21 @@ def test_future_passed_between_groups_without_driver_fetch(g2, g1, monkeypatch):
     assert fut.done()
 
 
-def test_split_pools_run_concurrently():
-    groups = build_role_groups(pools={"main": 2, "aux": 1},
+def test_colocated_roles_and_split_pools_run_concurrently(g2, g1):
+    # Reuse the processes of g2 / g1 (starting workers dominates test time): roles added to
+    # a pool that already runs are colocated with what it hosts.
+    groups = build_role_groups(pools={"main": g2.pool, "aux": g1.pool},
                                roles={"actor": "main", "ref": "main", "reward": "aux"},
                                classes={"actor": (Actor, (3,)), "ref": Ref, "reward": Reward},
                                backend="ray")
     try:
         actor, ref, reward = groups["actor"], groups["ref"], groups["reward"]
         # Colocated: one process per slot hosts both roles, the sibling is read in place.
-        assert actor.pid() == ref.pid()
+        assert actor.pid() == ref.pid() == [i["pid"] for i in g2.info()]
         assert set(reward.pid()).isdisjoint(actor.pid())
         actor.bump()
         assert ref.read_actor() == [([1.0, 2.0, 3.0], True)] * 2
         assert "not colocated" in ref.try_sibling("reward")[0]
-        actor.sleep(0.0).get(), reward.sleep(0.0).get()  # warm up
         t0 = time.perf_counter()
         a, r = actor.sleep(1.0), reward.sleep(1.0)
         assert a.get() == [1.0, 1.0] and r.get() == [1.0]
@@ -119,9 +120,10 @@ def test_split_pools_run_concurrently():
     finally:
         for g in groups.values():
             g.shutdown()
+    assert g2.pool.roles == ["EchoWorker"] and g2.add(0) == [0, 1]  # the pool lives on
 
 
-def test_tp_peers_get_the_same_chunk_and_one_is_collected():
+def test_tp_peers_get_the_same_chunk_then_an_exception_breaks_the_group():
     g = WorkerGroup(ResourcePool(4, backend="ray", mesh=(2, 1, 2), name="tp"), EchoWorker)
     try:
         infos = g.info()
@@ -131,13 +133,8 @@ def test_tp_peers_get_the_same_chunk_and_one_is_collected():
         assert out["x"].flatten().tolist() == [0, 2, 4, 6, 8]
         assert out["rank"].tolist() == [0, 0, 0, 2, 2]  # only tp_rank 0 of each dp group collected
         assert g.last_rows() == [[0, 1, 2], [0, 1, 2], [3, 4, 0], [3, 4, 0]]
-    finally:
-        g.shutdown()
 
-
-def test_exception_reaches_driver_with_remote_traceback():
-    g = WorkerGroup(ResourcePool(2, backend="ray", name="err"), EchoWorker)
-    try:
+        # An exception in one rank: a WorkerError naming class, rank, method, remote traceback.
         with pytest.raises(WorkerError) as info:
             g.fail_on(1)
         msg = str(info.value)
