@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", default="5m,25m")
     ap.add_argument("--buckets", default="0,4,64", help="broadcast bucket sizes in MB (0 = per tensor)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on an oversubscribed CPU multi-threaded copies stall)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     buckets = [float(b) for b in args.buckets.split(",")]

@@ -182,6 +182,9 @@ def register(fn: Callable | None = None, *, dispatch: Dispatch | str = Dispatch.
     name = dispatch.value if isinstance(dispatch, Dispatch) else str(dispatch)
     get_mode(name)  # fail at class definition on an unknown mode, not at the first call
     spec = MethodSpec(name, Execute(execute), bool(blocking))
+    if spec.dispatch == Dispatch.DP_COMPUTE.value and spec.execute == Execute.RANK_ZERO:
+        raise ValueError("DP_COMPUTE with Execute.RANK_ZERO would silently drop the chunks of the other "
+                         "dp ranks; use Dispatch.ONE_TO_ALL with RANK_ZERO to give rank 0 the whole batch")
 
     def deco(f: Callable) -> Callable:
         setattr(f, SPEC_ATTR, spec)

@@ -52,6 +52,7 @@ class WorkerGroup:
                              f"attributes: {clash}; rename them")
         for name, spec in self._methods.items():
             setattr(self, name, self._bind(name, spec))
+        self._generation = pool.generation
         self._check_usable("__init__")
         backend = pool.backend  # starts the pool's processes on first use
         pool.roles.append(role)
@@ -72,8 +73,8 @@ class WorkerGroup:
         return call
 
     def _check_usable(self, method: str) -> None:
-        if self._closed:
-            raise WorkerError(self.worker_cls.__name__, None, method, "the group was shut down",
+        if self._closed or self._generation != self.pool.generation:
+            raise WorkerError(self.worker_cls.__name__, None, method, "the group (or its pool) was shut down",
                               self.pool.uid)
         if self.pool.broken:
             raise WorkerError(self.worker_cls.__name__, None, method,
@@ -108,6 +109,8 @@ class WorkerGroup:
             return
         self._closed = True
         pool = self.pool
+        if self._generation != pool.generation:
+            return  # the pool was shut down already
         if self.role in pool.roles:
             pool.roles.remove(self.role)
         if pool.broken or not pool.roles:

@@ -43,6 +43,7 @@ class ResourcePool:
         self.uid = f"{self.name}-{uuid.uuid4().hex[:8]}"
         self.roles: list[str] = []
         self.broken: str | None = None  # why the pool's processes cannot be trusted any more
+        self.generation = 0  # bumped by shutdown(): groups of an earlier generation are gone
         self._backend: Any = None
         _POOLS[self.uid] = self
 
@@ -71,6 +72,8 @@ class ResourcePool:
             self._backend.shutdown()
             self._backend = None
         self.roles.clear()
+        self.broken = None  # the next group starts fresh processes
+        self.generation += 1
 
     def __repr__(self) -> str:
         return (f"ResourcePool({self.name!r}, world_size={self.world_size}, backend={self.backend_name!r}, "

@@ -243,6 +243,9 @@ class RayFuture(Future):
 
     def get(self, timeout: float | None = None) -> Any:
         if not self._done:
+            if self.backend.pool.broken and not self.done():  # its ranks may never answer now
+                raise WorkerError(self.cls_name, None, self.method, "the group broke before this call "
+                                  f"finished. Earlier failure:\n{self.backend.pool.broken}", self.backend.pool.uid)
             outs = self.backend.wait(self.refs, self.cls_name, self.method, self.ranks, timeout)
             topo = self.backend.topo
             self._value = _finish(tuple(outs), self.spec.mode.collect, topo,

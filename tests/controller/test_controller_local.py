@@ -183,6 +183,13 @@ def test_group_shutdown_then_call_raises():
     g.shutdown()
     with pytest.raises(WorkerError, match="shut down"):
         g.pid()
+    pool = ResourcePool(1)
+    groups = colocated_groups(pool, {"actor": Actor, "ref": Ref})
+    pool.shutdown()  # stops every role of the pool at once
+    with pytest.raises(WorkerError, match="shut down"):
+        groups["ref"].pid()
+    groups["ref"].shutdown()  # harmless afterwards
+    assert WorkerGroup(pool, Reward).pid() == [os.getpid()]  # a shut-down pool can host new groups
 
 
 def test_worker_standalone():
@@ -191,12 +198,14 @@ def test_worker_standalone():
     assert w.all_reduce_rank() == 1.0
 
 
-def test_rank_zero_result_is_not_a_list():
+def test_rank_zero_result_is_not_a_list_and_dp_rank_zero_is_refused():
     class R(Worker):
-        @register(dispatch=Dispatch.DP_COMPUTE, execute=Execute.RANK_ZERO)
+        @register(execute=Execute.RANK_ZERO)
         def head(self, b):
             return b
 
     g = WorkerGroup(ResourcePool(1), R)
     assert isinstance(g.head(_batch(2)), Batch)
     g.shutdown()
+    with pytest.raises(ValueError, match="silently drop"):
+        register(dispatch=Dispatch.DP_COMPUTE, execute=Execute.RANK_ZERO)
