@@ -2,10 +2,11 @@
 
 Memory: for a [B, R, V] logit tensor with V ~ 150k, `log_softmax` materialises a second
 [B, R, V] tensor. Here log p(label) = logit[label] / T - logsumexp(logits / T) keeps only
-[B, R] results, and low-precision logits are upcast to float32 (then divided by T) one row
-at a time, so the float32 copy is [R, V] instead of [B, R, V] (forward only; autograd
-still saves what backward needs). Dividing after the upcast also avoids a bf16 rounding
-of logits / T.
+[B, R] results, and logits are upcast to float32 and divided by T in chunks of tokens
+(~64 MiB of float32 each), so the extra memory is a few chunks instead of [B, R, V]
+copies. This helps forward-only passes (old / reference logprobs under no_grad); with
+autograd, backward still needs its saved inputs. Dividing after the upcast also avoids
+a bf16 rounding of logits / T.
 """
 
 from __future__ import annotations
@@ -21,15 +22,26 @@ def _inv_temperature(temperature: float) -> float:
     return 1.0 if temperature == 0 else 1.0 / temperature
 
 
-def _rowwise(fn, logits: torch.Tensor, inv_t: float) -> torch.Tensor:
-    """fn(z [.., V] in >= float32, already divided by T) -> [..]; low-precision rows one at a time."""
-    def scaled(z: torch.Tensor) -> torch.Tensor:
-        z = z if z.dtype in (torch.float32, torch.float64) else z.float()
-        return fn(z if inv_t == 1.0 else z * inv_t)
+# Tokens per chunk so that one float32 chunk is ~64 MiB: e.g. 110 tokens at V = 152k.
+CHUNK_ELEMENTS = 1 << 24
 
-    if logits.dtype in (torch.float32, torch.float64) or logits.dim() < 3:
-        return scaled(logits)
-    return torch.stack([scaled(row) for row in logits])  # [B, R]
+
+def _chunked(fn, logits: torch.Tensor, inv_t: float) -> torch.Tensor:
+    """fn(z [n, V] in >= float32, already divided by T) -> [n], applied to chunks of tokens.
+
+    Chunks are taken inside each row (never by reshaping [B, R, V] to [B*R, V], which copies
+    the whole tensor when the logits are a slice of a [B, T, V] forward pass).
+    """
+    def scaled(c: torch.Tensor) -> torch.Tensor:  # c [n, V]
+        if c.dtype in (torch.float32, torch.float64):
+            return fn(c if inv_t == 1.0 else c * inv_t)  # c may be a view: never in place
+        z = c.float()  # a fresh copy, so scaling it in place is safe (neither op saves its input)
+        return fn(z.mul_(inv_t) if inv_t != 1.0 else z)
+
+    n = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    rows = logits.unsqueeze(0) if logits.dim() == 2 else logits  # [B, R, V]
+    out = torch.stack([torch.cat([scaled(c) for c in row.split(n)]) for row in rows])  # [B, R]
+    return out[0] if logits.dim() == 2 else out
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor,
@@ -40,7 +52,7 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor,
     padding separately, do not use -100). Returns float32 (float64 for float64 input) [B, R].
     """
     inv_t = _inv_temperature(temperature)
-    lse = _rowwise(lambda z: torch.logsumexp(z, dim=-1), logits, inv_t)  # [B, R]
+    lse = _chunked(lambda z: torch.logsumexp(z, dim=-1), logits, inv_t)  # [B, R]
     picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).to(lse.dtype)  # [B, R]
     return picked * inv_t - lse  # [B, R]
 
@@ -53,4 +65,4 @@ def _entropy(z: torch.Tensor) -> torch.Tensor:
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) per position: [B, R, V] -> [B, R]."""
-    return _rowwise(_entropy, logits, _inv_temperature(temperature))  # [B, R]
+    return _chunked(_entropy, logits, _inv_temperature(temperature))  # [B, R]

@@ -1,20 +1,25 @@
 """Fast forward pass for Llama / Qwen2-family HF models, with a preallocated KV cache.
 
-HF's own forward spends most of a small model's decode step in Python: cache objects,
-mask construction, rotary modules, output dataclasses. This runner reads the *same* weight
-tensors (no copy of the parameters; so an optimizer step on a colocated trainer module is
-seen by the next `generate`) and runs a lean forward:
+HF's own forward spends much of a small model's decode step in Python and in growing its
+cache (a `torch.cat` per layer per step). This runner reads the *same* weight tensors
+and runs a lean forward:
 
   * one static KV cache per layer, [rows, kv_heads, prompt_len + max_new, head_dim],
     with left-padded prompts, so every row writes its next token to the same slot;
+  * prefill in chunks of similar-length prompts (the engine sorts by length), each padded
+    only to its own longest prompt, so short prompts do not pay for the longest one;
   * RMSNorm, RoPE (the model's own inv_freq / attention scaling, computed exactly as HF
     does), GQA, SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP (Llama) biases;
   * decode attention treats the query heads of one KV group as the "query length"
-    ([rows, kv_heads, group, head_dim]), so GQA needs no expanded K/V.
+    ([rows, kv_heads, group, head_dim]), so GQA needs no expanded K/V;
+  * residual adds fused into the output matmuls (`addmm`), RoPE as roll + addcmul.
 
-Q/K/V and gate/up are fused into one matmul each. The fused weights are *built* from the
-parameters by `pack()`, which the engine calls at the start of every `generate`, so they
-can never be stale; set `fuse=False` to skip the copy (e.g. a large model on a tight GPU).
+Weights: with `fuse=True` (default) `pack()` builds, from the live parameters, fused and
+transposed copies ([in, out] contiguous: Q|K|V and gate|up in one matmul each; measured
+faster than `F.linear` on the [out, in] layout on this CPU). The engine calls `pack()` at
+the start of every `generate`, so the copies can never be stale - an optimizer step on a
+colocated trainer module is seen by the next `generate`. `fuse=False` reads the parameters
+directly (transposed views, no copy) for models where a second copy does not fit.
 """
 
 from __future__ import annotations
@@ -46,20 +51,36 @@ def supports(model: nn.Module) -> bool:
     return all(type(m) is nn.Linear for m in linears)  # LoRA / quantized wrappers: HF path
 
 
-def _cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    if all(t is None for t in tensors):
-        return None
-    # a missing bias among present ones would be a malformed model; fill with zeros
-    ref = next(t for t in tensors if t is not None)
-    return torch.cat([t if t is not None else ref.new_zeros(ref.shape) for t in tensors])
+def _linear_pieces(mods: list[nn.Linear], fuse: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """[(weight^T [in, out], bias)] - one fused contiguous piece, or a view per module."""
+    if not fuse:
+        return [(m.weight.t(), m.bias) for m in mods]
+    wt = torch.cat([m.weight for m in mods]).t().contiguous()  # [in, sum(out)]
+    if all(m.bias is None for m in mods):
+        return [(wt, None)]
+    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+    return [(wt, bias)]
+
+
+def _mm(x: torch.Tensor, pieces, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, in] @ pieces (+ bias) (+ residual, fused into the matmul). Returns [N, out]."""
+    outs = []
+    for wt, bias in pieces:
+        if residual is not None:
+            y = torch.addmm(residual, x, wt)
+            outs.append(y if bias is None else y.add_(bias))
+        else:
+            outs.append(x @ wt if bias is None else torch.addmm(bias, x, wt))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
 class LlamaRunner:
     """Prefill / decode over a static KV cache for one `generate` call at a time."""
 
-    def __init__(self, model: nn.Module, fuse: bool = True):
+    def __init__(self, model: nn.Module, fuse: bool = True, prefill_chunk_tokens: int = 4096):
         self.model = model
         self.fuse = fuse
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         cfg = model.config
         attn = model.model.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -77,50 +98,35 @@ class LlamaRunner:
         self.layers = []
         for layer in self.model.model.layers:
             a, m = layer.self_attn, layer.mlp
-            if self.fuse:
-                qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                       _cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-                gate_up = (torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                           _cat([m.gate_proj.bias, m.up_proj.bias]))
-            else:
-                qkv = gate_up = None
-            self.layers.append((layer.input_layernorm.weight, a, qkv, a.o_proj,
-                                layer.post_attention_layernorm.weight, m, gate_up))
-        rotary = self.model.model.rotary_emb
-        self.inv_freq = rotary.inv_freq.float()
-        self.rope_scaling = rotary.attention_scaling
+            self.layers.append((
+                layer.input_layernorm.weight,
+                _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse),
+                _linear_pieces([a.o_proj], self.fuse),
+                layer.post_attention_layernorm.weight,
+                _linear_pieces([m.gate_proj, m.up_proj], self.fuse),
+                _linear_pieces([m.down_proj], self.fuse),
+            ))
         self.norm_w = self.model.model.norm.weight
         self.embed = self.model.model.embed_tokens.weight
-        self.lm_head = self.model.lm_head
+        self.lm_head = _linear_pieces([self.model.lm_head], self.fuse)
+        rotary = self.model.model.rotary_emb
+        self.inv_freq, self.rope_scaling = rotary.inv_freq.float(), rotary.attention_scaling
 
     def release(self) -> None:
-        self.layers, self.cache = [], []
+        self.layers, self.cache, self.lm_head = [], [], None
         self.cos = self.sin = self.key_mask = self.next_pos = None
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # HF: normalise in fp32, cast back, then scale by the weight
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
-
-    def _qkv(self, h: torch.Tensor, a: nn.Module, qkv) -> torch.Tensor:
-        if qkv is not None:
-            return F.linear(h, qkv[0], qkv[1])
-        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
-
-    def _mlp(self, h: torch.Tensor, m: nn.Module, gate_up) -> torch.Tensor:
-        if gate_up is not None:
-            g, u = F.linear(h, gate_up[0], gate_up[1]).chunk(2, dim=-1)
-        else:
-            g, u = m.gate_proj(h), m.up_proj(h)
-        return m.down_proj(F.silu(g) * u)
+        if x.dtype == torch.float32:  # fused kernel; matches HF's fp32 arithmetic
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        xf = x.float()  # HF: normalise in fp32, cast back, then scale
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half
-        return x * cos + rot * sin
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        # HF: x * cos + cat(-x2, x1) * sin  ==  x * cos + roll(x) * cat(-sin1, sin2)
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
     def _rope_tables(self, length: int, dtype: torch.dtype, device: torch.device) -> None:
         # exactly HF's arithmetic: fp32 position * inv_freq, duplicated, cos/sin, scaled, cast
@@ -128,7 +134,9 @@ class LlamaRunner:
         freqs = pos[:, None] * self.inv_freq.to(device)[None, :]  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
         self.cos = (emb.cos() * self.rope_scaling).to(dtype)
-        self.sin = (emb.sin() * self.rope_scaling).to(dtype)
+        sin = (emb.sin() * self.rope_scaling).to(dtype)
+        half = sin.shape[-1] // 2
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
 
     # --- prefill ---------------------------------------------------------------------
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int) -> torch.Tensor:
@@ -141,35 +149,54 @@ class LlamaRunner:
         self.cache = [(torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device),
                        torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device))
                       for _ in self.layers]
+        lengths = mask.sum(-1).tolist()
+        logits, r0 = [], 0
+        while r0 < B:  # chunks of consecutive rows, each padded to its own longest prompt
+            r1, longest = r0 + 1, lengths[r0]
+            while r1 < B and (r1 + 1 - r0) * max(longest, lengths[r1]) <= self.prefill_chunk_tokens \
+                    and max(longest, lengths[r1]) - min(lengths[r0:r1 + 1]) <= max(4, longest // 8):
+                longest = max(longest, lengths[r1])
+                r1 += 1
+            logits.append(self._prefill(ids[r0:r1, P - longest:], mask[r0:r1, P - longest:], r0, n, P))
+            r0 = r1
         maskb = mask.bool()
-        pos = (maskb.long().cumsum(-1) - 1).clamp(min=0)  # [B, P] position ids of real tokens
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, P, D]
-        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-        # pad queries may see themselves: a fully masked row would give NaN and poison V
-        attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
-        H, Hk, D = self.n_heads, self.n_kv, self.head_dim
-        x = F.embedding(ids, self.embed)  # [B, P, hidden]
-        for (w1, a, qkv, o_proj, w2, m, gate_up), (kc, vc) in zip(self.layers, self.cache):
-            h = self._norm(x, w1)
-            y = self._qkv(h, a, qkv).view(B, P, H + 2 * Hk, D).transpose(1, 2)  # [B, heads, P, D]
-            q = self._rope(y[:, :H], cos, sin)  # [B, H, P, D]
-            k = self._rope(y[:, H:H + Hk], cos, sin)  # [B, Hk, P, D]
-            v = y[:, H + Hk:]  # [B, Hk, P, D]
-            # the n samples of prompt b are rows b*n .. b*n+n-1
-            kc.view(B, n, Hk, S, D)[:, :, :, :P] = k[:, None]
-            vc.view(B, n, Hk, S, D)[:, :, :, :P] = v[:, None]
-            if self.group > 1:
-                k, v = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-            x = x + o_proj(o.transpose(1, 2).reshape(B, P, H * D))
-            x = x + self._mlp(self._norm(x, w2), m, gate_up)
-        logits = self.lm_head(self._norm(x[:, -1], self.norm_w))  # [B, V]
-        # per-row state for decoding, expanded to the B * n sample rows
         self.key_mask = torch.ones(B * n, S, dtype=torch.bool, device=device)  # [rows, S]
         self.key_mask[:, :P] = maskb.repeat_interleave(n, 0)
         self.next_pos = maskb.sum(-1).repeat_interleave(n, 0)  # [rows] next position id
         self.slot = P  # next cache slot (shared by all rows thanks to left padding)
-        return logits
+        return torch.cat(logits)  # [B, V]
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, r0: int, n: int, P: int) -> torch.Tensor:
+        """Run rows r0.. of the group (ids/mask [b, L], L <= P) and write their K/V into
+        cache slots P-L..P of rows r0*n.. (each prompt's n sample rows)."""
+        b, L = ids.shape
+        H, Hk, D, S = self.n_heads, self.n_kv, self.head_dim, self.cache[0][0].shape[2]
+        device = ids.device
+        maskb = mask.bool()
+        pos = (maskb.long().cumsum(-1) - 1).clamp(min=0)  # [b, L] position ids of real tokens
+        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [b, L, 1, D]
+        causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+        # pad queries may see themselves: a fully masked row would give NaN and poison V
+        attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
+        x = F.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
+        for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
+            y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
+            qk = self._rope(y[:, :, :H + Hk], cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
+            q, k, v = qk[:, :H], qk[:, H:], y[:, :, H + Hk:].transpose(1, 2)  # [b, *, L, D]
+            # the n samples of prompt r are cache rows r*n .. r*n+n-1; slots before P-L stay
+            # zero (masked; zero so garbage memory cannot turn into NaN through 0 * inf)
+            for cache, new in ((kc, k), (vc, v)):
+                rows = cache[r0 * n:(r0 + b) * n].view(b, n, Hk, S, D)
+                rows[:, :, :, P - L:P] = new[:, None]
+                rows[:, :, :, :P - L] = 0
+            if self.group > 1:
+                k, v = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+            x = _mm(o.transpose(1, 2).reshape(b * L, H * D), o_proj, residual=x)
+            g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)
+            x = _mm(F.silu(g) * u, down, residual=x)
+        last = x.view(b, L, -1)[:, -1]  # [b, hidden] (left padding: the last slot is real)
+        return _mm(self._norm(last, self.norm_w), self.lm_head)  # [b, V]
 
     # --- decode ----------------------------------------------------------------------
     def select(self, rows: torch.Tensor) -> None:
@@ -185,17 +212,17 @@ class LlamaRunner:
         cos, sin = self.cos[self.next_pos][:, None], self.sin[self.next_pos][:, None]  # [b, 1, D]
         attn_mask = self.key_mask[:, None, None, :s + 1]  # [b, 1, 1, s+1]
         x = F.embedding(tokens, self.embed)  # [b, hidden]
-        for (w1, a, qkv, o_proj, w2, m, gate_up), (kc, vc) in zip(self.layers, self.cache):
-            h = self._norm(x, w1)
-            y = self._qkv(h, a, qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]
+        for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
+            y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]
             qk = self._rope(y[:, :H + Hk], cos, sin)  # [b, H + Hk, D] one RoPE for q and k
             kc[:, :, s] = qk[:, H:]
             vc[:, :, s] = y[:, H + Hk:]
             q = qk[:, :H].view(b, Hk, G, D)  # the G query heads of a KV head act as a "length"
             o = F.scaled_dot_product_attention(q, kc[:, :, :s + 1], vc[:, :, :s + 1],
                                                attn_mask=attn_mask, scale=self.scale)  # [b, Hk, G, D]
-            x = x + o_proj(o.reshape(b, H * D))
-            x = x + self._mlp(self._norm(x, w2), m, gate_up)
+            x = _mm(o.reshape(b, H * D), o_proj, residual=x)
+            g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)  # [b, I] each
+            x = _mm(F.silu(g).mul_(u), down, residual=x)
         self.slot += 1
         self.next_pos = self.next_pos + 1
-        return self.lm_head(self._norm(x, self.norm_w))  # [b, V]
+        return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]

@@ -85,8 +85,13 @@ class Batcher:
                 await asyncio.sleep(self.max_wait_s)  # let near-simultaneous requests join
             self._wake.clear()
             items, self._pending = self._pending, []
-            for batch in self._batches(items):
-                await self._run(batch)
+            try:
+                for batch in self._batches(items):
+                    await self._run(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug here must fail requests, not hang them
+                for it in items:
+                    if not it.future.done():
+                        it.future.set_exception(exc)
 
     def _batches(self, items: list[_Item]) -> list[list[_Item]]:
         groups: dict[Any, list[list[_Item]]] = {}

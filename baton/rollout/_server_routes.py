@@ -11,12 +11,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
-from baton.rollout._server_schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list
-from baton.rollout.protocol import Completion
+from baton.rollout._server_schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
+                                           unsupported)
+from baton.rollout.protocol import Completion, SamplingParams
 
 
 def add_generation_routes(app: FastAPI, srv) -> None:
-    from baton.rollout.server import _params, _reject_unsupported, _usage
+    """`srv` is the server's shared state (`baton.rollout.server._Server`)."""
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> dict:
@@ -114,6 +115,28 @@ def add_generation_routes(app: FastAPI, srv) -> None:
         rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
         outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
         return outs[0] if single and sp.n == 1 else outs
+
+
+def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
+            stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool) -> SamplingParams:
+    try:
+        return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              top_k=max(top_k, 0), min_p=min_p, stop=stop, stop_token_ids=list(stop_token_ids or []),
+                              seed=seed, ignore_eos=ignore_eos)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc
+
+
+def _reject_unsupported(req) -> None:
+    reason = unsupported(req)
+    if reason:
+        raise HTTPException(400, reason)
+
+
+def _usage(prompts: list[list[int]], comps: list[Completion]) -> dict:
+    p = sum(len(x) for x in prompts)
+    c = sum(len(x.token_ids) for x in comps)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def _completion_prompts(srv, prompt) -> list[list[int]]:

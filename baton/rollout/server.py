@@ -58,9 +58,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from baton.rollout._server_batcher import Batcher, EngineRunner
+from baton.rollout._server_routes import add_generation_routes
 from baton.rollout._server_schemas import (DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
-                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest,
-                                           unsupported)
+                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest)
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver, validate_specs
 from baton.sync.checkpoint import iter_safetensors, safetensors_files
@@ -146,28 +146,6 @@ async def _wait_disconnect(request: Request) -> None:
         await asyncio.sleep(0.01)  # a server that replays body messages must not spin us
 
 
-def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
-            stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool) -> SamplingParams:
-    try:
-        return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              top_k=max(top_k, 0), min_p=min_p, stop=stop, stop_token_ids=list(stop_token_ids or []),
-                              seed=seed, ignore_eos=ignore_eos)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from exc
-
-
-def _reject_unsupported(req) -> None:
-    reason = unsupported(req)
-    if reason:
-        raise HTTPException(400, reason)
-
-
-def _usage(prompts: list[list[int]], comps: list[Completion]) -> dict:
-    p = sum(len(x) for x in prompts)
-    c = sum(len(x.token_ids) for x in comps)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
 def _weights_version(req, current: int) -> int:
     if req.version is not None:
         return req.version
@@ -222,8 +200,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     async def stats() -> dict:
         return dict(srv.batcher.stats)
 
-    from baton.rollout._server_routes import add_generation_routes  # noqa: E402 - split for size
-    add_generation_routes(app, srv)
+    add_generation_routes(app, srv)  # /v1/completions, /v1/chat/completions, /generate
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(req: UpdateWeightsFromDiskRequest) -> Any:

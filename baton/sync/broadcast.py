@@ -42,7 +42,7 @@ class WeightReceiver:
             raise ValueError("rank_offset must be >= 1: rank 0 is the trainer")
         self.groups[group_name] = WeightUpdateGroup(master_address, master_port, rank_offset + self.rank_in_engine,
                                                     world_size, backend=backend, group_name=group_name,
-                                                    timeout_s=timeout_s)
+                                                    timeout_s=timeout_s, device=getattr(self.engine, "device", None))
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,

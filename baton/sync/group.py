@@ -58,7 +58,7 @@ class WeightUpdateGroup:
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
                  backend: str = "gloo", group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = 600.0,
-                 listen_socket: socket.socket | None = None):
+                 listen_socket: socket.socket | None = None, device: torch.device | str | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of size {world_size}")
         if backend not in ("gloo", "nccl"):
@@ -96,13 +96,20 @@ class WeightUpdateGroup:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            # the CUDA device this rank's NCCL communicator lives on (the engine's, not
+            # whatever the calling thread has current)
+            device = torch.device(device) if device is not None else torch.device("cuda")
+            self.device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """In-place broadcast from `src` (blocking; on NCCL ordered on the current stream)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        self.pg.broadcast([tensor], opts).wait()
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                self.pg.broadcast([tensor], opts).wait()
+        else:
+            self.pg.broadcast([tensor], opts).wait()
 
     def close(self) -> None:
         try:

@@ -109,13 +109,16 @@ class ActorWorker(Worker):
             for mb in batch.minibatches(mini, seed=seed):
                 counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
                 self.optim.zero_grad(set_to_none=True)
+                mb_loss = torch.zeros((), dtype=torch.float64)
                 for mc in mb.minibatches(micro, shuffle=False):
                     loss, stats = self._loss(mc, counts[0].item(), counts[1].item())
                     loss.backward()
-                    stats["actor/loss"] = loss.item() * len(mb) / len(mc)  # summed back below
+                    mb_loss += loss.item()
                     for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
                         sums[k] = sums.get(k, 0.0) + v * len(mc) / len(mb)
                 self._sync_grads()
+                # Each rank's loss is its share of the global one (global normalisers): sum them.
+                sums["actor/loss"] = sums.get("actor/loss", 0.0) + self._all_reduce(mb_loss).item()
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
                 sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()
                 self.optim.step()

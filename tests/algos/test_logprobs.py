@@ -56,3 +56,26 @@ def test_logprobs_gradient_is_onehot_minus_softmax():
     logprobs_from_logits(logits, torch.tensor([[2]])).sum().backward()
     expected = torch.nn.functional.one_hot(torch.tensor(2), 4) - logits.detach().softmax(-1)
     torch.testing.assert_close(logits.grad.view(4), expected.view(4).float())
+
+
+def test_chunked_path_matches_and_keeps_gradients(monkeypatch):
+    import baton.algos.logprobs as lp_mod
+
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(2, 9, 7, generator=g)  # [B, T, V]: the logits of a whole forward pass
+    logits = full[:, 2:, :]  # [B, R=7, V] a non-contiguous slice, as a trainer takes it
+    labels = torch.randint(0, 7, (2, 7), generator=g)
+    monkeypatch.setattr(lp_mod, "CHUNK_ELEMENTS", 3 * 7)  # 3 tokens per chunk: chunks 3, 3, 1
+    for x in (logits, logits.bfloat16()):
+        ref = torch.distributions.Categorical(logits=x.float() / 0.7)
+        torch.testing.assert_close(logprobs_from_logits(x, labels, 0.7), ref.log_prob(labels))
+        torch.testing.assert_close(entropy_from_logits(x, 0.7), ref.entropy())
+    # gradients through the chunks (and through the in-place scaling of the bf16 copy)
+    for dtype in (torch.float32, torch.bfloat16):
+        w = logits.detach().to(dtype).requires_grad_()
+        (logprobs_from_logits(w, labels, 0.7).sum() + entropy_from_logits(w, 0.7).sum()).backward()
+        w_ref = logits.detach().to(dtype).float().requires_grad_()
+        d = torch.distributions.Categorical(logits=w_ref / 0.7)
+        (d.log_prob(labels).sum() + d.entropy().sum()).backward()
+        torch.testing.assert_close(w.grad.float(), w_ref.grad, atol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   rtol=0)
