@@ -50,12 +50,19 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from baton.envs.evaluate import evaluate_checkpoint
+    from baton.envs import get_task
+    from baton.envs.evaluate import evaluate
+    from baton.models.load import load_model, load_tokenizer
+    from baton.rollout.engine import EmbeddedEngine
 
-    result = evaluate_checkpoint(args.model_dir, task=args.task, n=args.n, seed=args.seed,
-                                 max_new_tokens=args.max_new_tokens)
-    for k, v in result.items():
-        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
+    engine, task = EmbeddedEngine(model, tokenizer), get_task(args.task)
+    rows = task.eval_rows(args.n)
+    for mode in ("greedy", "sampled"):
+        result = evaluate(engine, tokenizer, task, rows, greedy=mode == "greedy", n=4,
+                          max_new_tokens=args.max_new_tokens, seed=args.seed)
+        print(f"{mode:8s} accuracy {result['accuracy']:.3f}  (stop rate {result['stop_rate']:.3f}, "
+              f"{int(result['samples'])} samples on {len(rows)} held-out prompts)")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark: one GRPO step in baton vs in TRL's `GRPOTrainer`, same work, side by side.
 
-    .venv/bin/python bench/grpo_vs_trl.py [--steps 10 --prompts 16 --G 8 --max-new-tokens 8
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
                                            --threads 1 --model checkpoints/arith-sft]
 
 Both trainers get the same model directory, the same prompts in the same order (drawn by
@@ -154,7 +154,7 @@ def summarise(records: list[dict[str, float]], k: int) -> dict[str, float]:
 
 
 def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
-    k = max(1, min(3, a.steps // 3))
+    k = max(1, min(5, a.steps // 4))  # steps averaged for "first" and "last" reward
     b, t = summarise(res["baton"]["records"], k), summarise(res["trl"]["records"], k)
     print(f"\nGRPO step: baton vs TRL {res['trl'].get('version', '?')} | model {a.model}")
     print(f"{a.prompts} prompts x G={a.G} = {a.prompts * a.G} samples/step, max_new_tokens={a.max_new_tokens}, "
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--child"]:
         return child_main(*argv[1:4])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=8)

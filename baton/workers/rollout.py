@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from baton import fields as F
-from baton.batch import Batch
+from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.envs import TASKS
 from baton.envs.evaluate import evaluate
@@ -84,8 +84,11 @@ class RolloutWorker(Worker):
         ids = [self.tokenizer(str(p)).input_ids for p in prompts[F.PROMPT_TEXT]]
         params = self.sampling_params(greedy=bool(prompts.meta.get("greedy")), seed=seed)
         done = self.engine.generate(ids, params)
-        return completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
+        rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
                                     self.tokenizer)
+        # Dispatch padding rows of the prompts became n padding rows each: let concat drop them.
+        rows.meta[PAD_KEY] = prompts.meta.get(PAD_KEY, 0) * params.n
+        return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int) -> int:
