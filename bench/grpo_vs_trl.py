@@ -117,6 +117,8 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             print(f"note: {DEFAULT_MODEL} not found; using a random tiny model ({a.preset}) instead")
             a.model = str(make_tiny_checkpoint(work / "model", preset=a.preset))
     a.model = str(Path(a.model).resolve())
+    if not (Path(a.model) / "config.json").is_file():
+        sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
     overrides = baton_overrides(a, str(work / "baton_run"))
     cfg = load_config(GRPOConfig, str(RECIPE), overrides)
     state = RunState.fresh(cfg)  # the very sampler the baton trainer draws its prompts from

@@ -1,4 +1,4 @@
-"""The demo task: multi-term integer arithmetic, e.g. prompt "12+7+30=" -> completion "49".
+"""The demo task: multi-term integer arithmetic, e.g. prompt "3+5+8=" -> completion "16".
 
 Short prompts and answers suit a tiny char-level model, the answer is checked exactly, and
 the difficulty is tunable (number of terms, operand range, operators) so a warm-started
@@ -53,9 +53,12 @@ def format_reward(prompt: str, completion: str, **_) -> float:
 @dataclass
 class ArithmeticTask:
     name: str = "arithmetic"
+    # Defaults: sums of 2-5 single digits. A 0.8M model learns them in a few hundred SFT
+    # steps, so a short warm start lands mid-way (~30-40% sampled) and GRPO has room to
+    # climb. Larger operands (max_value=99) take thousands of steps to learn (carries).
     min_terms: int = 2
-    max_terms: int = 3
-    max_value: int = 99  # operands are drawn from 0..max_value
+    max_terms: int = 5
+    max_value: int = 9  # operands are drawn from 0..max_value
     ops: str = "+"  # allowed operators between terms: any of "+-*"
     train_size: int = 20_000
     heldout_every: int = 10  # ~1/heldout_every of all prompts are held out
