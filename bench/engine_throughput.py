@@ -63,14 +63,19 @@ def run_engine(engine: EmbeddedEngine, prompts: list[list[int]]) -> int:
     return sum(len(c.token_ids) for c in engine.generate(prompts, params))
 
 
-def timed(fn, repeats: int) -> tuple[float, int]:
-    fn()  # warm-up (allocator, lazy init)
-    times, tokens = [], 0
+def timed(fns: dict, repeats: int) -> dict[str, tuple[float, int]]:
+    """Median seconds and token count per method; the methods take turns in every round,
+    so load from other processes on a shared machine hits them alike."""
+    for fn in fns.values():
+        fn()  # warm-up (allocator, lazy init)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    tokens: dict[str, int] = {}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        tokens = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), tokens
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            tokens[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: (statistics.median(times[k]), tokens[k]) for k in fns}
 
 
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 30) -> float:
@@ -120,14 +125,14 @@ def main() -> None:
         model = build(name)
         prompts = make_prompts(model.config.vocab_size)
         n_params = sum(p.numel() for p in model.parameters())
-        t_hf, tok_hf = timed(lambda: run_hf(model, prompts), args.repeats)
         fast = EmbeddedEngine(model)
-        t_fast, tok_fast = timed(lambda: run_engine(fast, prompts), args.repeats)
-        hf_path = "-"
+        fns = {"hf": lambda: run_hf(model, prompts), "fast": lambda: run_engine(fast, prompts)}
         if not args.no_hf_runner:
             slow = EmbeddedEngine(model, fast=False)
-            t_slow, tok_slow = timed(lambda: run_engine(slow, prompts), args.repeats)
-            hf_path = f"{tok_slow / t_slow:.0f}"
+            fns["slow"] = lambda: run_engine(slow, prompts)
+        res = timed(fns, args.repeats)
+        (t_hf, tok_hf), (t_fast, tok_fast) = res["hf"], res["fast"]
+        hf_path = f"{res['slow'][1] / res['slow'][0]:.0f}" if "slow" in res else "-"
         assert tok_hf == tok_fast == N_PROMPTS * NEW_TOKENS, (tok_hf, tok_fast)
         engine_gflops = engine_flops(model, prompts) / t_fast / 1e9
         peak = matmul_gflops(N_PROMPTS, model.config.hidden_size, model.config.intermediate_size)

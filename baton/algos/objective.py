@@ -32,8 +32,10 @@ def actor_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     per_token, metrics = POLICY_LOSSES[policy_loss](
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
         response_mask=response_mask, **(policy_loss_kwargs or {}))  # [B, R]
-    metrics["pg_loss"] = aggregate_loss(per_token, response_mask, agg_mode, global_tokens,
-                                        global_seqs, max_len).detach()
+    # a local aggregate, like every other metric here (not this micro-batch's share of the
+    # global loss), so averaging it over micro-batches approximates the step's pg loss
+    metrics["pg_loss"] = aggregate_loss(per_token, response_mask, agg_mode,
+                                        max_len=max_len).detach()
     if kl_coef:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")

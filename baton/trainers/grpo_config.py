@@ -46,6 +46,7 @@ class AlgoConfig:
     policy_loss: str = "ppo_clip"
     clip_low: float = 0.2
     clip_high: float = 0.28  # DAPO clip-higher
+    dual_clip: float | None = None  # e.g. 3.0: caps the loss of negative-advantage tokens
     kl_coef: float = 0.0  # > 0 adds KL(policy || reference) as a loss term and loads a reference
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0

@@ -74,7 +74,8 @@ class ActorWorker(Worker):
             response_mask=micro[F.RESPONSE_MASK].float(),
             ref_logprobs=micro[F.REF_LOGPROBS] if algo.kl_coef > 0 else None, entropy=ent,
             policy_loss=algo.policy_loss,
-            policy_loss_kwargs={"clip_low": algo.clip_low, "clip_high": algo.clip_high},
+            policy_loss_kwargs=({"clip_low": algo.clip_low, "clip_high": algo.clip_high,
+                                 "dual_clip": algo.dual_clip} if algo.policy_loss == "ppo_clip" else {}),
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.cfg.rollout.max_new_tokens)

@@ -24,6 +24,10 @@ def test_actor_loss_hand_worked():
     assert m["kl"].item() == pytest.approx(k3 / 2, rel=1e-5)
     assert m["entropy"].item() == pytest.approx(2.0)
     assert m["clip_frac"].item() == 0
+    # global normalisers scale the loss, not the metrics (metrics describe this micro-batch)
+    loss4, m4 = actor_loss(logprobs=logp, old_logprobs=logp, advantages=torch.tensor([[1.0, -2.0, 5.0]]),
+                           response_mask=torch.tensor([[1, 1, 0]]), global_tokens=4)
+    assert loss4.item() == pytest.approx(0.25) and m4["pg_loss"].item() == pytest.approx(0.5)
 
 
 def test_actor_loss_requires_inputs_for_its_terms():
