@@ -39,6 +39,16 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
+def _default_permissions(root: Path) -> None:
+    """mkdtemp makes 0700 dirs (and some writers 0600 files); give the checkpoint the
+    permissions a plain mkdir/open would have, so other users and containers can read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root.chmod(0o777 & ~umask)
+    for p in root.rglob("*"):
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+
+
 def save_pretrained(model: PreTrainedModel, tokenizer, path: str | os.PathLike) -> Path:
     """Write model (safetensors) + tokenizer (may be None) to `path` atomically; return it."""
     target = Path(path).resolve()
@@ -48,6 +58,7 @@ def save_pretrained(model: PreTrainedModel, tokenizer, path: str | os.PathLike) 
         model.save_pretrained(str(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        _default_permissions(tmp)
         if target.exists():
             # os.replace cannot overwrite a non-empty dir: move the old one aside first,
             # so the window without a checkpoint at `target` is two renames long.

@@ -179,7 +179,8 @@ class LlamaRunner:
         # pad queries may see themselves: a fully masked row would give NaN and poison V
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
         x = F.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
-        for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
+        last_layer = len(self.layers) - 1
+        for i, ((w1, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
             y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
             qk = self._rope(y[:, :, :H + Hk], cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
             q, k, v = qk[:, :H], qk[:, H:], y[:, :, H + Hk:].transpose(1, 2)  # [b, *, L, D]
@@ -191,12 +192,17 @@ class LlamaRunner:
                 rows[:, :, :, :P - L] = 0
             if self.group > 1:
                 k, v = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
+            if i == last_layer:
+                # past the last layer's K/V only the final position matters (it gives the
+                # logits): attention, o_proj and MLP for one query per row, not L
+                q, attn_mask = q[:, :, -1:], attn_mask[:, :, -1:]  # [b, H, 1, D]
+                x = x.view(b, L, -1)[:, -1]  # [b, hidden] (left padding: the last slot is real)
+                L = 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.transpose(1, 2).reshape(b * L, H * D), o_proj, residual=x)
             g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)
-            x = _mm(F.silu(g) * u, down, residual=x)
-        last = x.view(b, L, -1)[:, -1]  # [b, hidden] (left padding: the last slot is real)
-        return _mm(self._norm(last, self.norm_w), self.lm_head)  # [b, V]
+            x = _mm(F.silu(g).mul_(u), down, residual=x)
+        return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]
 
     # --- decode ----------------------------------------------------------------------
     def select(self, rows: torch.Tensor) -> None:
@@ -210,7 +216,9 @@ class LlamaRunner:
         H, Hk, G, D = self.n_heads, self.n_kv, self.group, self.head_dim
         s = self.slot
         cos, sin = self.cos[self.next_pos][:, None], self.sin[self.next_pos][:, None]  # [b, 1, D]
-        attn_mask = self.key_mask[:, None, None, :s + 1]  # [b, 1, 1, s+1]
+        # additive mask built once per step: SDPA would convert a bool mask in every layer
+        attn_mask = torch.zeros(self.key_mask.shape[0], 1, 1, s + 1, dtype=cos.dtype, device=cos.device)
+        attn_mask.masked_fill_(~self.key_mask[:, None, None, :s + 1], float("-inf"))  # [b, 1, 1, s+1]
         x = F.embedding(tokens, self.embed)  # [b, hidden]
         for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
             y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]

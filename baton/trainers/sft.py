@@ -32,7 +32,7 @@ IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
 @dataclass
 class ModelSection:
     path: str | None = None  # a local HF dir to start from; None builds a tiny model
-    preset: str = "2m"  # baton.models.tiny.PRESETS key, used when path is None
+    preset: str = "0.75m"  # baton.models.tiny.PRESETS key, used when path is None
     family: Literal["qwen2", "llama"] = "qwen2"
     overrides: dict[str, int] = field(default_factory=dict)  # tiny_config args, e.g. {layers: 2}
     seed: int = 0  # init seed of a fresh tiny model
@@ -59,11 +59,11 @@ class OptimSection:
 
 @dataclass
 class TrainerSection:
-    steps: int = 600
+    steps: int = 180
     batch_size: int = 64
     seed: int = 0  # torch seed (dropout-free models: only matters for sampling in eval)
     log_every: int = 50
-    num_threads: int = 2  # torch intra-op threads (0 leaves torch's default)
+    num_threads: int = 1  # torch intra-op threads (0 leaves torch's default); 1 is faster on a shared box
     run_dir: str | None = "runs/sft"  # metrics.jsonl + config.json go here (None: nowhere)
     save_path: str | None = "checkpoints/arith-sft"  # HF checkpoint (None: do not save)
     save_dtype: Literal["float32", "bfloat16"] = "float32"
