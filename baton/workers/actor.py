@@ -25,7 +25,7 @@ from baton.controller import Dispatch, Execute, Worker, register
 from baton.models.load import load_model, load_tokenizer, save_pretrained
 from baton.trainers.grpo_config import GRPOConfig
 from baton.workers.optim import build_optimizer
-from baton.workers.sequences import batched_logprobs, response_logprobs
+from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
 
 TRAINER_STATE = "trainer_state.pt"
 
@@ -68,7 +68,7 @@ class ActorWorker(Worker):
         algo = self.cfg.algo
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.actor.bf16):
             logp, ent = response_logprobs(self.model, micro, self.cfg.rollout.temperature,
-                                          with_entropy=True)  # [b, R], [b, R]
+                                          with_entropy=True, entropy_grad=algo.entropy_coef > 0)
         loss, stats = actor_loss(
             logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
             response_mask=micro[F.RESPONSE_MASK].float(),
@@ -107,7 +107,7 @@ class ActorWorker(Worker):
         n_updates = 0
         for epoch in range(a.epochs):
             seed = cfg.trainer.seed * 1_000_003 + self.updates * 101 + epoch
-            for mb in batch.minibatches(mini, seed=seed):
+            for mb in self._group_shuffled(batch, seed).minibatches(mini, shuffle=False):
                 counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
                 self.optim.zero_grad(set_to_none=True)
                 mb_loss = torch.zeros((), dtype=torch.float64)
@@ -129,6 +129,16 @@ class ActorWorker(Worker):
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
         return metrics
+
+    @staticmethod
+    def _group_shuffled(batch: Batch, seed: int) -> Batch:
+        """Shuffle whole prompt groups, keeping each group's rows together, so that a
+        micro-batch holds whole groups and each prompt's forward pass is shared."""
+        first, run = prompt_groups(batch)  # [U], [B]
+        perm = torch.randperm(len(first), generator=torch.Generator().manual_seed(seed))  # [U]
+        rank = torch.empty_like(perm)
+        rank[perm] = torch.arange(len(perm))
+        return batch.rows(torch.argsort(rank[run], stable=True))
 
     @staticmethod
     def _mask_padding(batch: Batch) -> Batch:

@@ -1,0 +1,55 @@
+"""Response logprobs with each prompt computed once equal those of a full forward pass,
+values and gradients, for left-padded prompts of different lengths in groups."""
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from baton import fields as F
+from baton.batch import Batch
+from baton.workers.sequences import prompt_groups, response_logprobs
+
+
+def grouped_batch(n=3):
+    g = torch.Generator().manual_seed(0)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    P, R = 4, 5
+    rows = []
+    for p in prompts:
+        for j in range(n):
+            length = 1 + (len(p) + j) % R
+            rows.append((p, torch.randint(4, 60, (length,), generator=g).tolist()))
+    B = len(rows)
+    p_ids = torch.zeros(B, P, dtype=torch.long)
+    p_mask = torch.zeros(B, P, dtype=torch.long)
+    r_ids = torch.zeros(B, R, dtype=torch.long)
+    r_mask = torch.zeros(B, R, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        p_ids[i, P - len(p):], p_mask[i, P - len(p):] = torch.tensor(p), 1
+        r_ids[i, :len(r)], r_mask[i, :len(r)] = torch.tensor(r), 1
+    return Batch({F.PROMPT_IDS: p_ids, F.PROMPT_MASK: p_mask, F.RESPONSE_IDS: r_ids, F.RESPONSE_MASK: r_mask})
+
+
+def test_prompt_groups_finds_runs():
+    first, run = prompt_groups(grouped_batch(n=2))
+    assert first.tolist() == [0, 2, 4] and run.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_shared_prompt_forward_equals_full_forward_and_gradient():
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64))
+    batch = grouped_batch()
+    mask = batch[F.RESPONSE_MASK].float()
+    grads = []
+    for share in (False, True):
+        model.zero_grad()
+        logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True, share_prompts=share)
+        (logp * mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        if share:
+            torch.testing.assert_close(logp * mask, full * mask, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ent * mask, full_ent * mask, atol=1e-5, rtol=1e-5)
+        full, full_ent = logp.detach(), ent
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
