@@ -56,6 +56,13 @@ def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> 
     return m
 
 
+def check_sync(parity: list[float], step: int, tol: float = 1e-4) -> None:
+    """Fail loudly if an engine samples from weights other than the trainer's."""
+    if max(parity) > tol:
+        raise RuntimeError(f"weight sync check failed after step {step}: engine and trainer "
+                           f"logprobs differ by {max(parity):.2e} (> {tol:g}) on a fixed prompt")
+
+
 def evaluate(roles: dict, state: RunState) -> dict[str, float]:
     """Held-out accuracy of the current policy: greedy and sampled (one sample per prompt)."""
     return {f"eval/accuracy_{mode}": roles["rollout"].evaluate(state.eval_rows, mode == "greedy")
@@ -103,7 +110,9 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
             with timer("update"):
                 update = actor.update(batch)
             with timer("sync"):
-                rollout.sync_weights(step)
+                parity = rollout.sync_weights(step)
+            if cfg.trainer.check_weight_sync:
+                check_sync(parity, step)
             state.step = step
             metrics = step_metrics(batch, update, version=step - 1)
             last = step == cfg.trainer.steps

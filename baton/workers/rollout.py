@@ -19,6 +19,7 @@ from baton.envs import TASKS
 from baton.envs.evaluate import evaluate
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import Completion, SamplingParams
+from baton.sync.base import check_logprob_parity
 from baton.trainers.grpo_config import GRPOConfig
 
 
@@ -91,10 +92,16 @@ class RolloutWorker(Worker):
         return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def sync_weights(self, version: int) -> int:
-        """Colocated in place: the engine already reads the updated parameters."""
+    def sync_weights(self, version: int) -> float | None:
+        """Colocated in place: the engine already reads the updated parameters.
+
+        With trainer.check_weight_sync, returns max |engine - trainer| logprob on a fixed
+        prompt (the runtime check that the engine samples from the policy being trained)."""
         self.engine.version = version
-        return version
+        if not self.cfg.trainer.check_weight_sync:
+            return None
+        probe = self.tokenizer("1+2+3=").input_ids
+        return check_logprob_parity(self.engine, self.sibling("actor").model, probe, max_new_tokens=4)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> float:

@@ -26,7 +26,7 @@ def run(model_dir, run_dir, *extra):
 
 
 def test_two_steps_local(model_dir, tmp_path):
-    result = run(model_dir, tmp_path, "trainer.steps=2", "algo.kl_coef=0.01")
+    result = run(model_dir, tmp_path, "trainer.steps=2", "algo.kl_coef=0.01", "trainer.check_weight_sync=true")
     rows = read_metrics(tmp_path)
     steps = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
