@@ -25,10 +25,11 @@ def ensure_ray(num_cpus: int = 8, **kwargs):
     return _ensure(num_cpus=num_cpus, **kwargs)
 
 
-def shutdown_ray() -> None:
-    """Shut Ray down and remove the temp dir `ensure_ray` made."""
+def shutdown_ray(only_ours: bool = False) -> None:
+    """Shut Ray down and remove the temp dir `ensure_ray` made (with only_ours: only if
+    baton started this Ray instance)."""
     from baton.controller.ray_backend import shutdown_ray as _shutdown
-    _shutdown()
+    _shutdown(only_ours)
 
 
 __all__ = ["Worker", "WorkerGroup", "ResourcePool", "register", "Dispatch", "Execute", "WorkerError",

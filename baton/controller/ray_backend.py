@@ -43,7 +43,10 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
     ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir, **init_kwargs)
 
 
-def shutdown_ray() -> None:
+def shutdown_ray(only_ours: bool = False) -> None:
+    """Shut Ray down; with only_ours, only if `ensure_ray` started it (not a user's session)."""
+    if only_ours and not _TEMP_DIRS:
+        return
     ray.shutdown()
     while _TEMP_DIRS:
         shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)

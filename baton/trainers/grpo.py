@@ -28,6 +28,7 @@ from baton import fields as F
 from baton.algos import compute_advantages
 from baton.batch import Batch
 from baton.config import save_config
+from baton.controller import shutdown_ray
 from baton.metrics import MetricsLogger, Timer, write_report
 from baton.trainers.grpo_config import GRPOConfig
 from baton.trainers.placement import build_roles
@@ -131,5 +132,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
         log.close()
         for group in {id(g): g for g in roles.values()}.values():
             group.shutdown()
+        if cfg.placement.backend == "ray":
+            shutdown_ray(only_ours=True)
     write_report(run_dir)
     return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}
