@@ -114,7 +114,7 @@ class LlamaRunner:
 
     def release(self) -> None:
         self.layers, self.cache, self.lm_head = [], [], None
-        self.cos = self.sin = self.key_mask = self.next_pos = None
+        self.cos = self.sin = self.key_bias = self.next_pos = None
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -160,8 +160,10 @@ class LlamaRunner:
             logits.append(self._prefill(ids[r0:r1, P - longest:], mask[r0:r1, P - longest:], r0, n, P))
             r0 = r1
         maskb = mask.bool()
-        self.key_mask = torch.ones(B * n, S, dtype=torch.bool, device=device)  # [rows, S]
-        self.key_mask[:, :P] = maskb.repeat_interleave(n, 0)
+        # additive attention bias over cache slots (-inf on left padding), built once: a bool
+        # mask would be converted inside SDPA in every layer of every step
+        self.key_bias = torch.zeros(B * n, 1, 1, S, dtype=dtype, device=device)  # [rows, 1, 1, S]
+        self.key_bias[:, 0, 0, :P].masked_fill_(~maskb.repeat_interleave(n, 0), float("-inf"))
         self.next_pos = maskb.sum(-1).repeat_interleave(n, 0)  # [rows] next position id
         self.slot = P  # next cache slot (shared by all rows thanks to left padding)
         return torch.cat(logits)  # [B, V]
@@ -176,7 +178,8 @@ class LlamaRunner:
         pos = (maskb.long().cumsum(-1) - 1).clamp(min=0)  # [b, L] position ids of real tokens
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [b, L, 1, D]
         causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
-        # pad queries may see themselves: a fully masked row would give NaN and poison V
+        # pad queries may see themselves: defensive, as SDPA backends have differed on fully
+        # masked rows (NaN there would reach V and, through 0 * NaN, every real row)
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
         x = F.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
         last_layer = len(self.layers) - 1
@@ -208,7 +211,7 @@ class LlamaRunner:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these cache rows (compaction after sequences finish)."""
         self.cache = [(kc[rows], vc[rows]) for kc, vc in self.cache]
-        self.key_mask, self.next_pos = self.key_mask[rows], self.next_pos[rows]
+        self.key_bias, self.next_pos = self.key_bias[rows], self.next_pos[rows]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (tokens [b]); returns next-token logits [b, V]."""
@@ -216,9 +219,7 @@ class LlamaRunner:
         H, Hk, G, D = self.n_heads, self.n_kv, self.group, self.head_dim
         s = self.slot
         cos, sin = self.cos[self.next_pos][:, None], self.sin[self.next_pos][:, None]  # [b, 1, D]
-        # additive mask built once per step: SDPA would convert a bool mask in every layer
-        attn_mask = torch.zeros(self.key_mask.shape[0], 1, 1, s + 1, dtype=cos.dtype, device=cos.device)
-        attn_mask.masked_fill_(~self.key_mask[:, None, None, :s + 1], float("-inf"))  # [b, 1, 1, s+1]
+        attn_mask = self.key_bias[..., :s + 1]  # [b, 1, 1, s+1]
         x = F.embedding(tokens, self.embed)  # [b, hidden]
         for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
             y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]

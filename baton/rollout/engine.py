@@ -1,8 +1,9 @@
 """`EmbeddedEngine`: an in-process rollout engine over an HF causal LM (pure PyTorch).
 
 It implements `baton.rollout.protocol.Engine`. Colocated training hands it the trainer's
-own `nn.Module`: the engine reads the parameters in place (never copies them), so after an
-optimizer step the next `generate` already samples from the new policy.
+own `nn.Module`: the engine reads its parameters afresh at the start of every `generate`
+(the fast path's fused weights are rebuilt then; nothing is cached across calls), so after
+an optimizer step the next `generate` already samples from the new policy.
 
 How a `generate` call runs:
   1. prompts are sorted by length and cut into groups whose KV cache
@@ -160,28 +161,27 @@ class EmbeddedEngine:
             tokens, logprobs = sample(logits, params, generator)  # [b], [b]
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
-            if t == max_new - 1:
-                break
             hit = torch.isin(tokens, stop_ids_t) if stop_ids_t.numel() else None  # [b]
             if texts is not None:
                 str_hit = texts.push(alive_list, tokens.tolist())
                 hit = str_hit.to(device) if hit is None else hit | str_hit.to(device)
+            n_done = 0
             if hit is not None:
                 newly = hit & ~finished_in_batch  # [b]
-                if bool(newly.any()):
-                    for j in newly.nonzero().flatten().tolist():
-                        r = alive_list[j]
-                        lengths[r], stopped[r] = t + 1, True
-                    finished_in_batch |= newly
-                    n_done = int(finished_in_batch.sum())
-                    if n_done == len(alive_list):
-                        break
-                    if n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
-                        keep = (~finished_in_batch).nonzero().flatten()  # [b']
-                        self.runner.select(keep)
-                        tokens, alive = tokens[keep], alive[keep]
-                        alive_list = [alive_list[j] for j in keep.tolist()]
-                        finished_in_batch = finished_in_batch[keep]
+                # one host sync per step (free on CPU); rows are bookkept in Python
+                for j in newly.nonzero().flatten().tolist():
+                    r = alive_list[j]
+                    lengths[r], stopped[r] = t + 1, True
+                finished_in_batch |= newly
+                n_done = int(finished_in_batch.sum())
+            if t == max_new - 1 or n_done == len(alive_list):
+                break
+            if n_done and n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
+                keep = (~finished_in_batch).nonzero().flatten()  # [b']
+                self.runner.select(keep)
+                tokens, alive = tokens[keep], alive[keep]
+                alive_list = [alive_list[j] for j in keep.tolist()]
+                finished_in_batch = finished_in_batch[keep]
             logits = self.runner.decode(tokens)  # [b, V]
 
         tok_rows, lp_rows = out_tokens.tolist(), out_logprobs.tolist()

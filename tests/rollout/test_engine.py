@@ -93,6 +93,11 @@ def test_stop_ids_max_tokens_and_finish_reasons():
     for c, f in zip(outs, free):
         assert c.token_ids == f.token_ids[:len(c.token_ids)]
         assert (c.finish_reason == "stop") == (target in f.token_ids)
+    # a stop token as the very last allowed token still counts as "stop"
+    last = free[0].token_ids[-1]
+    if last not in free[0].token_ids[:-1]:
+        out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[last]))[0]
+        assert out.token_ids == free[0].token_ids and out.finish_reason == "stop"
     # EOS from the model's config stops a row unless ignore_eos
     eos_engine = EmbeddedEngine(model, eos_token_ids=[free[1].token_ids[0]])
     out = eos_engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_new_tokens=8))[0]
@@ -206,6 +211,7 @@ def test_sleep_wake_round_trip(mode):
         engine.update_weights(saved.items(), version=1)
     after = engine.generate(PROMPTS, params)
     assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    assert not engine.runner.cache  # the KV cache lives only for the duration of a generate
 
 
 def test_generic_path_for_other_architectures():
@@ -217,3 +223,27 @@ def test_generic_path_for_other_architectures():
     assert type(engine.runner).__name__ == "HFRunner"
     outs = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.9, max_new_tokens=8, seed=0))
     assert_logprob_parity(model, PROMPTS, outs, 0.9)
+
+
+def test_inverse_cdf_sampling_follows_the_probabilities():
+    from baton.rollout.sampling import sample_from_probs
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 2.0]]).repeat(20000, 1)  # unnormalised ok
+    tokens = sample_from_probs(probs, torch.Generator().manual_seed(0)).view(-1, 2)  # [N, 2]
+    freq = torch.bincount(tokens[:, 0], minlength=4) / tokens.shape[0]
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.0, 0.3, 0.2]), atol=0.015, rtol=0)
+    assert (tokens[:, 1] == 3).all()  # zero-probability tokens are never drawn
+
+
+def test_max_new_tokens_one_and_empty_prompt():
+    engine = EmbeddedEngine(tiny("llama"))
+    outs = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=1, seed=0, ignore_eos=True))
+    assert all(len(c.token_ids) == len(c.logprobs) == 1 and c.finish_reason == "length" for c in outs)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([[]], SamplingParams())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_the_cpu_reference():
+    model = tiny("qwen2").cuda()
+    outs = EmbeddedEngine(model).generate(PROMPTS, SamplingParams(n=2, temperature=0.8, max_new_tokens=8, seed=0))
+    assert_logprob_parity(model.cpu(), PROMPTS, outs, 0.8)
