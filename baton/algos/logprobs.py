@@ -27,20 +27,25 @@ CHUNK_ELEMENTS = 1 << 24
 
 
 def _chunked(fn, logits: torch.Tensor, inv_t: float) -> torch.Tensor:
-    """fn(z [n, V] in >= float32, already divided by T) -> [n], applied to chunks of tokens.
+    """fn(z [..., V] in >= float32, already divided by T) -> [...], applied to chunks of tokens.
 
     Chunks are taken inside each row (never by reshaping [B, R, V] to [B*R, V], which copies
     the whole tensor when the logits are a slice of a [B, T, V] forward pass).
     """
-    def scaled(c: torch.Tensor) -> torch.Tensor:  # c [n, V]
+    def scaled(c: torch.Tensor) -> torch.Tensor:  # c [..., V]
         if c.dtype in (torch.float32, torch.float64):
             return fn(c if inv_t == 1.0 else c * inv_t)  # c may be a view: never in place
         z = c.float()  # a fresh copy, so scaling it in place is safe (neither op saves its input)
         return fn(z.mul_(inv_t) if inv_t != 1.0 else z)
 
-    n = max(1, CHUNK_ELEMENTS // logits.shape[-1])
     rows = logits.unsqueeze(0) if logits.dim() == 2 else logits  # [B, R, V]
-    out = torch.stack([torch.cat([scaled(c) for c in row.split(n)]) for row in rows])  # [B, R]
+    per_row = rows.shape[1] * rows.shape[2]
+    if per_row <= CHUNK_ELEMENTS:  # blocks of whole rows (views along B): few, large calls
+        block = max(1, CHUNK_ELEMENTS // max(1, per_row))
+        out = torch.cat([scaled(b) for b in rows.split(block)])  # [B, R]
+    else:  # a single row is larger than a chunk: split inside each row
+        n = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        out = torch.stack([torch.cat([scaled(c) for c in row.split(n)]) for row in rows])  # [B, R]
     return out[0] if logits.dim() == 2 else out
 
 

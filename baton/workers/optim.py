@@ -31,7 +31,8 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float,
                     schedule: str, min_ratio: float = 0.0
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    # fused: one kernel for all parameters (CPU and CUDA); tiny models are dispatch-bound.
+    optim = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(
         s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule, min_ratio=min_ratio))
     return optim, sched
