@@ -31,7 +31,7 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"held-out accuracy (run dir: {run_dir})")
+    table = Table(title="held-out accuracy")
     table.add_column("model")
     table.add_column("greedy", justify="right")
     table.add_column("sampled", justify="right")
@@ -39,7 +39,9 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
         if f"{prefix}accuracy_greedy" in result:
             table.add_row(name, f"{result[prefix + 'accuracy_greedy']:.3f}",
                           f"{result[prefix + 'accuracy_sampled']:.3f}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"run dir: {run_dir} (metrics.jsonl, report.png, checkpoints/)")
 
 
 def _sft(args: argparse.Namespace) -> int:

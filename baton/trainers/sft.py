@@ -12,7 +12,6 @@ is a function of the seed. At the end the model is saved atomically as an HF che
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from baton.data.prompts import PromptSampler
+from baton.workers.optim import lr_factor
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer, save_pretrained
@@ -112,11 +112,9 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def lr_at(step: int, cfg: OptimSection, total: int) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    """Linear warmup, then cosine decay to min_lr_ratio * lr (the schedule the actor uses)."""
+    return cfg.lr * lr_factor(step, warmup_steps=cfg.warmup_steps, total_steps=total,
+                              schedule="cosine", min_ratio=cfg.min_lr_ratio)
 
 
 def evaluate_model(model, tokenizer, task, eval_size: int, samples: int, seed: int = 0) -> dict[str, float]:

@@ -67,7 +67,9 @@ class RolloutWorker(Worker):
         self.cfg = cfg
         actor = self.sibling("actor")  # colocated: share the module, no copy
         self.tokenizer = actor.tokenizer
-        self.engine = EmbeddedEngine(actor.model, self.tokenizer)
+        # fuse_weights=False: read the actor's parameters as they are, no packed copy
+        # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
+        self.engine = EmbeddedEngine(actor.model, self.tokenizer, fuse_weights=False)
         self.calls = 0
 
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
