@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import statistics
-import time
 
 import ray
 import torch
 
 from baton.batch import Batch
 from baton.controller import ensure_ray, shutdown_ray
+from _timing import median_ms  # bench/_timing.py (scripts run from bench/ on sys.path)
 
 
 @ray.remote(num_cpus=0)
@@ -36,16 +35,6 @@ def tensors(rows: int, cols: int) -> dict[str, torch.Tensor]:
             "attention_mask": torch.ones(rows, cols, dtype=torch.long),  # [B, T]
             "old_logprobs": torch.randn(rows, cols),  # [B, T]
             "ref_logprobs": torch.randn(rows, cols).to(torch.bfloat16)}  # [B, T]
-
-
-def median_ms(fn, iters: int) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def measure(obj, echo, iters: int) -> dict[str, float]:

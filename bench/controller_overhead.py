@@ -14,14 +14,13 @@ The batch: input_ids / attention_mask (int64), old_logprobs (fp32), ref_logprobs
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import ray
 import torch
 
 from baton.batch import Batch
 from baton.controller import Dispatch, ResourcePool, Worker, WorkerGroup, ensure_ray, register, shutdown_ray
+from _timing import median_ms  # bench/_timing.py (scripts run from bench/ on sys.path)
 
 
 class Identity(Worker):
@@ -45,17 +44,6 @@ def make_batch(rows: int, cols: int) -> Batch:
                   "attention_mask": torch.ones(rows, cols, dtype=torch.long),  # [B, T]
                   "old_logprobs": torch.randn(rows, cols),  # [B, T]
                   "ref_logprobs": torch.randn(rows, cols).to(torch.bfloat16)})  # [B, T]
-
-
-def median_ms(fn, iters: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -83,11 +71,11 @@ def main() -> None:
             ray.get([e.identity.remote(ray.put(h)) for e, h in zip((echo1, echo2), halves)])
 
         rows = [
-            ("DP_COMPUTE, 2 Ray workers", median_ms(lambda: ray_group.identity(batch), a.iters)),
-            ("DP_COMPUTE, local backend", median_ms(lambda: local_group.identity(batch), a.iters)),
-            ("bare Ray, 1 actor (put+call+get)", median_ms(bare1, a.iters)),
-            ("bare Ray, 2 actors, halves", median_ms(bare2, a.iters)),
-            ("ONE_TO_ALL ping, 2 Ray workers", median_ms(ray_group.ping, a.iters)),
+            ("DP_COMPUTE, 2 Ray workers", median_ms(lambda: ray_group.identity(batch), a.iters, warmup=5)),
+            ("DP_COMPUTE, local backend", median_ms(lambda: local_group.identity(batch), a.iters, warmup=5)),
+            ("bare Ray, 1 actor (put+call+get)", median_ms(bare1, a.iters, warmup=5)),
+            ("bare Ray, 2 actors, halves", median_ms(bare2, a.iters, warmup=5)),
+            ("ONE_TO_ALL ping, 2 Ray workers", median_ms(ray_group.ping, a.iters, warmup=5)),
         ]
         print(f"\nbatch {a.rows} x {a.cols}, {len(batch.tensors)} tensors, {mb:.2f} MiB; "
               f"median of {a.iters} calls")
