@@ -48,8 +48,13 @@ def resolve_reward(name: str) -> RewardFn:
 
 @dataclass
 class RewardStats:
-    errors: int = 0
-    timeouts: int = 0
+    """Failures per sample (a sample with two failing functions counts two)."""
+    errors: list[int]
+    timeouts: list[int]
+
+    @classmethod
+    def zeros(cls, n: int) -> "RewardStats":
+        return cls([0] * n, [0] * n)
 
 
 class RewardRunner:
@@ -64,7 +69,7 @@ class RewardRunner:
     def score(self, prompts: list[str], completions: list[str], rows: list[dict[str, Any]]
               ) -> tuple[list[float], dict[str, list[float]], RewardStats]:
         """Weighted total per sample, the per-function scores, and failure counts."""
-        stats = RewardStats()
+        stats = RewardStats.zeros(len(prompts))
         per_fn: dict[str, list[float]] = {}
         for name, (fn, _) in self.fns.items():
             futures = [self._pool.submit(fn, p, c, **r) for p, c, r in zip(prompts, completions, rows)]
@@ -72,7 +77,8 @@ class RewardRunner:
             waves = -(-len(futures) // self.max_workers)
             _, late = cf.wait(futures, timeout=self.timeout_s * max(waves, 1))
             if late:
-                stats.timeouts += len(late)
+                for i, f in enumerate(futures):
+                    stats.timeouts[i] += f in late
                 log.warning("reward function %r timed out on %d sample(s) (%.1fs each); scoring 0",
                             name, len(late), self.timeout_s)
                 for f in late:
@@ -80,16 +86,17 @@ class RewardRunner:
                 # Python cannot kill a hung thread: abandon this pool, start a fresh one.
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = cf.ThreadPoolExecutor(self.max_workers, thread_name_prefix="reward")
-            per_fn[name] = [0.0 if f in late else self._result(name, f, stats) for f in futures]
+            per_fn[name] = [0.0 if f in late else self._result(name, f, stats, i)
+                            for i, f in enumerate(futures)]
         totals = [sum(w * per_fn[name][i] for name, (_, w) in self.fns.items())
                   for i in range(len(prompts))]
         return totals, per_fn, stats
 
-    def _result(self, name: str, future: cf.Future, stats: RewardStats) -> float:
+    def _result(self, name: str, future: cf.Future, stats: RewardStats, row: int) -> float:
         try:
             return float(future.result(timeout=0))
         except Exception as e:  # a verifier bug must not end the run
-            stats.errors += 1
-            if stats.errors == 1:
+            stats.errors[row] += 1
+            if sum(stats.errors) == 1:
                 log.warning("reward function %r raised %s: %s; scoring 0", name, type(e).__name__, e)
             return 0.0

@@ -1,8 +1,8 @@
 """The reward role: scores completions with rule-based reward functions.
 
 Consumes rows with `prompt`, `completion` and the task's fields (e.g. `answer`); produces
-`rewards` [B] (the weighted sum), one `reward/<name>` column per function, and failure
-counts in meta (`reward/errors`, `reward/timeouts`). Functions that raise or hang score 0
+`rewards` [B] (the weighted sum), one `reward/<name>` column per function, and per-row
+failure counts (`reward_errors`, `reward_timeouts`; logged summed as `reward/errors`, ...). Functions that raise or hang score 0
 and are reported (see baton.rewards.runner) instead of ending the run.
 """
 
@@ -13,7 +13,7 @@ import torch
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
-from baton.envs import TASKS  # noqa: F401  (importing registers the tasks' reward functions)
+import baton.envs  # noqa: F401  (importing registers the tasks' reward functions)
 from baton.rewards.runner import RewardRunner
 from baton.trainers.grpo_config import GRPOConfig
 
@@ -31,7 +31,7 @@ class RewardWorker(Worker):
         rows = [{k: batch.non_tensors[k][i] for k in extra} for i in range(len(batch))]
         totals, per_fn, stats = self.runner.score(list(batch[F.PROMPT_TEXT]),
                                                   list(batch[F.COMPLETION_TEXT]), rows)
-        out = Batch({F.REWARDS: torch.tensor(totals, dtype=torch.float32),
-                     **{f"reward/{k}": torch.tensor(v, dtype=torch.float32) for k, v in per_fn.items()}})
-        out.meta.update({"reward/errors": stats.errors, "reward/timeouts": stats.timeouts})
-        return out
+        return Batch({F.REWARDS: torch.tensor(totals, dtype=torch.float32),
+                      **{f"reward/{k}": torch.tensor(v, dtype=torch.float32) for k, v in per_fn.items()},
+                      # per row, so that the counts of every data-parallel rank add up
+                      "reward_errors": torch.tensor(stats.errors), "reward_timeouts": torch.tensor(stats.timeouts)})

@@ -36,12 +36,12 @@ def test_weighted_sum_and_row_fields():
     totals, per_fn, stats = runner.score(["p", "p"], ["ab", "x"], [{"answer": "ab"}, {"answer": "y"}])
     assert per_fn == {"test/len": [2.0, 1.0], "test/match": [1.0, 0.0]}
     assert totals == [0.5 * 2 + 2.0 * 1, 0.5 * 1 + 0.0]
-    assert stats.errors == 0 and stats.timeouts == 0
+    assert stats.errors == [0, 0] and stats.timeouts == [0, 0]
 
 
 def test_raising_function_scores_zero_and_is_counted():
     totals, _, stats = RewardRunner({"test/raises": 1.0}).score(["p"] * 3, ["ok", "bad", "ok"], [{}] * 3)
-    assert totals == [1.0, 0.0, 1.0] and stats.errors == 1
+    assert totals == [1.0, 0.0, 1.0] and stats.errors == [0, 1, 0]
 
 
 def test_hanging_function_times_out():
@@ -49,7 +49,7 @@ def test_hanging_function_times_out():
     start = time.perf_counter()
     totals, _, stats = runner.score(["p"] * 3, ["ok", "slow", "ok"], [{}] * 3)
     assert time.perf_counter() - start < 2.0  # bounded by the timeout, not the 3 s hang
-    assert totals == [1.0, 0.0, 1.0] and stats.timeouts == 1
+    assert totals == [1.0, 0.0, 1.0] and stats.timeouts == [0, 1, 0]
     totals, _, _ = runner.score(["p"], ["ok"], [{}])  # the runner still works afterwards
     assert totals == [1.0]
 

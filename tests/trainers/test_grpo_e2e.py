@@ -57,3 +57,17 @@ def test_two_steps_on_ray_with_two_workers(model_dir, tmp_path):
         "placement.threads_per_worker=1")
     steps = [r for r in read_metrics(tmp_path) if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2] and "actor/grad_norm" in steps[0]
+
+
+def test_a_raising_reward_function_is_counted_not_fatal(model_dir, tmp_path):
+    from baton.rewards.runner import REWARD_FUNCTIONS, register_reward
+
+    if "test/always_raises" not in REWARD_FUNCTIONS:
+        @register_reward("test/always_raises")
+        def _always_raises(prompt, completion, **row):
+            raise ValueError("verifier bug")
+
+    run(model_dir, tmp_path, "trainer.steps=1", "reward.functions.test/always_raises=1.0")
+    step = [r for r in read_metrics(tmp_path) if r["step"] == 1][0]
+    assert step["reward/errors"] == 16 and step["reward/timeouts"] == 0  # 4 prompts x 4 samples
+    assert step["reward/test/always_raises"] == 0.0
