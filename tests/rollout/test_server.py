@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams

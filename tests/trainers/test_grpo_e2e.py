@@ -1,6 +1,5 @@
 """Whole GRPO runs on a tiny random model: local backend, Ray with 2 workers, exact resume."""
 
-import json
 
 import pytest
 

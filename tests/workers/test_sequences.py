@@ -41,15 +41,15 @@ def test_shared_prompt_forward_equals_full_forward_and_gradient():
                                          intermediate_size=64, max_position_embeddings=64))
     batch = grouped_batch()
     mask = batch[F.RESPONSE_MASK].float()
-    grads = []
-    for share in (False, True):
+
+    def run(share):
         model.zero_grad()
         logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True, share_prompts=share)
         (logp * mask).sum().backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-        if share:
-            torch.testing.assert_close(logp * mask, full * mask, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(ent * mask, full_ent * mask, atol=1e-5, rtol=1e-5)
-        full, full_ent = logp.detach(), ent
-    for a, b in zip(*grads):
+        return logp.detach() * mask, ent * mask, [p.grad.clone() for p in model.parameters()]
+
+    (full_logp, full_ent, full_grads), (logp, ent, grads) = run(False), run(True)
+    torch.testing.assert_close(logp, full_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, full_ent, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, full_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
