@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/actor_update.py [--model checkpoints/arith-sft] [--prompts 16 --G 8]
 
-Builds a GRPO-shaped batch (G samples per prompt, prompts left-padded to P tokens,
-responses of R tokens), then times `ActorWorker.update` side by side with
-`share_prompts` on and off (medians of --repeats, 1 thread).
+Builds a GRPO-shaped batch (G samples per prompt, prompts of P tokens, responses of
+1..R tokens), then times `ActorWorker.update` side by side with
+each prompt computed once per group or not, and responses bucketed by length or not
+(medians of --repeats, 1 thread).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from baton.batch import Batch
 from baton.config import load_config
 from baton.trainers.grpo_config import GRPOConfig
 from baton.workers.actor import ActorWorker
+from baton.workers import sequences
 from baton.workers.sequences import response_logprobs
 
 
@@ -29,9 +31,11 @@ def grpo_batch(prompts: int, G: int, P: int, R: int, vocab: int) -> Batch:
     g = torch.Generator().manual_seed(0)
     rows = prompts * G
     prompt_ids = torch.randint(4, vocab, (prompts, P), generator=g).repeat_interleave(G, 0)  # [B, P]
+    lengths = torch.randint(1, R + 1, (rows,), generator=g)  # [B] responses of 1..R tokens
+    response_mask = (torch.arange(R) < lengths[:, None]).long()  # [B, R]
     return Batch({F.PROMPT_IDS: prompt_ids, F.PROMPT_MASK: torch.ones(rows, P, dtype=torch.long),
                   F.RESPONSE_IDS: torch.randint(4, vocab, (rows, R), generator=g),
-                  F.RESPONSE_MASK: torch.ones(rows, R, dtype=torch.long),
+                  F.RESPONSE_MASK: response_mask,
                   F.OLD_LOGPROBS: -torch.rand(rows, R, generator=g),
                   F.ADVANTAGES: torch.randn(rows, R, generator=g)})
 
@@ -42,7 +46,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--P", type=int, default=9, help="prompt tokens")
-    p.add_argument("--R", type=int, default=4, help="response tokens")
+    p.add_argument("--R", type=int, default=8, help="max response tokens (lengths uniform in 1..R)")
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -55,7 +59,11 @@ def main() -> None:
     print(f"actor update: {rows} rows ({a.prompts} prompts x G={a.G}), P={a.P}, R={a.R}, "
           f"model {a.model}, 1 thread, median of {a.repeats}")
     results = {}
-    for share in (False, True):
+    modes = {"every row full forward": (False, None),
+             "prompt once, one length bucket": (True, 10**9),
+             "prompt once, length buckets": (True, sequences.CALL_COST_TOKENS)}
+    for name, (share, call_cost) in modes.items():
+        sequences.CALL_COST_TOKENS = call_cost if call_cost is not None else sequences.CALL_COST_TOKENS
         actor_mod.response_logprobs = functools.partial(response_logprobs, share_prompts=share)
         worker.update(batch)  # warm-up
         times = []
@@ -63,10 +71,10 @@ def main() -> None:
             start = time.perf_counter()
             worker.update(batch)
             times.append(time.perf_counter() - start)
-        results[share] = statistics.median(times)
-    print(f"{'every row full forward':32s} {results[False] * 1e3:8.1f} ms")
-    print(f"{'each prompt once per group':32s} {results[True] * 1e3:8.1f} ms   "
-          f"({results[False] / results[True]:.2f}x)")
+        results[name] = statistics.median(times)
+    base = results["every row full forward"]
+    for name, t in results.items():
+        print(f"{name:32s} {t * 1e3:8.1f} ms   ({base / t:.2f}x)")
 
 
 if __name__ == "__main__":

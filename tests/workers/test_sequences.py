@@ -1,12 +1,14 @@
 """Response logprobs with each prompt computed once equal those of a full forward pass,
 values and gradients, for left-padded prompts of different lengths in groups."""
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.workers.sequences import prompt_groups, response_logprobs
+from baton.workers import sequences
+from baton.workers.sequences import length_buckets, prompt_groups, response_logprobs
 
 
 def grouped_batch(n=3):
@@ -34,7 +36,10 @@ def test_prompt_groups_finds_runs():
     assert first.tolist() == [0, 2, 4] and run.tolist() == [0, 0, 1, 1, 2, 2]
 
 
-def test_shared_prompt_forward_equals_full_forward_and_gradient():
+@pytest.mark.parametrize("call_cost", [None, 0])  # 0: one length bucket per response length
+def test_shared_prompt_forward_equals_full_forward_and_gradient(call_cost, monkeypatch):
+    if call_cost is not None:
+        monkeypatch.setattr(sequences, "CALL_COST_TOKENS", call_cost)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2,
@@ -53,3 +58,16 @@ def test_shared_prompt_forward_equals_full_forward_and_gradient():
     torch.testing.assert_close(ent, full_ent, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads, full_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_length_buckets_minimise_padding_plus_call_cost():
+    # lengths 1,1,1,1,2,8 with a call cost of 5 padded tokens:
+    #   one bucket           6*8 + 5                 = 53
+    #   {1,2} {8}            5*2 + 5 + 1*8 + 5       = 28   <- best
+    #   {1} {2} {8}          4*1 + 5 + 2 + 5 + 8 + 5 = 29
+    #   {1} {2,8}            4 + 5 + 2*8 + 5         = 30
+    buckets = length_buckets(torch.tensor([1, 8, 1, 2, 1, 1]), call_cost=5)
+    assert [b.tolist() for b in buckets] == [[0, 2, 3, 4, 5], [1]]
+    # a huge call cost gives one bucket; zero cost gives one per distinct length
+    assert len(length_buckets(torch.tensor([1, 8, 1, 2]), call_cost=1000)) == 1
+    assert len(length_buckets(torch.tensor([1, 8, 1, 2]), call_cost=0)) == 3
