@@ -52,7 +52,7 @@ def test_registry_and_reward_runner_integration():
     row = task.eval_rows(1)[0]
     runner = RewardRunner(task.reward_weights)
     totals, per_fn, stats = runner.score([row["prompt"]] * 2, [row["answer"], "x"], [row_kwargs(row)] * 2)
-    assert totals == [pytest.approx(1.1), 0.0] and stats.errors == 0
+    assert totals == [pytest.approx(1.1), 0.0] and stats.errors == [0, 0]
     assert task.is_correct(task.target(row), row)
 
 
