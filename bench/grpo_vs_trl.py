@@ -72,6 +72,7 @@ def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
         # The last step also evaluates and saves a checkpoint: not part of a GRPO step.
         step_s = m["timing/step_s"] - m.get("timing/eval_s", 0.0) - m.get("timing/save_s", 0.0)
         ph = {k: m.get(f"timing/{k}", 0.0) for k in ("rollout_s", "reward_s", "update_s")}
+        ph["reward_s"] += m.get("timing/score_s", 0.0)  # baton's scoring phase (rewards; no ref here)
         records.append({"step_s": step_s, **ph, "other_s": step_s - sum(ph.values()),
                         "tokens": float(m["rollout/tokens"]), "reward": m["reward/mean"]})
     return records

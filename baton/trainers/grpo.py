@@ -4,9 +4,10 @@
 
 One step, top to bottom, as the controller sees it:
     prompts  --rollout.generate-->        rows (n per prompt, behaviour logprobs, version)
-    rows     --reward.compute_rewards-->  rewards
-    rows     --actor.compute_logprobs-->  old logprobs   (only if algo.recompute_old_logprobs)
-    rows     --reference.compute_ref_logprobs--> ref logprobs (only if algo.kl_coef > 0)
+    rows     --reward.compute_rewards-->            rewards       } futures, concurrent when
+    rows     --reference.compute_ref_logprobs-->    ref logprobs  } the roles sit on different
+    rows     --actor.compute_logprobs-->            old logprobs  } pools (ref: kl_coef > 0;
+                                                                    old: recompute_old_logprobs)
     rows     --ADVANTAGES[algo.advantage]--> advantages (a pure function, here in the driver)
     rows     --actor.update-->            new weights, metrics
     actor    --rollout.sync_weights-->    the engine samples with version step+1
@@ -94,16 +95,16 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
             prompts.meta["step"] = step
             with timer("rollout"):
                 batch = rollout.generate(prompts)
-            with timer("reward"):
-                batch = batch.union(reward.compute_rewards(batch))
-            if cfg.algo.recompute_old_logprobs:
-                with timer("old_logprobs"):
-                    batch = batch.union(actor.compute_logprobs(batch))
-            else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
-                batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
-            if ref is not None:
-                with timer("reference"):
-                    batch = batch.union(ref.compute_ref_logprobs(batch))
+            with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
+                pending = [reward.compute_rewards(batch)]
+                if ref is not None:
+                    pending.append(ref.compute_ref_logprobs(batch))
+                if cfg.algo.recompute_old_logprobs:
+                    pending.append(actor.compute_logprobs(batch))
+                else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
+                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                for future in pending:
+                    batch = batch.union(future.get())
             batch[F.ADVANTAGES], _ = compute_advantages(
                 cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
                 group_size=n)

@@ -74,7 +74,13 @@ class ActorConfig:
 @dataclass
 class PlacementConfig:
     backend: Literal["local", "ray"] = "local"
-    world_size: int = 1  # data-parallel workers hosting actor+rollout(+reference+reward), colocated
+    world_size: int = 1  # size of the "main" pool: data-parallel actor ranks
+    # Extra pools (name -> workers) and a role -> pool map. Roles default to "main"; the
+    # actor and the rollout engine must share a pool (the engine reads the actor's weights
+    # in place). E.g. pools={aux: 1}, roles={reward: aux, reference: aux} puts scoring on
+    # its own workers, where it runs concurrently with the other scoring calls.
+    pools: dict[str, int] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
     cpus_per_worker: int = 1
     gpus_per_worker: int = 0
     threads_per_worker: int = 0  # torch threads in each worker; 0 = leave torch's default
@@ -111,6 +117,16 @@ class GRPOConfig:
         if rows % mini:
             raise ValueError(f"actor.mini_batch_size={mini} must divide the step's {rows} rows "
                              f"(data.prompts_per_step x rollout.n)")
+        p = self.placement
+        unknown = sorted(set(p.roles) - {"actor", "rollout", "reward", "reference"})
+        if unknown:
+            raise ValueError(f"placement.roles: unknown role(s) {unknown}; roles are actor, rollout, reward, reference")
+        if p.roles.get("actor", "main") != p.roles.get("rollout", "main"):
+            raise ValueError("placement.roles: actor and rollout must share a pool (the engine reads the "
+                             "actor's weights in place)")
+        bad = sorted({v for v in p.roles.values() if v != "main" and v not in p.pools})
+        if bad:
+            raise ValueError(f"placement.roles refers to undefined pool(s) {bad}; define them in placement.pools")
         if mini % ws or self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide actor.mini_batch_size={mini} "
                              f"and data.prompts_per_step={self.data.prompts_per_step}")

@@ -50,7 +50,7 @@ class ActorWorker(Worker):
         self.updates = 0  # trainer steps taken: the policy version
 
     # --- inference ---------------------------------------------------------------------
-    @register(dispatch=Dispatch.DP_COMPUTE)
+    @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Consumes prompt/response ids; produces old_logprobs [B, R] and entropy [B, R]."""
         self.model.eval()

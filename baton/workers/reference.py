@@ -22,7 +22,7 @@ class ReferenceWorker(Worker):
         self.model = load_model(cfg.model.path, dtype=_dtype(cfg.model.dtype), device=self.device)
         self.model.eval().requires_grad_(False)
 
-    @register(dispatch=Dispatch.DP_COMPUTE)
+    @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         out = batched_logprobs(self.model, batch, self.cfg.actor.micro_batch_size,
                                self.cfg.rollout.temperature)

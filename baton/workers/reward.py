@@ -25,7 +25,7 @@ class RewardWorker(Worker):
         super().__init__()
         self.runner = RewardRunner(cfg.reward.functions, timeout_s=cfg.reward.timeout_s)
 
-    @register(dispatch=Dispatch.DP_COMPUTE)
+    @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_rewards(self, batch: Batch) -> Batch:
         extra = [k for k in batch.non_tensors if k not in PASSED_THROUGH]
         rows = [{k: batch.non_tensors[k][i] for k in extra} for i in range(len(batch))]

@@ -70,3 +70,27 @@ def test_a_raising_reward_function_is_counted_not_fatal(model_dir, tmp_path):
     step = [r for r in read_metrics(tmp_path) if r["step"] == 1][0]
     assert step["reward/errors"] == 16 and step["reward/timeouts"] == 0  # 4 prompts x 4 samples
     assert step["reward/test/always_raises"] == 0.0
+
+
+@pytest.mark.ray
+def test_split_placement_scores_on_its_own_pool(model_dir, tmp_path):
+    """actor+rollout on 'main' (2 ranks), reward+reference on 'aux' (1 rank); old logprobs
+    recomputed by the actor: three scoring futures in flight at once."""
+    run(model_dir, tmp_path, "trainer.steps=2", "placement.backend=ray", "placement.world_size=2",
+        "placement.threads_per_worker=1", "placement.pools.aux=1", "placement.roles.reward=aux",
+        "placement.roles.reference=aux", "algo.kl_coef=0.01", "algo.recompute_old_logprobs=true")
+    steps = [r for r in read_metrics(tmp_path) if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert "actor/kl" in steps[0] and "timing/score_s" in steps[0]
+    # on-policy and recomputed by the trainer: the PPO ratio starts at exactly ~1
+    assert steps[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_placement_errors_name_the_problem(model_dir, tmp_path):
+    from baton.config import ConfigError
+    with pytest.raises(ConfigError, match="actor and rollout must share a pool"):
+        run(model_dir, tmp_path, "placement.pools.aux=1", "placement.roles.rollout=aux")
+    with pytest.raises(ConfigError, match="undefined pool"):
+        run(model_dir, tmp_path, "placement.roles.reward=elsewhere")
+    with pytest.raises(ConfigError, match="unknown role"):
+        run(model_dir, tmp_path, "placement.roles.critic=main")
