@@ -65,7 +65,7 @@ def check_sync(parity: list[float], step: int, tol: float = 1e-4) -> None:
 
 
 def evaluate(roles: dict, state: RunState) -> dict[str, float]:
-    """Held-out accuracy of the current policy: greedy and sampled (one sample per prompt)."""
+    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
     return {f"eval/accuracy_{mode}": roles["rollout"].evaluate(state.eval_rows, mode == "greedy")
             for mode in ("greedy", "sampled")}
 
