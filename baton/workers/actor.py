@@ -11,6 +11,7 @@ token / sequence counts (all-reduced first), so 2 ranks x 4 rows give the gradie
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,6 @@ class ActorWorker(Worker):
         torch.save({"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
                     "updates": self.updates, "driver": driver_state}, tmp / TRAINER_STATE)
         if final.exists():
-            import shutil
             shutil.rmtree(final)
         os.replace(tmp, final)
         return str(final)

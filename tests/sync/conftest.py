@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.server import ServerThread, build_app
@@ -14,13 +14,10 @@ from baton.rollout.server import ServerThread, build_app
 torch.set_num_threads(1)
 
 
-
-def _tiny_qwen(seed: int = 0) -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(vocab_size=260, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-                      pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg).eval()
+def _tiny_qwen(seed: int = 0) -> torch.nn.Module:
+    """A seeded 2-layer Qwen2 (hidden 64) from the project's tiny-model factory."""
+    return build_tiny_model(None, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                            seed=seed).eval()
 
 
 @pytest.fixture(scope="session")
