@@ -5,38 +5,66 @@ Shape legend (used in every shape comment of the package):
     G  samples per prompt (group size); rows of a group share `group_index`
     R  response length (right-padded; `response_mask` [B, R] marks real tokens)
     V  vocabulary size
-    P  prompt length, T = P + R (see `baton.fields`)
+    P  prompt length, T = P + R (see `baton.fields`); in dpo/pairs, P = number of pairs
 
 Registries (name -> function; add a variant with the matching `register_*` decorator):
-    ADVANTAGES      grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae
-    POLICY_LOSSES   ppo_clip, vanilla
-    KL_ESTIMATORS   k1, k2, k3
-    LOSS_AGG        token-mean, seq-mean-token-mean, seq-mean-token-sum-norm
+    ADVANTAGES      grpo, dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline, gae
+                    (`required_inputs(name)` says which data an estimator needs, e.g. values)
+    POLICY_LOSSES   ppo_clip, vanilla, gspo
+    KL_ESTIMATORS   k1, k2, k3, abs
+    LOSS_AGG        token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
+    KL_CONTROLLERS  fixed, adaptive (classes; KL-in-reward coefficient for PPO with a critic)
+    PAIRINGS        best_worst, all (preference pairs from scored groups)
+    DPO_LOSSES      sigmoid, ipo, hinge
+Modules without a registry: token_rewards (rewards on tokens, KL in the reward), value
+(critic loss, explained variance), dapo (dynamic sampling, overlong penalty), correction
+(truncated importance sampling against the engine's logprobs).
 This package imports only torch and the standard library.
 """
 
 from baton.algos.advantages import (
     ADVANTAGE_INPUTS, ADVANTAGES, compute_advantages, discounted_returns, dr_grpo_advantages,
     gae_advantages, grpo_advantages, group_inverse, group_stats, register_advantage,
-    reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages,
+    reinforce_pp_advantages, reinforce_pp_baseline_advantages, remax_advantages,
+    required_inputs, rloo_advantages,
 )
 from baton.algos.aggregate import LOSS_AGG, aggregate_loss, loss_normalisers, register_loss_agg
-from baton.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, kl_penalty, register_kl
+from baton.algos.correction import truncated_is_weights
+from baton.algos.dapo import dynamic_sampling_filter, overlong_penalty
+from baton.algos.dpo import (
+    DPO_LOSSES, dpo_loss, dpo_sigmoid_loss, hinge_loss, ipo_loss, register_dpo_loss,
+    sequence_logprobs,
+)
+from baton.algos.kl import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3, kl_penalty, register_kl
+from baton.algos.kl_control import (
+    KL_CONTROLLERS, AdaptiveKLController, FixedKLController, register_kl_controller,
+)
 from baton.algos.logprobs import entropy_from_logits, logprobs_from_logits
 from baton.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from baton.algos.objective import actor_loss
+from baton.algos.pairs import (
+    PAIRINGS, PreferencePairs, all_pairs, best_worst_pairs, preference_pairs, register_pairing,
+)
 from baton.algos.policy_loss import (
-    POLICY_LOSSES, ppo_clip_loss, register_policy_loss, value_loss, vanilla_pg_loss,
+    POLICY_LOSSES, gspo_loss, ppo_clip_loss, register_policy_loss, vanilla_pg_loss,
 )
 from baton.algos.registry import Registry
+from baton.algos.token_rewards import kl_in_reward, token_level_rewards
+from baton.algos.value import critic_loss, explained_variance, value_loss
 
 __all__ = [
-    "ADVANTAGE_INPUTS", "ADVANTAGES", "KL_ESTIMATORS", "LOSS_AGG", "POLICY_LOSSES", "Registry",
-    "actor_loss", "aggregate_loss", "compute_advantages", "discounted_returns",
-    "dr_grpo_advantages", "entropy_from_logits", "gae_advantages", "grpo_advantages",
-    "group_inverse", "group_stats", "kl_k1", "kl_k2", "kl_k3", "kl_penalty", "logprobs_from_logits",
-    "loss_normalisers", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "ppo_clip_loss", "register_advantage", "register_kl", "register_loss_agg",
-    "register_policy_loss", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages",
-    "rloo_advantages", "value_loss", "vanilla_pg_loss",
+    "ADVANTAGE_INPUTS", "ADVANTAGES", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG",
+    "PAIRINGS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "PreferencePairs",
+    "Registry", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
+    "compute_advantages", "critic_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
+    "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits",
+    "explained_variance", "gae_advantages", "grpo_advantages", "group_inverse", "group_stats",
+    "gspo_loss", "hinge_loss", "ipo_loss", "kl_abs", "kl_in_reward", "kl_k1", "kl_k2", "kl_k3",
+    "kl_penalty", "logprobs_from_logits", "loss_normalisers", "masked_mean", "masked_sum",
+    "masked_var", "masked_whiten", "overlong_penalty", "ppo_clip_loss", "preference_pairs",
+    "register_advantage", "register_dpo_loss", "register_kl", "register_kl_controller",
+    "register_loss_agg", "register_pairing", "register_policy_loss", "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages", "remax_advantages", "required_inputs",
+    "rloo_advantages", "sequence_logprobs", "token_level_rewards", "truncated_is_weights",
+    "value_loss", "vanilla_pg_loss",
 ]

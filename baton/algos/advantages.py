@@ -33,7 +33,9 @@ ADVANTAGES = Registry("advantage estimator")
 register_advantage = ADVANTAGES.register
 
 # Data inputs an estimator may read; any other keyword is a hyper-parameter.
-ADVANTAGE_INPUTS = ("scores", "response_mask", "group_index", "token_rewards", "values")
+# values: critic values [B, R] (gae); baseline_scores: greedy-sample scores [B] (remax).
+ADVANTAGE_INPUTS = ("scores", "response_mask", "group_index", "token_rewards", "values",
+                    "baseline_scores")
 
 
 def compute_advantages(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,6 +44,15 @@ def compute_advantages(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]
     params = inspect.signature(fn).parameters
     used = {k: v for k, v in kwargs.items() if k not in ADVANTAGE_INPUTS or k in params}
     return fn(**used)
+
+
+def required_inputs(name: str) -> tuple[str, ...]:
+    """The data inputs estimator `name` cannot run without (those without a default), so a
+    trainer can say up front e.g. "gae needs a critic" (`"values" in required_inputs("gae")`)
+    or "remax needs greedy rollouts" (`"baseline_scores" in required_inputs("remax")`)."""
+    params = inspect.signature(ADVANTAGES[name]).parameters
+    return tuple(k for k in ADVANTAGE_INPUTS
+                 if k in params and params[k].default is inspect.Parameter.empty)
 
 
 # --- groups ----------------------------------------------------------------------------
@@ -116,6 +127,17 @@ def rloo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
     return adv, adv
 
 
+@register_advantage("remax")
+def remax_advantages(*, scores: torch.Tensor, baseline_scores: torch.Tensor,
+                     response_mask: torch.Tensor):
+    """ReMax (Li et al. 2024): A_i = r_i - r(greedy response to the same prompt), on every
+    token. scores, baseline_scores [B] (the rollout scores one greedy sample per prompt and
+    repeats its score on that prompt's rows). No whitening, as in the paper and verl.
+    """
+    adv = _broadcast(scores.float() - baseline_scores.float(), response_mask)  # [B, R]
+    return adv, adv
+
+
 @register_advantage("reinforce_pp_baseline")
 def reinforce_pp_baseline_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
                                      group_index: torch.Tensor | None = None,
@@ -133,10 +155,21 @@ def reinforce_pp_baseline_advantages(*, scores: torch.Tensor, response_mask: tor
 # --- token-level estimators -----------------------------------------------------------
 def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                        gamma: float = 1.0) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1} over the masked tokens; masked tokens are skipped (the
-    chain jumps over them, so tool-output tokens inside a multi-turn response are not steps).
+    """G_t = r_t + gamma * G_{t+1} over the masked tokens, computed in float32 at least.
+
+    A hole in the mask (observation / tool-output tokens inside a multi-turn response) is
+    *skipped*: it is not a step (no discount), its reward is ignored, and G runs on across
+    it, so every turn sees the outcome reward that lands after the last turn. E.g. gamma 0.5,
+    mask [1, 1, 0, 0, 1], reward 1 on the last token -> G = [0.25, 0.5, 0, 0, 1].
+    This is how verl's GAE treats observation tokens. Departures: verl's reinforce_plus_plus
+    *resets* G to 0 at every masked position (right for trailing padding, but it cuts the
+    earlier turns off from the outcome: G = [0, 0, 0, 0, 1] above); OpenRLHF counts the hole
+    as steps of reward 0 (G = [0.0625, 0.125, ...]: extra discount; the same when gamma = 1).
     """
     mask = response_mask.bool()  # [B, R]
+    token_rewards = token_rewards.detach()
+    if token_rewards.dtype in (torch.float16, torch.bfloat16):  # a long recursion in bf16 drifts
+        token_rewards = token_rewards.float()
     ret = torch.zeros_like(token_rewards)  # [B, R]
     running = token_rewards.new_zeros(token_rewards.shape[0])  # [B]
     for t in reversed(range(token_rewards.shape[1])):
@@ -164,11 +197,21 @@ def gae_advantages(*, token_rewards: torch.Tensor, values: torch.Tensor,
     delta_t = r_t + gamma V_{t+1} - V_t, with V = 0 after the last response token.
 
     token_rewards, values, response_mask [B, R]. Returns (advantages, returns = A + V before
-    whitening: the critic's targets). Masked tokens are skipped rather than treated as
-    terminal (values there are ignored, even garbage). `whiten` normalises the advantages
-    over the batch as verl / OpenRLHF do; the returns are never whitened.
+    whitening: the critic's targets), both zero on padding. Positions outside the mask
+    neither receive nor pass on value: a hole (tool output) is skipped, not terminal, so
+    delta_t of the token before it bootstraps from the first real token after it (verl's
+    treatment of observation tokens), and rewards/values there are ignored, even garbage.
+    `whiten` (default, as verl / OpenRLHF) normalises the advantages over the batch's real
+    tokens (mean 0, unbiased std 1); the returns are never whitened.
+    Computed without gradient (values from a critic forward pass must not leak into the
+    critic's targets) and in float32 at least (a bf16 critic's values would otherwise
+    accumulate rounding over R steps). OpenRLHF departs: it zeroes masked values/rewards and
+    keeps them in the recursion (a hole then acts as V = 0 steps).
     """
     mask = response_mask.bool()  # [B, R]
+    token_rewards, values = token_rewards.detach(), values.detach()
+    if values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()
     adv = torch.zeros_like(values)  # [B, R]
     next_value = values.new_zeros(values.shape[0])  # [B]
     next_adv = values.new_zeros(values.shape[0])  # [B]

@@ -4,6 +4,7 @@ from `LOSS_AGG`, so that the gradient does not depend on how the batch was split
 Modes (sums are over masked tokens only):
   token-mean               sum_{b,t} loss / N_tokens                  (DAPO; every token weighs the same)
   seq-mean-token-mean      sum_b (mean_t loss_b) / N_seqs             (original GRPO)
+  seq-mean-token-sum       sum_b (sum_t loss_b) / N_seqs              (verl; long sequences weigh more)
   seq-mean-token-sum-norm  sum_b (sum_t loss_b / max_len) / N_seqs    (Dr. GRPO; max_len a constant)
 
 How the trainer must pass the normalisers. One optimizer step consumes a mini-batch that
@@ -56,6 +57,13 @@ def _seq_mean_token_mean(loss, mask, *, global_tokens, global_seqs, max_len):
     lengths = mask.sum(-1).clamp(min=1)  # [B]; an empty row sums to 0 anyway
     per_seq = masked_sum(loss, mask, dim=-1) / lengths  # [B]
     return per_seq.sum() / global_seqs
+
+
+@register_loss_agg("seq-mean-token-sum")
+def _seq_mean_token_sum(loss, mask, *, global_tokens, global_seqs, max_len):
+    if global_seqs is None:
+        global_seqs = loss_normalisers(mask)[1]
+    return masked_sum(loss, mask) / global_seqs
 
 
 @register_loss_agg("seq-mean-token-sum-norm")

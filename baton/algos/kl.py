@@ -5,6 +5,7 @@ divergence", 2020):
     k1 = d                          unbiased, high variance, can be negative
     k2 = 0.5 d^2                    biased, low variance, >= 0
     k3 = exp(-d) - (-d) - 1         unbiased, low variance, >= 0
+    abs = |d|                       biased upwards (E|d| >= E d = KL), >= 0 (verl's "abs")
 As a *loss term* (coefficient * aggregated estimate), what matters is the gradient, and
 they differ (Liu et al., "On a few pitfalls in KL divergence gradient estimation", 2025):
   * k1: expected gradient is 0 (E_pi[grad log pi] = 0) - use k1 as a reward penalty instead;
@@ -42,6 +43,12 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     neg_d = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, R]
     return torch.exp(neg_d) - neg_d - 1  # [B, R]
+
+
+@register_kl("abs")
+def kl_abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """|logp - ref_logp|: the k1 magnitude, so a reward penalty cannot turn into a bonus."""
+    return (logprobs - ref_logprobs).abs()  # [B, R]
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,

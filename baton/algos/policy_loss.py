@@ -1,10 +1,10 @@
-"""Per-token policy losses, chosen by name from `POLICY_LOSSES`, and the PPO value loss.
+"""Per-token policy losses, chosen by name from `POLICY_LOSSES` (ppo_clip, vanilla, gspo).
 
 Every policy loss takes keyword-only `logprobs, old_logprobs, advantages, response_mask`
 (all [B, R]) plus its own hyper-parameters, and returns `(loss [B, R], metrics)`: the
 per-token loss, zero on padding, to be reduced by `aggregate_loss`; metrics are 0-d
 detached tensors (no `.item()` here, so nothing forces a device sync), each a masked mean
-over this micro-batch.
+over this micro-batch. The PPO value loss lives in `baton.algos.value` (re-exported here).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from baton.algos.masked import masked_mean
 from baton.algos.registry import Registry
+from baton.algos.value import value_loss  # noqa: F401  (its old home; import from value)
 
 POLICY_LOSSES = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
@@ -76,16 +77,39 @@ def vanilla_pg_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     return _zero_padding(-advantages * ratio, response_mask), metrics
 
 
-def value_loss(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               response_mask: torch.Tensor, clip_range: float | None = None):
-    """PPO critic loss per token [B, R]: 0.5 (V - G)^2, or with `clip_range` the clipped
-    form 0.5 max((V - G)^2, (clip(V, V_old +- clip_range) - G)^2) (as in OpenAI baselines).
-    Metrics: value_clip_frac (tokens where the clipped term is chosen)."""
-    err = (values - returns) ** 2  # [B, R]
-    metrics = {}
-    if clip_range is not None:
-        clipped_v = old_values + (values - old_values).clamp(-clip_range, clip_range)  # [B, R]
-        err_clipped = (clipped_v - returns) ** 2  # [B, R]
-        metrics["value_clip_frac"] = masked_mean((err_clipped > err).float(), response_mask).detach()
-        err = torch.maximum(err, err_clipped)
-    return _zero_padding(0.5 * err, response_mask), metrics
+@register_policy_loss("gspo")
+def gspo_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+              advantages: torch.Tensor, response_mask: torch.Tensor,
+              clip_low: float = 3e-4, clip_high: float | None = 4e-4):
+    """GSPO (Zheng et al. 2025): PPO clipping on the *sequence* importance ratio
+    s_i = exp(mean over the sequence's real tokens of (logp - old_logp)), i.e. the
+    length-normalised ratio pi(y|x)^(1/|y|) / pi_old(y|x)^(1/|y|).
+
+    Applied per token as the paper's GSPO-token form: s_i,t = sg[s_i] * pi_t / sg[pi_t], whose
+    value is s_i on every token of the sequence and whose gradient is s_i grad log pi_t; so
+    loss_t = max(-A s_i,t, -A clip(s_i,t, 1 - clip_low, 1 + clip_high)) and, with one advantage
+    per sequence, aggregating with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t)
+    gives exactly GSPO's gradient. Clip ranges default to the paper's 3e-4 / 4e-4 (sequence
+    ratios stay far closer to 1 than token ratios); clip_high None = clip_low.
+
+    Departure from verl: the log-ratio is clamped to +-20 (verl: max 10), like ppo_clip.
+    Metrics: clip_frac (tokens of clipped sequences), approx_kl (token k3 of KL(old || new)),
+    ratio_mean (mean sequence ratio over non-empty sequences).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    real = response_mask.bool()  # [B, R]
+    logprobs = _zero_padding(logprobs, real)  # [B, R] padding garbage (-inf) must not reach
+    log_ratio = logprobs - _zero_padding(old_logprobs, real)  # [B, R]   exp() or the gradient
+    seq_log_ratio = masked_mean(log_ratio, real, dim=-1)  # [B]
+    log_s = logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [B, R]
+    s = torch.exp(log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # [B, R] value s_i
+    unclipped = -advantages * s  # [B, R]
+    clipped = -advantages * s.clamp(1 - clip_low, 1 + clip_high)  # [B, R]
+    loss = torch.maximum(unclipped, clipped)  # [B, R]
+    with torch.no_grad():
+        tok_log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, R]
+        seq_ratio = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # [B]
+        metrics = {"clip_frac": masked_mean((clipped > unclipped).float(), response_mask),
+                   "approx_kl": masked_mean(tok_log_ratio.exp() - 1 - tok_log_ratio, response_mask),
+                   "ratio_mean": masked_mean(seq_ratio, response_mask.sum(-1) > 0)}
+    return _zero_padding(loss, response_mask), metrics

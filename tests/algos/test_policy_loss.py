@@ -1,11 +1,11 @@
-"""PPO clip (both sides, clip-higher asymmetry, dual-clip), vanilla PG and the value loss."""
+"""PPO clip (both sides, clip-higher asymmetry, dual-clip), vanilla PG, GSPO (value loss: test_value)."""
 
 import math
 
 import pytest
 import torch
 
-from baton.algos import POLICY_LOSSES, value_loss
+from baton.algos import POLICY_LOSSES
 
 
 def ppo(ratios, advs, **kw):
@@ -78,15 +78,47 @@ def test_vanilla_gradient_is_reinforce():
     assert logp.grad.tolist() == [[-2.0, 3.0]]
 
 
-def test_value_loss_clipped():
-    # returns 1, old value 0, clip 0.2:
-    #   V = 0.5: unclipped 0.5 * 0.25 = 0.125; clipped V -> 0.2: 0.5 * 0.64 = 0.32 -> max 0.32
-    #   V = 0.1: inside the clip range -> 0.5 * 0.81 = 0.405 both ways
-    v = torch.tensor([[0.5, 0.1]])
-    loss, m = value_loss(values=v, old_values=torch.zeros(1, 2), returns=torch.ones(1, 2),
-                         response_mask=torch.ones(1, 2), clip_range=0.2)
-    torch.testing.assert_close(loss, torch.tensor([[0.32, 0.405]]))
-    assert m["value_clip_frac"].item() == 0.5
-    loss, _ = value_loss(values=v, old_values=torch.zeros(1, 2), returns=torch.ones(1, 2),
-                         response_mask=torch.ones(1, 2))
-    torch.testing.assert_close(loss, torch.tensor([[0.125, 0.405]]))
+def test_gspo_hand_worked():
+    # clip 0.2 both sides. Row 0: log ratios [ln 2, 0] -> sequence ratio exp(ln 2 / 2) = sqrt 2
+    #   = 1.41421 on both tokens; A = +1 -> clipped: loss -1.2 on both, no gradient (per-token
+    #   PPO would leave the second token, ratio 1, unclipped).
+    # Row 1: log ratios [ln 1.1, ln 1.1, padding] -> s = 1.1, A = -1 -> inside: loss 1.1 on the
+    #   real tokens, gradient d(-A s_i,t)/dlogp_t = -A s = 1.1; padding 0 and no gradient.
+    logp = torch.tensor([[math.log(2), 0.0, 0.0], [math.log(1.1), math.log(1.1), float("-inf")]],
+                        dtype=torch.float64, requires_grad=True)
+    loss, m = POLICY_LOSSES["gspo"](logprobs=logp, old_logprobs=torch.zeros(2, 3, dtype=torch.float64),
+                                    advantages=torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64),
+                                    response_mask=torch.tensor([[1, 1, 0], [1, 1, 0]]),
+                                    clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.2, -1.2, 0], [1.1, 1.1, 0]], dtype=torch.float64))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0, 0], [1.1, 1.1, 0]], dtype=torch.float64))
+    assert m["clip_frac"].item() == pytest.approx(0.5)  # the 2 tokens of row 0 out of 4
+    assert m["ratio_mean"].item() == pytest.approx((math.sqrt(2) + 1.1) / 2)
+
+
+def test_gspo_default_clip_is_the_papers_tiny_range():
+    # s = exp(0.001) = 1.0010005 > 1 + 4e-4 -> clipped at 1.0004 (A = 1 -> loss -1.0004)
+    logp = torch.full((1, 2), 0.001, dtype=torch.float64)
+    loss, m = POLICY_LOSSES["gspo"](logprobs=logp, old_logprobs=torch.zeros_like(logp),
+                                    advantages=torch.ones_like(logp), response_mask=torch.ones(1, 2))
+    assert loss[0].tolist() == pytest.approx([-1.0004, -1.0004]) and m["clip_frac"].item() == 1
+
+
+def test_gspo_gradient_is_the_sequence_level_gradient():
+    """Per-token GSPO aggregated with seq-mean-token-mean has exactly the gradient of the
+    sequence objective mean_i -A_i exp(mean_t (logp - old)) (no clipping at this range)."""
+    from baton.algos import aggregate_loss
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    old = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    logp0 = old + 0.05 * torch.randn(3, 4, generator=g, dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)[:, None].expand(3, 4)
+    logp = logp0.clone().requires_grad_()
+    per_tok, _ = POLICY_LOSSES["gspo"](logprobs=logp, old_logprobs=old, advantages=adv,
+                                       response_mask=mask, clip_low=10.0, clip_high=10.0)
+    aggregate_loss(per_tok, mask, "seq-mean-token-mean").backward()
+    logp2 = logp0.clone().requires_grad_()
+    seq_ratio = torch.exp(((logp2 - old) * mask).sum(-1) / mask.sum(-1))  # [B]
+    (-adv[:, 0] * seq_ratio).mean().backward()
+    torch.testing.assert_close(logp.grad, logp2.grad, atol=1e-12, rtol=0)
