@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from baton.algos import ADVANTAGES, compute_advantages, discounted_returns
+from baton.algos import ADVANTAGES, compute_advantages, discounted_returns, required_inputs
 
 S2 = math.sqrt(0.5)  # unbiased std of {1, 0}: sqrt((0.25 + 0.25) / (2 - 1))
 
@@ -143,3 +143,69 @@ def test_compute_advantages_drops_unused_inputs_but_not_typos():
         compute_advantages("grpoo", **kw)
     with pytest.raises(ValueError):  # both group_size and group_index
         compute_advantages("grpo", group_size=2, **kw)
+
+
+def test_return_to_go_skips_a_hole_in_the_mask():
+    # multi-turn: turn 1 = tokens 0-1, observation tokens 2-3 (masked), turn 2 = token 4 with
+    # the outcome reward 1; gamma 0.5. The hole is not a step: G = [0.25, 0.5, 0, 0, 1].
+    # (verl's reinforce_plus_plus would reset at the hole: G = [0, 0, ., ., 1]; OpenRLHF would
+    # discount across it: G = [0.0625, 0.125, ., ., 1].) Garbage rewards in the hole are ignored.
+    mask = torch.tensor([[1, 1, 0, 0, 1]])
+    for hole in (0.0, 9.0):
+        r = torch.tensor([[0.0, 0.0, hole, hole, 1.0]])
+        assert torch.equal(discounted_returns(r, mask, gamma=0.5),
+                           torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0]]))
+    # and the REINFORCE++ advantages whiten over the 3 real tokens only: returns .25, .5, 1 ->
+    # mean 0.583333, unbiased var (0.111111 + 0.006944 + 0.173611) / 2 = 0.145833
+    adv, _ = ADVANTAGES["reinforce_pp"](token_rewards=torch.tensor([[0.0, 0, 9, 9, 1]]),
+                                        response_mask=mask, gamma=0.5)
+    m, sd = 1.75 / 3, math.sqrt(0.145833333)
+    torch.testing.assert_close(adv, torch.tensor([[(0.25 - m) / sd, (0.5 - m) / sd, 0, 0, (1 - m) / sd]]),
+                               atol=1e-5, rtol=0)
+
+
+def test_gae_skips_a_hole_in_the_mask():
+    # gamma 0.9, lam 0.5, mask [1, 0, 1]; the hole holds garbage reward 5 and value 9:
+    #   t2: delta = 1 + 0 - 0.25 = 0.75,                 A2 = 0.75
+    #   t1: skipped (V_next stays 0.25, A_next stays 0.75)
+    #   t0: delta = 0 + 0.9 * 0.25 - 0.5 = -0.275,       A0 = -0.275 + 0.45 * 0.75 = 0.0625
+    #   returns = A + V = [0.5625, 0, 1.0]
+    adv, ret = ADVANTAGES["gae"](token_rewards=torch.tensor([[0.0, 5.0, 1.0]]),
+                                 values=torch.tensor([[0.5, 9.0, 0.25]]),
+                                 response_mask=torch.tensor([[1, 0, 1]]), gamma=0.9, lam=0.5,
+                                 whiten=False)
+    torch.testing.assert_close(adv, torch.tensor([[0.0625, 0.0, 0.75]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.5625, 0.0, 1.0]]))
+
+
+def test_gae_is_detached_and_float32_for_a_bf16_critic():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 64, generator=g).bfloat16().requires_grad_()
+    r = torch.randn(2, 64, generator=g)
+    mask = torch.ones(2, 64)
+    adv, ret = ADVANTAGES["gae"](token_rewards=r, values=v, response_mask=mask, gamma=0.99,
+                                 lam=0.95, whiten=False)
+    assert not adv.requires_grad and not ret.requires_grad  # targets must carry no gradient
+    assert adv.dtype == ret.dtype == torch.float32
+    adv64, _ = ADVANTAGES["gae"](token_rewards=r.double(), values=v.detach().double(),
+                                 response_mask=mask, gamma=0.99, lam=0.95, whiten=False)
+    torch.testing.assert_close(adv.double(), adv64, atol=1e-5, rtol=0)
+
+
+def test_remax_subtracts_the_greedy_score():
+    # scores [1, 0, 0.5], greedy baselines [0.5, 0.5, 0.5] -> [0.5, -0.5, 0] on every real token
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    adv, ret = compute_advantages("remax", scores=torch.tensor([1.0, 0.0, 0.5]),
+                                  baseline_scores=torch.full((3,), 0.5), response_mask=mask,
+                                  values=None, group_index=torch.zeros(3))
+    assert torch.equal(adv, torch.tensor([[0.5, 0.5, 0], [-0.5, 0, 0], [0, 0, 0]]))
+    assert torch.equal(adv, ret)
+
+
+def test_required_inputs_say_what_each_estimator_needs():
+    assert required_inputs("gae") == ("response_mask", "token_rewards", "values")
+    assert required_inputs("remax") == ("scores", "response_mask", "baseline_scores")
+    assert required_inputs("grpo") == ("scores", "response_mask")  # group_index is optional
+    assert required_inputs("reinforce_pp") == ("response_mask", "token_rewards")
+    for name in ADVANTAGES:
+        assert ("values" in required_inputs(name)) == (name == "gae"), name
