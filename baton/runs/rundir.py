@@ -1,0 +1,499 @@
+"""The run directory: one run at a time in it, and no run silently destroying another's.
+
+* `RunDirLock` - an exclusive `fcntl.flock` on `RUN_DIR/.lock`, which holds the owner's
+  pid, host, start time and command line for the error a second run gets. The kernel drops
+  the lock when its process dies (kill -9 included), so a leftover `.lock` file never
+  blocks; the file itself is never deleted (deleting a lock file races with a process
+  that has just opened it).
+* `prepare_run_dir(path, resume=..., overwrite=...)` - take the lock, finish what a crash
+  left (`cleanup_interrupted`), and decide how the run starts: refuse a dir that already
+  holds a run unless `trainer.resume` or `trainer.overwrite` says what to do with it;
+  resolve what to resume from. Returns a `PreparedRun` that keeps the lock: hold it (a
+  `with` block, or a reference until the run ends).
+* Ray temp dirs: `record_temp_dir_owner` (for the Ray backend to call when it creates its
+  temp dir) and `find_stale_ray_temp_dirs` / `remove_stale_ray_temp_dirs`, which remove only
+  dirs baton created whose recorded process is gone.
+
+`resume="auto"` with nothing to resume starts fresh with a notice, not an error: auto is
+what a preemptible job passes on every start, its first start included, and a job that
+restarts before its first checkpoint must start over rather than fail forever. The typo
+risk is covered by the notice (printed first thing), by the refusal of a dir holding
+checkpoints none of which is loadable, and by files of an attempt that saved no checkpoint
+being moved to `previous_attempts/`, not deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from baton.runs.checkpoints import (
+    CHECKPOINTS_DIR, DEFAULT_REQUIRED, Requirement, check_checkpoint, checkpoint_step,
+    latest_complete_checkpoint, list_checkpoints, recover_checkpoints,
+)
+from baton.runs.fsutil import atomic_write_text, fsync_dir, unused_sibling
+from baton.runs.metrics_log import METRICS_FILE
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ARTIFACTS", "LOCK_FILE", "MARKERS", "OWNER_FILE", "RAY_TEMP_PREFIX", "PreparedRun", "RunDirBusy",
+    "RunDirError", "RunDirLock", "cleanup_interrupted", "find_stale_ray_temp_dirs", "prepare_run_dir",
+    "record_temp_dir_owner", "remove_stale_ray_temp_dirs",
+]
+
+LOCK_FILE = ".lock"
+CONFIG_FILE = "config.yaml"
+PREVIOUS = "previous_attempts"
+# A run dir "holds a run" if it has one of these:
+MARKERS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR)
+# What baton writes into a run dir: what overwrite removes. Anything else is left alone.
+ARTIFACTS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR, "report.png", "tb", "wandb", PREVIOUS)
+_TRASH = re.compile(r"\.overwritten\.del\d+(-\d+)?")                            # overwrite, cut short
+_TMP_FILE = re.compile(rf"({re.escape(METRICS_FILE)}|{re.escape(CONFIG_FILE)})\.tmp\d+(-\d+)?")
+
+
+class RunDirError(RuntimeError):
+    """The run dir cannot be used as asked; the message says why and what to set."""
+
+
+class RunDirBusy(RunDirError):
+    """Another process holds the run dir's lock."""
+
+
+# --- the lock -----------------------------------------------------------------------------
+def _describe_holder(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "another process (its details are not readable yet)"
+    text = f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
+    if info.get("started"):
+        text += f", started {info['started']}"
+    if info.get("argv"):
+        text += f" ({' '.join(map(str, info['argv']))[:200]})"
+    return text
+
+
+class RunDirLock:
+    """Exclusive lock on a run dir: `flock(RUN_DIR/.lock)`. Released by `release()`, by
+    leaving the `with` block, or by the kernel when the process dies. Not inherited by
+    programs the holder execs (close-on-exec); a forked child shares it."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def holder(self) -> dict[str, Any] | None:
+        """What the lock file says about its (last) holder, or None."""
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self, wait_s: float = 0.0) -> "RunDirLock":
+        """Take the lock, retrying for up to `wait_s` seconds; RunDirBusy naming the holder
+        if another process has it."""
+        if self._fd is not None:
+            return self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise RunDirError(
+                            f"cannot lock {self.path}: {e}. The filesystem does not support flock "
+                            f"(a Lustre/NFS mount without lock support?); use a run dir on one that does"
+                        ) from e
+                    if time.monotonic() >= deadline:
+                        raise RunDirBusy(
+                            f"run dir {self.run_dir} is in use by {_describe_holder(self.holder())}. "
+                            "Two runs in one run dir would interleave their metrics and overwrite each "
+                            "other's checkpoints: wait for it to finish, stop it, or choose another "
+                            "trainer.run_dir.") from None
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            info = {"pid": os.getpid(), "host": socket.gethostname(),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "started_unix": time.time(),
+                    "argv": sys.argv}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.ftruncate(fd, 0)  # the file stays (see the module docstring); its content goes
+        finally:
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    close = release
+
+    def __enter__(self) -> "RunDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # dropping the last reference releases the lock
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
+
+# --- start-up cleanup ---------------------------------------------------------------------
+def cleanup_interrupted(run_dir: str | os.PathLike) -> list[str]:
+    """Finish what crashed runs left in a run dir; return one line per action (also logged).
+    Checkpoints: see `recover_checkpoints` (an interrupted save's `.old` copy is restored if
+    the checkpoint is missing; temp dirs deleted). Also removes temp files of atomic writes
+    of metrics.jsonl / config.yaml and the trash of an interrupted overwrite. Call it only
+    while holding the run dir's lock."""
+    d = Path(run_dir)
+    actions = recover_checkpoints(d)
+    if not d.is_dir():
+        return actions
+    removed = []
+    for p in sorted(d.iterdir()):
+        if _TMP_FILE.fullmatch(p.name) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(f"removed {p} (temp file of an interrupted write)")
+        elif _TRASH.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(f"removed {p} (contents of an interrupted overwrite)")
+    for a in removed:
+        log.info("%s", a)
+    return actions + removed
+
+
+# --- prepare ------------------------------------------------------------------------------
+@dataclass
+class PreparedRun:
+    """A run dir ready for a run, locked until `close()` / the end of the `with` block.
+
+    resume_from: the checkpoint to load (None: start fresh); resume_step: its N if it is
+    named `step_N`. notices: lines to show the user (nothing to resume, skipped checkpoints,
+    what overwrite removed, what start-up cleanup did)."""
+
+    path: Path
+    lock: RunDirLock
+    resume_from: Path | None = None
+    resume_step: int | None = None
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def fresh(self) -> bool:
+        return self.resume_from is None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> "PreparedRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _describe_contents(d: Path) -> str:
+    parts = []
+    m = d / METRICS_FILE
+    if m.exists():
+        lines = [ln for ln in m.read_bytes().splitlines() if ln.strip()]
+        last = None
+        for ln in reversed(lines[-2:]):
+            try:
+                last = json.loads(ln).get("step")
+                break
+            except (ValueError, AttributeError):
+                continue
+        parts.append(f"{METRICS_FILE} ({len(lines)} lines" + (f", last step {last})" if last is not None else ")"))
+    if (d / CONFIG_FILE).exists():
+        parts.append(CONFIG_FILE)
+    if (d / CHECKPOINTS_DIR).exists():
+        names = [p.name for p in list_checkpoints(d)]
+        shown = ", ".join(names[-4:]) if names else "no step_N"
+        parts.append(f"{CHECKPOINTS_DIR}/ ({'..., ' if len(names) > 4 else ''}{shown})")
+    return ", ".join(parts)
+
+
+def _holds_run(d: Path) -> bool:
+    for name in MARKERS:
+        p = d / name
+        if name == CHECKPOINTS_DIR:
+            if p.is_dir() and any(p.iterdir()):
+                return True
+        elif os.path.lexists(p):
+            return True
+    return False
+
+
+def _remove_artifacts(d: Path) -> list[str]:
+    """Remove what baton wrote into `d` (ARTIFACTS), leaving anything else. First every
+    artifact is renamed into one trash dir (the run dir then looks fresh at once; a crash
+    leaves the trash for cleanup_interrupted), then the trash is deleted."""
+    present = [d / n for n in ARTIFACTS if os.path.lexists(d / n)]
+    if not present:
+        return []
+    names = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in present]
+    trash = unused_sibling(d / ".overwritten", "del")
+    os.mkdir(trash)
+    for p in present:
+        os.replace(p, trash / p.name)
+    fsync_dir(d)
+    shutil.rmtree(trash, ignore_errors=True)
+    return names
+
+
+def _move_to_previous(d: Path) -> Path | None:
+    """Move the artifacts of an attempt that saved no checkpoint to previous_attempts/<time>/."""
+    present = [d / n for n in ARTIFACTS if n != PREVIOUS and os.path.lexists(d / n)]
+    if not present:
+        return None
+    dest = unused_sibling(d / PREVIOUS / time.strftime("%Y%m%d-%H%M%S"), "pid")
+    dest.mkdir(parents=True)
+    for p in present:
+        os.replace(p, dest / p.name)
+    fsync_dir(d)
+    return dest
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwrite: bool = False,
+                    required: Sequence[Requirement] = DEFAULT_REQUIRED, wait_s: float = 0.0) -> PreparedRun:
+    """Lock the run dir `path` (creating it), clean up after crashed runs, and decide how the
+    run starts:
+
+    * resume="" (fresh): a dir that holds a run (metrics.jsonl, config.yaml or a non-empty
+      checkpoints/) is refused with RunDirError naming its contents and both switches.
+    * resume="auto": the newest complete `checkpoints/step_N` (newer incomplete ones are
+      skipped, with a notice each). Checkpoints present but none complete: RunDirError. No
+      checkpoints at all: a notice "nothing to resume in DIR: starting fresh", and files of
+      the attempt that saved none move to previous_attempts/<time>/.
+    * resume=PATH: that checkpoint, which must be complete (RunDirError with the reason
+      otherwise). A checkpoint outside this run dir into a dir that holds another run needs
+      overwrite.
+    * overwrite=True: baton's files in the dir (ARTIFACTS) are removed (others are left);
+      cannot be combined with resume="auto" or a checkpoint inside this dir.
+
+    The returned PreparedRun holds the lock; on an error the lock is released."""
+    d = Path(path)
+    resume = (resume or "").strip()
+    lock = RunDirLock(d).acquire(wait_s)
+    try:
+        run = PreparedRun(path=d, lock=lock)
+        run.notices += cleanup_interrupted(d)
+        ckpt_path = Path(resume) if resume not in ("", "auto") else None
+        if overwrite and resume == "auto":
+            raise RunDirError("trainer.overwrite=true and trainer.resume=auto contradict each other: "
+                              "set only one (overwrite discards the run that auto would resume)")
+        if overwrite and ckpt_path is not None and _inside(ckpt_path, d):
+            raise RunDirError(f"trainer.overwrite=true would delete {ckpt_path}, the checkpoint "
+                              f"trainer.resume names; copy it out of {d} first, or drop one switch")
+        if overwrite:
+            removed = _remove_artifacts(d)
+            if removed:
+                run.notices.append(f"trainer.overwrite=true: removed {', '.join(removed)} from {d}")
+        elif _holds_run(d) and resume == "":
+            raise RunDirError(
+                f"run dir {d} already holds a run: {_describe_contents(d)}. To continue it set "
+                f"trainer.resume=auto; to discard it and start over set trainer.overwrite=true; or "
+                f"choose another trainer.run_dir.")
+
+        if resume == "auto":
+            ckpt, skipped = latest_complete_checkpoint(d, required)
+            for p, reason in skipped:
+                run.notices.append(f"skipping incomplete checkpoint {p}: {reason}")
+            if ckpt is not None:
+                run.resume_from, run.resume_step = ckpt, checkpoint_step(ckpt)
+            elif skipped:
+                raise RunDirError(
+                    f"trainer.resume=auto: no checkpoint in {d / CHECKPOINTS_DIR} is complete ("
+                    + "; ".join(f"{p.name}: {r}" for p, r in skipped)
+                    + "). Set trainer.resume=PATH to a checkpoint to load anyway, or "
+                      "trainer.overwrite=true to discard them and start over.")
+            else:
+                moved = _move_to_previous(d)
+                note = f"nothing to resume in {d}: starting fresh"
+                if moved is not None:
+                    note += f" (files of an earlier attempt that saved no checkpoint moved to {moved})"
+                run.notices.append(note)
+        elif ckpt_path is not None:
+            reason = check_checkpoint(ckpt_path, required)
+            if reason is not None:
+                raise RunDirError(f"trainer.resume={resume}: not a complete checkpoint: {reason}")
+            if not overwrite and _holds_run(d) and not _inside(ckpt_path, d / CHECKPOINTS_DIR):
+                raise RunDirError(
+                    f"run dir {d} holds another run ({_describe_contents(d)}) and trainer.resume="
+                    f"{resume} is not one of its checkpoints: the two runs' metrics would mix. Set "
+                    f"trainer.overwrite=true to discard it, or choose another trainer.run_dir.")
+            run.resume_from, run.resume_step = ckpt_path, checkpoint_step(ckpt_path)
+        for note in run.notices:
+            log.info("%s", note)
+        return run
+    except BaseException:
+        lock.release()
+        raise
+
+
+# --- stale Ray temp dirs ------------------------------------------------------------------
+RAY_TEMP_PREFIX = "baton-ray-"  # baton.controller.ray_backend.ensure_ray: tempfile.mkdtemp(prefix=...)
+OWNER_FILE = "baton.owner"
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot; /proc/PID/stat field 22), which
+    tells a live owner from a later process that got the same pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return int(text[text.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def record_temp_dir_owner(temp_dir: str | os.PathLike, pid: int | None = None) -> Path:
+    """Write `TEMP_DIR/baton.owner` ({pid, host, boot_id, start_ticks, created}) so that a
+    later `remove_stale_ray_temp_dirs` can tell when the process that made it is gone."""
+    pid = os.getpid() if pid is None else pid
+    info = {"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(),
+            "start_ticks": _start_ticks(pid), "created": time.time()}
+    return atomic_write_text(Path(temp_dir) / OWNER_FILE, json.dumps(info) + "\n")
+
+
+def _live_socket(root: Path) -> Path | None:
+    """A Unix socket under `root` that accepts a connection (a Ray process still serving)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            try:
+                if not stat.S_ISSOCK(p.lstat().st_mode):
+                    continue
+            except OSError:
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(0.5)
+                try:
+                    s.connect(str(p))
+                    return p
+                except (ConnectionRefusedError, FileNotFoundError):
+                    continue
+                except OSError:
+                    return p  # cannot tell: treat as live
+    return None
+
+
+def _stale_reason(d: Path) -> tuple[bool, str]:
+    """(stale?, why) for one candidate dir."""
+    try:
+        st = d.lstat()
+    except OSError as e:
+        return False, str(e)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return False, "not a directory of this user"
+    try:
+        info = json.loads((d / OWNER_FILE).read_text())
+        pid = int(info["pid"])
+    except FileNotFoundError:
+        return False, f"no {OWNER_FILE} (made by a baton that did not record its owner; cannot tell if it is in use)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return False, f"unreadable {OWNER_FILE}: {e!r}"
+    if info.get("host") != socket.gethostname():
+        return False, f"owned by a process on host {info.get('host')!r}"
+    boot = _boot_id()
+    if info.get("boot_id") and boot and info["boot_id"] != boot:
+        why = f"owner pid {pid} ran before the machine's last reboot"
+    elif not _pid_alive(pid):
+        why = f"owner pid {pid} is gone"
+    else:
+        ticks = _start_ticks(pid)
+        if info.get("start_ticks") is None or ticks is None or ticks == info["start_ticks"]:
+            return False, f"owner pid {pid} is alive"
+        why = f"owner pid {pid} is gone (the pid now belongs to a later process)"
+    if (live := _live_socket(d)) is not None:
+        return False, f"{why}, but a process still serves {live}"
+    return True, why
+
+
+def find_stale_ray_temp_dirs(root: str | os.PathLike | None = None,
+                             prefix: str = RAY_TEMP_PREFIX) -> list[tuple[Path, str]]:
+    """Ray temp dirs of dead baton runs: `ROOT/<prefix>*` (ROOT: the system temp dir, where
+    ensure_ray makes them), owned by this user, with a `baton.owner` naming a process on this
+    host that is gone, and no Unix socket in them still answering. Returns (dir, why)."""
+    base = Path(root) if root is not None else Path(tempfile.gettempdir())
+    out = []
+    for d in sorted(base.glob(prefix + "*")):
+        stale, why = _stale_reason(d)
+        if stale:
+            out.append((d, why))
+        else:
+            log.debug("keeping %s: %s", d, why)
+    return out
+
+
+def remove_stale_ray_temp_dirs(root: str | os.PathLike | None = None,
+                               prefix: str = RAY_TEMP_PREFIX) -> list[Path]:
+    """Delete what `find_stale_ray_temp_dirs` finds (each logged with the reason); return them."""
+    removed = []
+    for d, why in find_stale_ray_temp_dirs(root, prefix):
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists():
+            removed.append(d)
+            log.info("removed stale Ray temp dir %s (%s)", d, why)
+        else:
+            log.warning("could not fully remove stale Ray temp dir %s (%s)", d, why)
+    return removed
