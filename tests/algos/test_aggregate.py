@@ -1,5 +1,6 @@
 """Loss aggregation: hand-worked values, and gradient invariance to how the batch is split
-(1 micro-batch of 8 == 8 of 1 == 2 simulated DP ranks x 2 micro-batches of 2)."""
+(1 micro-batch of 8 == 8 of 1 == 2 simulated DP ranks x 2 micro-batches of 2), for every
+mode, the abs KL estimator, GSPO and truncated-IS weights."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from baton.algos import actor_loss, aggregate_loss, entropy_from_logits, \
     logprobs_from_logits, loss_normalisers
 
-MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 99.0, float("nan")]])  # padding holds garbage
 MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
@@ -20,6 +21,9 @@ def test_hand_worked():
     # seq-mean-token-mean: (6/3 + 4/1) / 2 = 3;  with 4 global sequences: 6 / 4 = 1.5
     assert aggregate_loss(LOSS, MASK, "seq-mean-token-mean").item() == 3.0
     assert aggregate_loss(LOSS, MASK, "seq-mean-token-mean", global_seqs=4).item() == 1.5
+    # seq-mean-token-sum: (6 + 4) / 2 = 5;  with 4 global sequences: 10 / 4 = 2.5
+    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum").item() == 5.0
+    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum", global_seqs=4).item() == 2.5
     # seq-mean-token-sum-norm, max_len 4: (6/4 + 4/4) / 2 = 1.25
     assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", max_len=4).item() == 1.25
     with pytest.raises(ValueError, match="max_len"):
@@ -52,10 +56,11 @@ def make_data():
     old = logprobs_from_logits(x @ w0, labels) + 0.3 * torch.randn(B, R, generator=g)  # ratios != 1
     ref = logprobs_from_logits(x @ w0, labels) + 0.3 * torch.randn(B, R, generator=g)
     adv = torch.randn(B, R, generator=g)  # [B, R]
-    return dict(x=x, labels=labels, mask=mask, old=old, ref=ref, adv=adv), w0
+    tis = 0.5 + 1.5 * torch.rand(B, R, generator=g)  # [B, R] truncated-IS weights in [0.5, 2]
+    return dict(x=x, labels=labels, mask=mask, old=old, ref=ref, adv=adv, tis=tis), w0
 
 
-def grad_of(data, w0, rows, mode, tokens, seqs, max_len):
+def grad_of(data, w0, rows, mode, tokens, seqs, max_len, kl="k3", loss="ppo_clip", tis=False):
     """Gradient of one micro-batch's loss, with the micro-batch re-padded to its own longest row."""
     rows = torch.tensor(rows)
     width = int(data["mask"][rows].sum(-1).max())  # micro-batch padded width differs per split
@@ -65,19 +70,25 @@ def grad_of(data, w0, rows, mode, tokens, seqs, max_len):
     loss, _ = actor_loss(
         logprobs=logprobs_from_logits(logits, d["labels"]), old_logprobs=d["old"],
         advantages=d["adv"], response_mask=d["mask"], ref_logprobs=d["ref"],
-        entropy=entropy_from_logits(logits), policy_loss_kwargs=dict(clip_low=0.2, clip_high=0.28,
-                                                                     dual_clip=3.0),
-        kl_coef=0.1, entropy_coef=0.01, agg_mode=mode, global_tokens=tokens, global_seqs=seqs,
-        max_len=max_len)
+        entropy=entropy_from_logits(logits), policy_loss=loss,
+        policy_loss_kwargs=(dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0) if loss == "ppo_clip"
+                            else dict(clip_low=0.05, clip_high=0.05)),
+        kl_estimator=kl, kl_coef=0.1, entropy_coef=0.01, agg_mode=mode, global_tokens=tokens,
+        global_seqs=seqs, max_len=max_len, tis_weights=d["tis"] if tis else None)
     loss.backward()
     return w.grad
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_gradient_invariant_to_micro_batching_and_dp(mode):
+CASES = [(mode, "k3", "ppo_clip", False) for mode in MODES] + [
+    ("token-mean", "abs", "ppo_clip", False), ("seq-mean-token-sum", "abs", "ppo_clip", True),
+    ("seq-mean-token-mean", "k3", "gspo", True), ("token-mean", "k1", "ppo_clip", True)]
+
+
+@pytest.mark.parametrize("mode,kl,loss,tis", CASES)
+def test_gradient_invariant_to_micro_batching_and_dp(mode, kl, loss, tis):
     data, w0 = make_data()
     tokens, seqs = loss_normalisers(data["mask"])  # over the whole mini-batch (all ranks)
-    g = lambda rows: grad_of(data, w0, rows, mode, tokens, seqs, MAX_LEN)  # noqa: E731
+    g = lambda rows: grad_of(data, w0, rows, mode, tokens, seqs, MAX_LEN, kl, loss, tis)  # noqa: E731
 
     full = g(range(8))
     singles = sum(g([i]) for i in range(8))

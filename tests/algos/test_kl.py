@@ -19,6 +19,9 @@ def test_hand_worked():
     #   k3 = e^{ln 2} - ln 2 - 1 = 0.306853
     assert kl_penalty(ref, lp, "k1").item() < 0
     assert kl_penalty(ref, lp, "k3").item() == pytest.approx(2 - math.log(2) - 1, rel=1e-5)
+    # abs: |d| = ln 2 both ways round
+    assert kl_penalty(lp, ref, "abs").item() == pytest.approx(math.log(2), rel=1e-6)
+    assert kl_penalty(ref, lp, "abs").item() == pytest.approx(math.log(2), rel=1e-6)
     for name in KL_ESTIMATORS:
         assert kl_penalty(lp, lp, name).item() == 0
 

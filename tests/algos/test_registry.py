@@ -2,7 +2,8 @@
 
 import pytest
 
-from baton.algos import ADVANTAGES, KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, Registry
+from baton.algos import ADVANTAGES, DPO_LOSSES, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG, PAIRINGS, \
+    POLICY_LOSSES, Registry
 
 
 def test_registry_register_lookup_and_errors():
@@ -21,7 +22,12 @@ def test_registry_register_lookup_and_errors():
 
 
 def test_builtin_names():
-    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"} <= set(ADVANTAGES)
-    assert {"ppo_clip", "vanilla"} <= set(POLICY_LOSSES)
-    assert {"k1", "k2", "k3"} <= set(KL_ESTIMATORS)
-    assert {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"} <= set(LOSS_AGG)
+    assert {"grpo", "dr_grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline",
+            "gae"} <= set(ADVANTAGES)
+    assert {"ppo_clip", "vanilla", "gspo"} <= set(POLICY_LOSSES)
+    assert {"k1", "k2", "k3", "abs"} <= set(KL_ESTIMATORS)
+    assert {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+            "seq-mean-token-sum-norm"} <= set(LOSS_AGG)
+    assert {"fixed", "adaptive"} <= set(KL_CONTROLLERS)
+    assert {"best_worst", "all"} <= set(PAIRINGS)
+    assert {"sigmoid", "ipo", "hinge"} <= set(DPO_LOSSES)
