@@ -205,13 +205,31 @@ class Batch:
                      {k: np.concatenate([p.non_tensors[k] for p in parts]) for k in parts[0].non_tensors},
                      meta)
 
+    def padding_mask(self) -> torch.Tensor:
+        """[B] bool: True on the trailing rows that are dispatch padding (meta[PAD_KEY])."""
+        mask = torch.zeros(len(self), dtype=torch.bool)
+        pad = self.meta.get(PAD_KEY, 0)
+        if pad:
+            mask[len(self) - pad:] = True
+        return mask
+
     def repeat(self, n: int, interleave: bool = True) -> "Batch":
-        """Repeat every row n times: interleaved gives a a b b (one group per prompt)."""
+        """Repeat every row n times: interleaved gives a a b b (one group per prompt).
+
+        Interleaved, trailing padding rows stay trailing (n copies each), so the result
+        carries meta[PAD_KEY] * n; tiled (a b a b) padding would be scattered: refused."""
+        pad = self.meta.get(PAD_KEY, 0)
         if interleave:
             idx = torch.arange(len(self)).repeat_interleave(n)
         else:
+            if pad:
+                raise ValueError("Batch.repeat(interleave=False) of a padded batch would scatter its "
+                                 "padding rows; call .unpadded() first")
             idx = torch.arange(len(self)).repeat(n)
-        return self.rows(idx)
+        out = self.rows(idx)
+        if pad:
+            out.meta[PAD_KEY] = pad * n
+        return out
 
     def union(self, other: "Batch") -> "Batch":
         """Merge fields and meta; an overlapping key must hold equal values."""

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+SINKS = ("tensorboard", "wandb")  # optional metric sinks, beside metrics.jsonl and the console
+
 
 class Timer:
     """`with timer("rollout"): ...` records `timing/rollout_s`."""
@@ -64,7 +66,7 @@ class MetricsLogger:
                 import wandb  # optional extra
                 self._writers.append(("wandb", wandb.init(dir=str(run_dir))))
             else:
-                raise ValueError(f"unknown metric sink {sink!r}; use 'tensorboard' or 'wandb'")
+                raise ValueError(f"unknown metric sink {sink!r}; use one of {list(SINKS)}")
         self._progress = None
         if console:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,

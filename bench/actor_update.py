@@ -54,7 +54,8 @@ def main() -> None:
     cfg = load_config(GRPOConfig, overrides=[
         f"model.path={a.model}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.G}",
         f"actor.micro_batch_size={rows}", "actor.mini_batch_size=0", f"rollout.max_new_tokens={a.R}"])
-    worker = ActorWorker(cfg)
+    worker = ActorWorker(cfg.model, cfg.actor, cfg.algo, temperature=cfg.rollout.temperature,
+                         max_new_tokens=a.R, total_steps=cfg.trainer.steps, seed=0)
     batch = grpo_batch(a.prompts, a.G, a.P, a.R, worker.model.config.vocab_size)
     print(f"actor update: {rows} rows ({a.prompts} prompts x G={a.G}), P={a.P}, R={a.R}, "
           f"model {a.model}, 1 thread, median of {a.repeats}")

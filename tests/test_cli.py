@@ -19,3 +19,36 @@ def test_make_tiny_then_eval(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "m"), "--n", "4", "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy   accuracy" in out and "sampled  accuracy" in out
+
+
+BAD = [  # (override, what the one-line error must name)
+    ("data.task=nope", "data.task='nope' is not one of ['arithmetic']"),
+    ("algo.advantage=gae", "needs values from a critic"),
+    ("algo.advantage=grpo_typo", "algo.advantage='grpo_typo' is not one of"),
+    ("algo.policy_loss=ppo_clipp", "algo.policy_loss='ppo_clipp' is not one of"),
+    ("algo.kl_estimator=k9", "algo.kl_estimator='k9' is not one of"),
+    ("algo.loss_agg=mean", "algo.loss_agg='mean' is not one of"),
+    ("placement.world_size=2", "placement.backend=ray"),
+    ("placement.roles.critic=main", "unknown role(s) ['critic']"),
+    ("rollout.n=0", "n must be >= 1"),
+    ("rollout.n=1", "rollout.n=1 gives every advantage 0"),
+    ("rollout.temperature=0", "samples of a prompt identical"),
+    ("rollout.max_new_tokens=0", "max_new_tokens >= 1"),
+    ("rollout.top_p=0", "top_p must be in (0, 1]"),
+    ("data.prompts_per_step=0", "data.prompts_per_step and data.eval_size must be >= 1"),
+    ("actor.lr=-1", "lr must be > 0"),
+    ("reward.functions={}", "reward.functions is empty"),
+    ("reward.functions={nope/fn: 1.0}", "unknown reward function 'nope/fn'"),
+    ("trainer.sinks=[foo]", "trainer.sinks: 'foo' is not one of"),
+    ("trainer.steps=0", "trainer.steps must be >= 1"),
+]
+
+
+def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys):
+    for i, (override, message) in enumerate(BAD):
+        run_dir = tmp_path / f"run{i}"
+        assert main(["train", "recipes/grpo_arithmetic.yaml", override, f"trainer.run_dir={run_dir}"]) == 2, override
+        err = capsys.readouterr().err
+        assert message in err, (override, err)
+        assert err.count("\n") == 1, err  # one line
+        assert not run_dir.exists(), f"{override} wrote {run_dir}"

@@ -1,33 +1,33 @@
-"""`ResourcePool`: a set of device slots, one process each, and the local backend.
+"""`ResourcePool`: a set of device slots, one process each.
 
 A pool *is* its processes: every WorkerGroup built on the same pool adds its role to the
 same per-slot processes (colocation). Roles meant to run side by side go on different
 pools. The processes start with the first group and stop when the last group leaves
 (or at `pool.shutdown()`).
 
-Backends share one small interface: `start()`, `create_role(role, cls, args, kwargs)`,
-`remove_role(role)`, `call(role, cls_name, method, spec, args, kwargs) -> Future`, `shutdown()`.
+Backends share one small interface (`baton.controller.backend.Backend`): `local` runs the
+slot in the driver's process, `ray` one Ray actor per slot. `threads_per_worker` sets torch's
+intra-op threads once per slot process, for every role it hosts.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-import weakref
 from typing import Any
 
-from baton.controller.dispatch import Execute, MethodSpec, Topology, normalize_mesh
-from baton.controller.future import Future, LocalFuture, split_call
-from baton.controller.worker import HostCore, WorkerError
+from baton.controller.backend import Backend
+from baton.controller.dispatch import Topology, normalize_mesh
+from baton.controller.local_backend import LocalBackend
 
-_POOLS: "weakref.WeakValueDictionary[str, ResourcePool]" = weakref.WeakValueDictionary()
 _NAMES = itertools.count()
 
 
 class ResourcePool:
     def __init__(self, world_size: int, backend: str = "local", cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, mesh: Any = None, name: str | None = None,
-                 dist_timeout_s: float = 60.0, ready_timeout_s: float = 120.0) -> None:
+                 dist_timeout_s: float = 60.0, ready_timeout_s: float = 120.0,
+                 threads_per_worker: int = 0) -> None:
         if backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
         if world_size < 1:
@@ -37,6 +37,9 @@ class ResourcePool:
                              f"got world_size={world_size}: use backend='ray'")
         self.world_size, self.backend_name = int(world_size), backend
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
+        if threads_per_worker < 0:
+            raise ValueError(f"threads_per_worker must be >= 0 (0 = torch's default), got {threads_per_worker}")
+        self.threads_per_worker = int(threads_per_worker)
         self.topology = Topology(self.world_size, normalize_mesh(mesh, self.world_size))
         self.name = name or f"pool{next(_NAMES)}"
         self.dist_timeout_s, self.ready_timeout_s = dist_timeout_s, ready_timeout_s
@@ -44,18 +47,17 @@ class ResourcePool:
         self.roles: list[str] = []
         self.broken: str | None = None  # why the pool's processes cannot be trusted any more
         self.generation = 0  # bumped by shutdown(): groups of an earlier generation are gone
-        self._backend: Any = None
-        _POOLS[self.uid] = self
+        self._backend: Backend | None = None
 
     @property
     def mesh(self) -> tuple[int, int, int]:
         return self.topology.mesh
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> Backend:
         if self._backend is None:
             if self.backend_name == "ray":
-                from baton.controller.ray_backend import RayBackend
+                from baton.controller.ray_backend import RayBackend  # imports ray: only when used
                 self._backend = RayBackend(self)
             else:
                 self._backend = LocalBackend(self)
@@ -78,49 +80,3 @@ class ResourcePool:
     def __repr__(self) -> str:
         return (f"ResourcePool({self.name!r}, world_size={self.world_size}, backend={self.backend_name!r}, "
                 f"mesh={self.mesh}, roles={self.roles})")
-
-
-def mark_origin_broken(err: WorkerError) -> None:
-    pool = _POOLS.get(err.origin) if err.origin else None
-    if pool is not None and pool.backend_name == "ray":
-        pool.mark_broken(str(err))
-
-
-class LocalBackend:
-    """World size 1 in the driver's own process: a breakpoint in a worker method works.
-    No peer can be left stuck in a collective, so a failed call does not break the pool."""
-
-    def __init__(self, pool: ResourcePool) -> None:
-        self.pool = pool
-        self.host = HostCore(pool.uid, pool.topology, rank=0, chain_errors=True)
-        self.pids: list[int] = []
-
-    def start(self) -> None:
-        if self.pool.gpus_per_worker:
-            import torch
-            use_cuda = torch.cuda.is_available()
-        else:
-            use_cuda = False
-        self.pids = [self.host.setup(0, use_cuda, self.pool.dist_timeout_s, None)]
-
-    def create_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> list[int]:
-        return [self.host.create(role, cls, args, kwargs)]
-
-    def remove_role(self, role: str) -> None:
-        self.host.remove(role)
-
-    def call(self, role: str, cls_name: str, method: str, spec: MethodSpec, args: tuple,
-             kwargs: dict) -> Future:
-        topo, mode = self.pool.topology, spec.mode
-        try:
-            (r_args, r_kwargs), = split_call(mode, topo, args, kwargs,
-                                             lambda f: mode.split(f.get(), topo))
-            out = self.host.call(role, method, spec.dispatch, r_args, r_kwargs)
-            value = out if spec.execute == Execute.RANK_ZERO else mode.collect([out], topo)
-        except WorkerError as e:
-            return LocalFuture(error=e)
-        return LocalFuture(value)
-
-    def shutdown(self) -> None:
-        # The driver's process group stays: other local pools in this process share it.
-        self.host.roles.clear()

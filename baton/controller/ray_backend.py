@@ -22,7 +22,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from baton.controller.dispatch import Dispatch, Execute, MethodSpec, Topology
 from baton.controller.future import Future, split_call
-from baton.controller.pool import mark_origin_broken
 from baton.controller.worker import HostCore, WorkerError
 
 _TEMP_DIRS: list[str] = []
@@ -134,7 +133,8 @@ class RayBackend:
             addr = "127.0.0.1" if len({n for n, _ in nodes}) == 1 else nodes[0][1]
             local = [sum(1 for n, _ in nodes[:i] if n == nodes[i][0]) for i in range(len(nodes))]
             use_cuda = bool(p.gpus_per_worker)
-            self.pids = self.wait([h.setup.remote(local[i], use_cuda, p.dist_timeout_s, (addr, port))
+            self.pids = self.wait([h.setup.remote(local[i], use_cuda, p.dist_timeout_s, (addr, port),
+                                                  p.threads_per_worker)
                                    for i, h in enumerate(self.hosts)], "Host", "setup")
         except BaseException:
             self.shutdown()
@@ -160,7 +160,17 @@ class RayBackend:
     def call(self, role: str, cls_name: str, method: str, spec: MethodSpec, args: tuple,
              kwargs: dict) -> "RayFuture":
         mode = spec.mode
-        per_rank = split_call(mode, self.topo, args, kwargs, lambda f: self._resolve(f, spec))
+        # Pools whose futures feed this call (transitively): a failure that originates in
+        # one of them marks that pool broken too, since its ranks may be stuck.
+        sources: dict[str, Any] = {}
+
+        def resolve(f: Future) -> list[Any]:
+            if isinstance(f, RayFuture):
+                sources.update(f.sources)
+                sources[f.backend.pool.uid] = f.backend.pool
+            return self._resolve(f, spec)
+
+        per_rank = split_call(mode, self.topo, args, kwargs, resolve)
         ranks = [0] if spec.execute == Execute.RANK_ZERO else list(range(self.topo.world_size))
         # A value that several ranks receive (replicated args; a chunk shared by tp peers)
         # goes to the object store once instead of once per rank.
@@ -182,7 +192,7 @@ class RayBackend:
             a, k = per_rank[r]
             refs.append(self.hosts[r].call.remote((role, method, spec.dispatch),
                                                   *map(ship, a), **{n: ship(v) for n, v in k.items()}))
-        return RayFuture(self, cls_name, method, spec, refs, ranks)
+        return RayFuture(self, cls_name, method, spec, refs, ranks, sources)
 
     def _resolve(self, fut: Future, spec: MethodSpec) -> list[Any]:
         if not isinstance(fut, RayFuture):
@@ -202,7 +212,7 @@ class RayBackend:
         return list(out) if target.world_size > 1 else [out]
 
     def wait(self, refs: list[Any], cls_name: str, method: str, ranks: list[int] | None = None,
-             timeout: float | None = None) -> list[Any]:
+             timeout: float | None = None, sources: dict[str, Any] | None = None) -> list[Any]:
         """All results in order; raise a WorkerError at the first failure, as it happens."""
         ranks = list(range(len(refs))) if ranks is None else ranks
         index = {ref: i for i, ref in enumerate(refs)}
@@ -219,7 +229,9 @@ class RayBackend:
             except Exception as e:  # noqa: BLE001 - every Ray failure becomes a WorkerError
                 err = self._to_worker_error(e, cls_name, ranks[i], method)
                 self.pool.mark_broken(str(err))
-                mark_origin_broken(err)
+                origin = (sources or {}).get(err.origin)
+                if origin is not None:
+                    origin.mark_broken(str(err))
                 raise err from None
         return out
 
@@ -239,9 +251,9 @@ class RayBackend:
 
 class RayFuture(Future):
     def __init__(self, backend: RayBackend, cls_name: str, method: str, spec: MethodSpec,
-                 refs: list[Any], ranks: list[int]) -> None:
+                 refs: list[Any], ranks: list[int], sources: dict[str, Any]) -> None:
         self.backend, self.cls_name, self.method, self.spec = backend, cls_name, method, spec
-        self.refs, self.ranks = refs, ranks
+        self.refs, self.ranks, self.sources = refs, ranks, sources
         self._done, self._value = False, None
 
     def get(self, timeout: float | None = None) -> Any:
@@ -249,7 +261,8 @@ class RayFuture(Future):
             if self.backend.pool.broken and not self.done():  # its ranks may never answer now
                 raise WorkerError(self.cls_name, None, self.method, "the group broke before this call "
                                   f"finished. Earlier failure:\n{self.backend.pool.broken}", self.backend.pool.uid)
-            outs = self.backend.wait(self.refs, self.cls_name, self.method, self.ranks, timeout)
+            outs = self.backend.wait(self.refs, self.cls_name, self.method, self.ranks, timeout,
+                                     self.sources)
             topo = self.backend.topo
             self._value = _finish(tuple(outs), self.spec.mode.collect, topo,
                                   self.spec.execute == Execute.RANK_ZERO)

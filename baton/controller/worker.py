@@ -141,14 +141,22 @@ def _standalone_context(role: str) -> WorkerContext:
 
 
 def _propagate_pad(out: Any, args: tuple, kwargs: dict) -> Any:
-    """DP_COMPUTE: give a Batch result the padding count of the input chunk when the
-    lengths match, so that the driver's concat (or the next group) drops those rows."""
+    """DP_COMPUTE: a Batch result must say which of its rows are padding, so that the
+    driver's concat (or the next group) drops them. Either it carries meta[PAD_KEY] itself
+    (e.g. made with `Batch.repeat` / `.union` of the input), or it is row-aligned with its
+    padded input chunk (one output row per input row) and inherits the input's count. A
+    result of another length with no count is an error, never a guess."""
     if not isinstance(out, Batch) or PAD_KEY in out.meta:
         return out
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, Batch) and a.meta.get(PAD_KEY) and len(a) == len(out):
-            out.meta[PAD_KEY] = a.meta[PAD_KEY]
-            break
+    padded = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch) and a.meta.get(PAD_KEY)]
+    if not padded:
+        return out
+    src = padded[0]
+    if len(src) != len(out):
+        raise ValueError(f"DP_COMPUTE result has {len(out)} rows for an input chunk of {len(src)} rows "
+                         f"whose last {src.meta[PAD_KEY]} are padding: return one row per input row, "
+                         f"or derive the result with Batch.repeat/rows and set meta[{PAD_KEY!r}]")
+    out.meta[PAD_KEY] = src.meta[PAD_KEY]
     return out
 
 
@@ -164,8 +172,12 @@ class HostCore:
         self.local_rank = 0
 
     def setup(self, local_rank: int, use_cuda: bool, timeout_s: float,
-              master: tuple[str, int] | None) -> int:
+              master: tuple[str, int] | None, threads: int = 0) -> int:
+        """Process-wide set-up, once per slot: torch threads (0 = torch's default) for every
+        role this process will host, then the process group and the device mesh."""
         self.local_rank = local_rank
+        if threads:
+            torch.set_num_threads(threads)
         try:
             self.device, self.mesh = init_distributed(self.topo, self.rank, local_rank, use_cuda,
                                                       timeout_s, master)

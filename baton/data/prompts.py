@@ -54,18 +54,15 @@ def _rename(row: Row, prompt_key: str) -> Row:
 
 
 def load_prompts(source: str, n: int | None = None, seed: int = 0, prompt_key: str = "prompt") -> list[Row]:
-    """Rows from `source`: a registered task name, a `.jsonl` file, or a `save_to_disk` dir."""
-    from baton.envs import TASKS  # lazy: baton.envs imports reward machinery
-
-    if source in TASKS:
-        return TASKS[source].train_rows(n, seed=seed)
+    """Rows from `source`: a `.jsonl` file or a `save_to_disk` dir (a task's own rows come
+    from `baton.envs.get_task(name).train_rows`)."""
     p = Path(source)
     if p.is_file():
         rows = load_jsonl(p, prompt_key)
     elif p.is_dir():
         rows = load_hf_disk(p, prompt_key=prompt_key)
     else:
-        raise FileNotFoundError(f"prompt source {source!r} is neither a task ({sorted(TASKS)}) nor a file/dir")
+        raise FileNotFoundError(f"prompt source {source!r} is neither a .jsonl file nor a save_to_disk dir")
     return rows if n is None else rows[:n]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.envs.base import Row, Task
-from baton.rollout.protocol import Engine, SamplingParams
+from baton.protocol import Engine, SamplingParams
 
 
 def evaluate(

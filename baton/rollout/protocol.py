@@ -1,67 +1,9 @@
-"""The engine protocol every rollout engine speaks (embedded, HTTP-remote, vLLM/SGLang).
+"""The engine protocol, re-exported for the engine implementations in this package.
 
-    generate(prompts: list of token-id lists, params) -> flat list of Completion,
-        prompt-major: the n samples of prompt 0, then of prompt 1, ... (the same order as
-        `Batch.repeat(n, interleave=True)`).
-    update_weights(iterator of (name, tensor), version) -> None
-    sleep() / wake(): release and restore memory (KV cache; weights when colocated)
-    version: the policy version of the weights now loaded
-
-Logprob convention: `Completion.logprobs[t]` is log_softmax(logits / temperature) of the
-chosen token (temperature 0 -> greedy, logprobs at temperature 1), taken *before*
-top-k / top-p / min-p filtering. The trainer computes its logprobs the same way, so the PPO
-ratio of an unchanged policy is exactly 1.
+The types live in `baton.protocol`, below both `baton.rollout` (which implements engines)
+and `baton.sync` (which moves weights into them), so neither has to import the other.
 """
 
-from __future__ import annotations
+from baton.protocol import Completion, Engine, SamplingParams
 
-from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
-
-import torch
-
-
-@dataclass
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0
-    max_new_tokens: int = 64
-    stop_token_ids: list[int] = field(default_factory=list)  # in addition to the EOS id(s)
-    stop: list[str] = field(default_factory=list)  # stop strings (needs a tokenizer)
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or self.max_new_tokens < 1 or not 0 <= self.min_p <= 1:
-            raise ValueError("top_k must be >= 0, max_new_tokens >= 1, min_p in [0, 1]")
-
-
-@dataclass
-class Completion:
-    prompt_index: int  # index into the prompts passed to generate
-    token_ids: list[int]  # generated tokens, including the stop token if one ended it
-    logprobs: list[float]  # one per generated token (see the convention above)
-    finish_reason: str  # "stop" (EOS / stop id / stop string) or "length"
-    version: int  # policy version that produced it
-
-
-@runtime_checkable
-class Engine(Protocol):
-    version: int
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
-
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
-
-    def sleep(self) -> None: ...
-
-    def wake(self) -> None: ...
+__all__ = ["Completion", "Engine", "SamplingParams"]

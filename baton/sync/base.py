@@ -19,7 +19,7 @@ from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 
 
 @runtime_checkable

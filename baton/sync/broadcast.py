@@ -85,16 +85,19 @@ def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
 
 
 class BroadcastSync:
-    """Trainer side. `engines`: `RemoteEngine`s, base URLs (-> RemoteEngine), or any object
-    with the `WeightReceiver` methods (e.g. a handle to an engine actor)."""
+    """Trainer side. `engines`: objects with the `WeightReceiver` methods: a
+    `baton.rollout.remote.RemoteEngine` for a server, a `WeightReceiver` in process, or a
+    handle to an engine actor. (A bare URL is refused: this layer does not speak HTTP.)"""
 
     def __init__(self, engines, *, master_address: str = "127.0.0.1", master_port: int = 0,
                  bucket_mb: float = 64.0, backend: str | None = None, group_name: str = DEFAULT_GROUP_NAME,
                  ranks_per_engine: int = 1, timeout_s: float = 600.0, cast_dtype: torch.dtype | None = None):
-        from baton.rollout.remote import RemoteEngine
-
         engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
-        self.engines = [RemoteEngine(e) if isinstance(e, str) else e for e in engines]
+        urls = [e for e in engines if isinstance(e, str)]
+        if urls:
+            raise TypeError(f"BroadcastSync takes engine objects, not URLs ({urls[0]!r}): "
+                            f"wrap it as baton.rollout.remote.RemoteEngine(url)")
+        self.engines = engines
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.bucket_bytes = int(bucket_mb * 2**20) or None
         self.group_name = group_name

@@ -27,6 +27,7 @@ import torch
 
 from baton import fields as F
 from baton.algos import compute_advantages
+from baton.algos.token_rewards import token_level_rewards
 from baton.batch import Batch
 from baton.config import save_config
 from baton.controller import shutdown_ray
@@ -75,9 +76,9 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     torch.manual_seed(cfg.trainer.seed)
-    roles = build_roles(cfg)
+    state = RunState.fresh(cfg.data)
+    roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
     actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
-    state = RunState.fresh(cfg)
     ckpt = latest_checkpoint(run_dir) if cfg.trainer.resume == "auto" else cfg.trainer.resume
     if ckpt:
         state.restore(actor.load_checkpoint(str(ckpt))[0])
@@ -92,9 +93,8 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
         while state.step < cfg.trainer.steps:
             step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
             prompts = state.next_prompts(cfg.data.prompts_per_step)
-            prompts.meta["step"] = step
             with timer("rollout"):
-                batch = rollout.generate(prompts)
+                batch = rollout.generate(prompts, step)
             with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
                 pending = [reward.compute_rewards(batch)]
                 if ref is not None:
@@ -107,11 +107,11 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                     batch = batch.union(future.get())
             batch[F.ADVANTAGES], _ = compute_advantages(
                 cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
-                group_size=n)
+                group_size=n, token_rewards=token_level_rewards(batch[F.REWARDS], batch[F.RESPONSE_MASK]))
             with timer("update"):
                 update = actor.update(batch)
             with timer("sync"):
-                parity = rollout.sync_weights(step)
+                parity = rollout.sync_weights(step, check=cfg.trainer.check_weight_sync)
             if cfg.trainer.check_weight_sync:
                 check_sync(parity, step)
             state.step = step

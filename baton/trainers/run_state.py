@@ -14,8 +14,8 @@ from typing import Any
 
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
-from baton.envs import TASKS
-from baton.trainers.grpo_config import GRPOConfig
+from baton.envs import get_task
+from baton.trainers.run_config import DataConfig
 
 
 @dataclass
@@ -26,10 +26,10 @@ class RunState:
     first_eval: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def fresh(cls, cfg: GRPOConfig) -> "RunState":
-        task = TASKS[cfg.data.task]
-        return cls(sampler=PromptSampler(task.train_rows(seed=cfg.data.seed), seed=cfg.data.seed),
-                   eval_rows=task.eval_rows(cfg.data.eval_size))
+    def fresh(cls, data: DataConfig) -> "RunState":
+        task = get_task(data.task)
+        return cls(sampler=PromptSampler(task.train_rows(seed=data.seed), seed=data.seed),
+                   eval_rows=task.eval_rows(data.eval_size))
 
     def next_prompts(self, n: int) -> Batch:
         return collate(self.sampler.next_batch(n))

@@ -19,44 +19,76 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from dataclasses import dataclass, field
+from typing import Literal
+
 from baton import fields as F
 from baton.algos import actor_loss, loss_normalisers
-from baton.batch import PAD_KEY, Batch
+from baton.algos.config import AlgoConfig
+from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
+from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
-from baton.trainers.grpo_config import GRPOConfig
 from baton.workers.optim import build_optimizer
+from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
 
 TRAINER_STATE = "trainer_state.pt"
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+@dataclass
+class ActorConfig:
+    """The recipe's `actor:` section. Batch sizes count rows across all data-parallel ranks."""
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr_ratio: float = 0.0
+    mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
+    micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation)
+    epochs: int = 1  # passes over each rollout batch
+    grad_clip: float = 1.0
+    bf16: bool = False  # bf16 autocast for forward/backward
+
+    def check(self) -> None:
+        if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
+            raise ValueError("actor: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
+                             f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
+                             f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
+        if self.grad_clip <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("actor: grad_clip must be > 0, warmup_steps >= 0, min_lr_ratio in [0, 1]")
 
 
 class ActorWorker(Worker):
-    def __init__(self, cfg: GRPOConfig):
+    """`ActorWorker(model, actor, algo, temperature=, max_new_tokens=, total_steps=, seed=)`:
+    its own sections (model, actor, algo) plus the few run facts its loss depends on."""
+
+    def __init__(self, model: ModelConfig, actor: ActorConfig, algo: AlgoConfig, *,
+                 temperature: float, max_new_tokens: int, total_steps: int, seed: int):
         super().__init__()
-        self.cfg = cfg
-        if cfg.placement.threads_per_worker:
-            torch.set_num_threads(cfg.placement.threads_per_worker)
-        self.model = load_model(cfg.model.path, dtype=_dtype(cfg.model.dtype), device=self.device)
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        a = cfg.actor
+        self.model_cfg, self.cfg, self.algo = model, actor, algo
+        self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
+        self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
+        self.tokenizer = load_tokenizer(model.path)
+        a = actor
         self.optim, self.sched = build_optimizer(
             self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
-            warmup_steps=a.warmup_steps, total_steps=cfg.trainer.steps, schedule=a.lr_schedule,
+            warmup_steps=a.warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
             min_ratio=a.min_lr_ratio)
-        self.updates = 0  # trainer steps taken: the policy version
+        self.policy = Policy(self.model, self.tokenizer)  # what a colocated engine reads
+
+    @property
+    def updates(self) -> int:  # trainer steps taken: the policy version
+        return self.policy.version
 
     # --- inference ---------------------------------------------------------------------
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Consumes prompt/response ids; produces old_logprobs [B, R] and entropy [B, R]."""
         self.model.eval()
-        out = batched_logprobs(self.model, batch, self.cfg.actor.micro_batch_size,
-                               self.cfg.rollout.temperature, with_entropy=True)
+        out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature,
+                               with_entropy=True)
         return Batch({F.OLD_LOGPROBS: out["logprobs"], F.ENTROPY: out[F.ENTROPY]})
 
     # --- training ----------------------------------------------------------------------
@@ -66,9 +98,9 @@ class ActorWorker(Worker):
         return t
 
     def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
-        algo = self.cfg.algo
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.actor.bf16):
-            logp, ent = response_logprobs(self.model, micro, self.cfg.rollout.temperature,
+        algo = self.algo
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            logp, ent = response_logprobs(self.model, micro, self.temperature,
                                           with_entropy=True, entropy_grad=algo.entropy_coef > 0)
         loss, stats = actor_loss(
             logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
@@ -79,7 +111,7 @@ class ActorWorker(Worker):
                                  "dual_clip": algo.dual_clip} if algo.policy_loss == "ppo_clip" else {}),
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
-            max_len=self.cfg.rollout.max_new_tokens)
+            max_len=self.max_new_tokens)
         return loss, {f"actor/{k}": float(v) for k, v in stats.items()}
 
     def _sync_grads(self) -> None:
@@ -98,7 +130,7 @@ class ActorWorker(Worker):
         Mini-batches and micro-batch sizes count rows across all ranks; each rank takes its
         share. Rows that are dispatch padding get a zero mask.
         """
-        cfg, a = self.cfg, self.cfg.actor
+        a = self.cfg
         batch = self._mask_padding(batch)
         rows_global = len(batch) * self.dp_size
         mini = max(1, (a.mini_batch_size or rows_global) // self.dp_size)
@@ -107,7 +139,7 @@ class ActorWorker(Worker):
         sums: dict[str, float] = {}
         n_updates = 0
         for epoch in range(a.epochs):
-            seed = cfg.trainer.seed * 1_000_003 + self.updates * 101 + epoch
+            seed = self.seed * 1_000_003 + self.updates * 101 + epoch
             for mb in self._group_shuffled(batch, seed).minibatches(mini, shuffle=False):
                 counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
                 self.optim.zero_grad(set_to_none=True)
@@ -126,7 +158,7 @@ class ActorWorker(Worker):
                 self.optim.step()
                 n_updates += 1
         self.sched.step()
-        self.updates += 1
+        self.policy.version += 1
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
         return metrics
@@ -143,13 +175,12 @@ class ActorWorker(Worker):
 
     @staticmethod
     def _mask_padding(batch: Batch) -> Batch:
-        pad = batch.meta.get(PAD_KEY, 0)
-        if not pad:
+        """Dispatch padding rows (copies of real rows) must not count in the loss."""
+        pad = batch.padding_mask()  # [B]
+        if not pad.any():
             return batch
-        mask = batch[F.RESPONSE_MASK].clone()
-        mask[len(batch) - pad:] = 0
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
-        batch[F.RESPONSE_MASK] = mask
+        batch[F.RESPONSE_MASK] = batch[F.RESPONSE_MASK] * ~pad[:, None]
         return batch
 
     # --- checkpoints -------------------------------------------------------------------
@@ -169,12 +200,12 @@ class ActorWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore weights, optimizer and schedule; returns the driver's saved state."""
-        loaded = load_model(path, dtype=_dtype(self.cfg.model.dtype), device=self.device)
+        loaded = load_model(path, dtype=self.model_cfg.torch_dtype, device=self.device)
         with torch.no_grad():
             for p, q in zip(self.model.parameters(), loaded.parameters()):
                 p.copy_(q)  # in place: the colocated engine keeps reading these tensors
         state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
-        self.updates = state["updates"]
+        self.policy.version = state["updates"]
         return state["driver"]

@@ -9,21 +9,22 @@ from __future__ import annotations
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
+from baton.models.config import ModelConfig
 from baton.models.load import load_model
-from baton.trainers.grpo_config import GRPOConfig
-from baton.workers.actor import _dtype
 from baton.workers.sequences import batched_logprobs
 
 
 class ReferenceWorker(Worker):
-    def __init__(self, cfg: GRPOConfig):
+    """`ReferenceWorker(model, temperature=, micro_batch_size=)`: the starting weights, frozen;
+    logprobs at the rollout temperature, as the actor computes its own."""
+
+    def __init__(self, model: ModelConfig, *, temperature: float, micro_batch_size: int):
         super().__init__()
-        self.cfg = cfg
-        self.model = load_model(cfg.model.path, dtype=_dtype(cfg.model.dtype), device=self.device)
+        self.temperature, self.micro_batch_size = temperature, micro_batch_size
+        self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.model.eval().requires_grad_(False)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        out = batched_logprobs(self.model, batch, self.cfg.actor.micro_batch_size,
-                               self.cfg.rollout.temperature)
+        out = batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
         return Batch({F.REF_LOGPROBS: out["logprobs"]})

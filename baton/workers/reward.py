@@ -8,22 +8,41 @@ and are reported (see baton.rewards.runner) instead of ending the run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+import baton.envs  # noqa: F401  (importing registers the tasks' reward functions)
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
-import baton.envs  # noqa: F401  (importing registers the tasks' reward functions)
-from baton.rewards.runner import RewardRunner
-from baton.trainers.grpo_config import GRPOConfig
+from baton.rewards.runner import RewardRunner, resolve_reward
 
 PASSED_THROUGH = {F.PROMPT_TEXT, F.COMPLETION_TEXT, F.FINISH_REASON}
 
 
+@dataclass
+class RewardConfig:
+    """The recipe's `reward:` section: reward-function name -> weight, and a per-call timeout."""
+    functions: dict[str, float] = field(default_factory=lambda: {"arithmetic/correct": 1.0})
+    timeout_s: float = 5.0
+
+    def check(self) -> None:
+        if not self.functions:
+            raise ValueError("reward.functions is empty: name at least one reward function")
+        for name in self.functions:
+            try:
+                resolve_reward(name)
+            except ValueError as e:
+                raise ValueError(f"reward.functions: {e}") from None
+        if self.timeout_s <= 0:
+            raise ValueError(f"reward.timeout_s must be > 0, got {self.timeout_s}")
+
+
 class RewardWorker(Worker):
-    def __init__(self, cfg: GRPOConfig):
+    def __init__(self, reward: RewardConfig):
         super().__init__()
-        self.runner = RewardRunner(cfg.reward.functions, timeout_s=cfg.reward.timeout_s)
+        self.runner = RewardRunner(reward.functions, timeout_s=reward.timeout_s)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_rewards(self, batch: Batch) -> Batch:

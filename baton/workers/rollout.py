@@ -4,23 +4,45 @@ Consumes a Batch of prompts (text + task fields such as `answer`); produces the
 rows of the step: prompt/response ids and masks, the engine's behaviour logprobs, the
 finish reason, the decoded completion and the policy version that sampled each row.
 
-Colocated with the actor (the default), the engine is handed the actor's own module and
-reads its parameters in place: no copy, and "weight sync" is a version bump.
+Colocated with the actor (the default), the engine is handed the actor's `Policy` handle
+and reads its parameters in place: no copy; weight sync goes through the `inplace`
+transport of `baton.sync` (a version bump), the same interface the checkpoint and
+broadcast transports implement.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from baton import fields as F
-from baton.batch import PAD_KEY, Batch
+from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
-from baton.envs import TASKS
+from baton.envs import get_task
 from baton.envs.evaluate import evaluate
+from baton.protocol import Completion, SamplingParams
 from baton.rollout.engine import EmbeddedEngine
-from baton.rollout.protocol import Completion, SamplingParams
-from baton.sync.base import check_logprob_parity
-from baton.trainers.grpo_config import GRPOConfig
+from baton.sync import check_logprob_parity, make_weight_sync
+from baton.workers.policy import Policy
+
+
+@dataclass
+class RolloutConfig:
+    """The recipe's `rollout:` section."""
+    n: int = 8  # samples per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+
+    def check(self) -> None:
+        # SamplingParams owns the ranges; build one to check them with its messages.
+        try:
+            SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                           max_new_tokens=self.max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"rollout: {e}") from None
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,53 +84,58 @@ def completions_to_batch(prompts: Batch, prompt_ids: list[list[int]], done: list
 
 
 class RolloutWorker(Worker):
-    def __init__(self, cfg: GRPOConfig):
+    """`RolloutWorker(rollout, task=, seed=, probe_prompt=)`: samples with the colocated
+    actor's policy (the `Policy` handle of the sibling role "actor", built first).
+
+    `probe_prompt`: the text whose logprobs `sync_weights(check=True)` compares between the
+    engine and the trainer (the task provides one; any prompt of the task will do)."""
+
+    def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
+                 sync: str = "inplace"):
         super().__init__()
-        self.cfg = cfg
-        actor = self.sibling("actor")  # colocated: share the module, no copy
-        self.tokenizer = actor.tokenizer
+        self.cfg, self.task, self.seed = rollout, get_task(task), seed
+        self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
+        self.tokenizer = self.policy.tokenizer
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
-        self.engine = EmbeddedEngine(actor.model, self.tokenizer, fuse_weights=False)
-        self.calls = 0
+        self.engine = EmbeddedEngine(self.policy.module, self.tokenizer, fuse_weights=False)
+        self.engine.version = self.policy.version
+        self.sync = make_weight_sync(sync, self.engine)
+        self.probe_ids = self.tokenizer(probe_prompt).input_ids
 
-    def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(n=1 if greedy else r.n, temperature=0.0 if greedy else r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens, seed=seed)
+    def sampling_params(self, seed: int | None = None) -> SamplingParams:
+        r = self.cfg
+        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_new_tokens=r.max_new_tokens, seed=seed)
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate(self, prompts: Batch) -> Batch:
-        """Consumes prompts (text); produces len(prompts) * n rows (see module docstring)."""
-        step = prompts.meta.get("step", self.calls)
-        self.calls += 1
-        # Seeded per step and rank: a resumed run samples exactly what the first run would have.
-        seed = self.cfg.trainer.seed * 1_000_003 + step * 1009 + self.dp_rank
+    def generate(self, prompts: Batch, step: int) -> Batch:
+        """Consumes prompts (text) for trainer step `step`; produces len(prompts) * n rows
+        (see module docstring), seeded by (seed, step, dp rank): a resumed run samples exactly
+        what the uninterrupted run would have."""
+        seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         ids = [self.tokenizer(str(p)).input_ids for p in prompts[F.PROMPT_TEXT]]
-        params = self.sampling_params(greedy=bool(prompts.meta.get("greedy")), seed=seed)
+        params = self.sampling_params(seed=seed)
         done = self.engine.generate(ids, params)
-        rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
+        # prompts.repeat keeps dispatch padding trailing (n rows per padded prompt)
+        return completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
                                     self.tokenizer)
-        # Dispatch padding rows of the prompts became n padding rows each: let concat drop them.
-        rows.meta[PAD_KEY] = prompts.meta.get(PAD_KEY, 0) * params.n
-        return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def sync_weights(self, version: int) -> float | None:
-        """Colocated in place: the engine already reads the updated parameters.
+    def sync_weights(self, version: int, check: bool = False) -> float | None:
+        """Push the policy's weights to the engine as `version` (colocated: in place).
 
-        With trainer.check_weight_sync, returns max |engine - trainer| logprob on a fixed
-        prompt (the runtime check that the engine samples from the policy being trained)."""
-        self.engine.version = version
-        if not self.cfg.trainer.check_weight_sync:
+        With check=True, returns max |engine - trainer| logprob on the probe prompt (the
+        runtime check that the engine samples from the policy being trained)."""
+        self.sync.push(self.policy.module.named_parameters(), version)
+        if not check:
             return None
-        probe = self.tokenizer("1+2+3=").input_ids
-        return check_logprob_parity(self.engine, self.sibling("actor").model, probe, max_new_tokens=4)
+        return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> float:
         """Held-out accuracy with the current weights (greedy, or 4 samples per prompt)."""
-        r = self.cfg.rollout
-        return evaluate(self.engine, self.tokenizer, TASKS[self.cfg.data.task], rows, greedy, n=4,
+        r = self.cfg
+        return evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
                         max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                        seed=self.cfg.trainer.seed)["accuracy"]
+                        seed=self.seed)["accuracy"]

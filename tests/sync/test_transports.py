@@ -80,7 +80,7 @@ def test_broadcast_to_servers(tiny_qwen, start_server, sync_tokenizer, bucket_mb
     (url_a, eng_a), (url_b, eng_b) = start_server(), start_server()
     local = EmbeddedEngine(tiny_qwen(0), sync_tokenizer)  # a third engine hosted in-process
     trainer = tiny_qwen(1)
-    sync = BroadcastSync([url_a, RemoteEngine(url_b), WeightReceiver(local)], bucket_mb=bucket_mb)
+    sync = BroadcastSync([RemoteEngine(url_a), RemoteEngine(url_b), WeightReceiver(local)], bucket_mb=bucket_mb)
     assert sync.group.world_size == 4 and sync.backend == "gloo"
     for version in (1, 2):
         _perturb(trainer, 10 + version)
@@ -94,7 +94,7 @@ def test_broadcast_to_servers(tiny_qwen, start_server, sync_tokenizer, bucket_mb
 
 def test_broadcast_error_surfaces_quickly(tiny_qwen, start_server):
     url, eng = start_server()
-    sync = BroadcastSync([url], bucket_mb=1, timeout_s=60)
+    sync = BroadcastSync([RemoteEngine(url)], bucket_mb=1, timeout_s=60)
     params = list(tiny_qwen(1).named_parameters())
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="unknown parameter"):
@@ -108,7 +108,7 @@ def test_broadcast_error_surfaces_quickly(tiny_qwen, start_server):
 def test_broadcast_cast_dtype(tiny_qwen, start_server):
     url, eng = start_server()
     trainer = tiny_qwen(1)
-    sync = BroadcastSync([url], bucket_mb=1, cast_dtype=torch.bfloat16)  # half the bytes on the wire
+    sync = BroadcastSync([RemoteEngine(url)], bucket_mb=1, cast_dtype=torch.bfloat16)  # half the bytes on the wire
     sync.push(trainer.named_parameters(), version=1)
     w = dict(eng.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
     assert torch.equal(w, trainer.model.layers[0].mlp.up_proj.weight.to(torch.bfloat16).float())

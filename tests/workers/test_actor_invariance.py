@@ -41,7 +41,8 @@ def updated_weights(model_dir, tmp_path, backend, world_size, micro, agg):
         f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.n=4", "actor.lr=1e-2",
         f"actor.micro_batch_size={micro}", f"algo.loss_agg={agg}", "rollout.max_new_tokens=6",
         f"placement.backend={backend}", f"placement.world_size={world_size}", "actor.grad_clip=1e9"])
-    group = WorkerGroup(ResourcePool(world_size, backend=backend), ActorWorker, cfg)
+    group = WorkerGroup(ResourcePool(world_size, backend=backend), ActorWorker, cfg.model, cfg.actor, cfg.algo,
+                        temperature=1.0, max_new_tokens=6, total_steps=1, seed=0)
     try:
         metrics = group.update(rollout_batch())
         out = tmp_path / f"{backend}{world_size}-{micro}-{agg}"
