@@ -134,7 +134,8 @@ def remax_advantages(*, scores: torch.Tensor, baseline_scores: torch.Tensor,
     token. scores, baseline_scores [B] (the rollout scores one greedy sample per prompt and
     repeats its score on that prompt's rows). No whitening, as in the paper and verl.
     """
-    adv = _broadcast(scores.float() - baseline_scores.float(), response_mask)  # [B, R]
+    diff = scores - baseline_scores  # [B]
+    adv = _broadcast(diff if diff.is_floating_point() else diff.float(), response_mask)  # [B, R]
     return adv, adv
 
 

@@ -57,7 +57,8 @@ def dpo_sigmoid_loss(*, chosen_logratios: torch.Tensor, rejected_logratios: torc
 @register_dpo_loss("ipo")
 def ipo_loss(*, chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor, beta: float,
              chosen_lengths: torch.Tensor | None = None,
-             rejected_lengths: torch.Tensor | None = None, length_norm: bool = True) -> torch.Tensor:
+             rejected_lengths: torch.Tensor | None = None,
+             length_norm: bool = True) -> torch.Tensor:
     """Per-pair IPO loss [P]; lengths [P] (response tokens) are needed when length_norm."""
     if length_norm:
         if chosen_lengths is None or rejected_lengths is None:

@@ -3,8 +3,9 @@
 per_token = w * policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy, then one
 aggregation for the sum (aggregation is linear, so aggregating the terms separately with
 the same normalisers gives the same number). w = optional truncated-IS weights against
-the engine's behaviour logprobs (`baton.algos.correction`); off (w = 1) by default. Trainers needing something else should call
-the primitives directly; nothing here is required by them.
+the engine's behaviour logprobs (`baton.algos.correction`); off (w = 1) by default.
+Trainers needing something else should call the primitives directly; nothing here is
+required by them.
 """
 
 from __future__ import annotations
