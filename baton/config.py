@@ -21,6 +21,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from baton.runs.fsutil import atomic_write_text
+
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -142,4 +144,5 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML, atomically (a crash never leaves half a file)."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

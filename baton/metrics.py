@@ -17,6 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from baton.runs.metrics_log import read_metrics as _read_metrics
+from baton.runs.metrics_log import truncate_after
+
 SINKS = ("tensorboard", "wandb")  # optional metric sinks, beside metrics.jsonl and the console
 
 
@@ -77,11 +80,10 @@ class MetricsLogger:
             self._progress.start()
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop lines of steps that the checkpoint does not cover."""
-        if not self.path.exists():
-            return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        """On resume, drop lines of steps that the checkpoint does not cover (and a torn
+        last line), atomically."""
+        if self.path.exists():
+            truncate_after(self.path, step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -109,8 +111,8 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    """The records of run_dir/metrics.jsonl (a torn last line is skipped with a warning)."""
+    return _read_metrics(Path(run_dir) / "metrics.jsonl")
 
 
 def write_report(run_dir: str | Path) -> Path:

@@ -22,8 +22,8 @@ LAYERS = [
     {"rollout"},
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},
-    {"batch", "metrics"},
-    {"fields", "protocol", "config", "runs"},
+    {"batch", "metrics", "config"},
+    {"fields", "protocol", "runs"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -32,7 +32,7 @@ class AlgoConfig:
 
 
 # Inputs an advantage estimator may need beyond the rewards, and the role that makes them.
-NEEDS_ROLE = {"values": "a critic"}
+NEEDS_ROLE = {"values": "a critic", "baseline_scores": "greedy rollouts (ReMax)"}
 
 
 def check_algo_names(algo: AlgoConfig) -> None:

@@ -1,19 +1,21 @@
 """Load and save models/tokenizers from local Hugging Face directories (never the hub).
 
-`save_pretrained` is atomic: it writes into a hidden temp dir next to the target and
-renames it into place, so a crash mid-save leaves either the old checkpoint or the new
-one, never a half-written directory that a resumed run would try to load.
+`save_pretrained` is atomic and durable (`baton.runs.checkpoints.atomic_dir`: written into
+a temp dir beside the target, fsynced, renamed into place), so a crash mid-save leaves
+either the old checkpoint or the new one, never a half-written directory that a resumed run
+would try to load.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from baton.runs.checkpoints import atomic_dir
 
 
 def _check_dir(path: str | os.PathLike, what: str) -> Path:
@@ -39,36 +41,16 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
-def _default_permissions(root: Path) -> None:
-    """mkdtemp makes 0700 dirs (and some writers 0600 files); give the checkpoint the
-    permissions a plain mkdir/open would have, so other users and containers can read it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    root.chmod(0o777 & ~umask)
-    for p in root.rglob("*"):
-        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
-
-
-def save_pretrained(model: PreTrainedModel, tokenizer, path: str | os.PathLike) -> Path:
-    """Write model (safetensors) + tokenizer (may be None) to `path` atomically; return it."""
+def save_pretrained(model: PreTrainedModel, tokenizer, path: str | os.PathLike,
+                    extra: Callable[[Path], None] | None = None) -> Path:
+    """Write model (safetensors) + tokenizer (may be None) to `path` atomically and durably
+    (`baton.runs.checkpoints.atomic_dir`: a crash leaves the old or the new directory, never
+    a half-written one); `extra(tmp_dir)` may add files (e.g. optimizer state). Returns it."""
     target = Path(path).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:
         model.save_pretrained(str(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        _default_permissions(tmp)
-        if target.exists():
-            # os.replace cannot overwrite a non-empty dir: move the old one aside first,
-            # so the window without a checkpoint at `target` is two renames long.
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, old / "ckpt")
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if extra is not None:
+            extra(tmp)
     return target

@@ -20,7 +20,6 @@ DAPO / Dr. GRPO); clip-higher (DAPO) is on by default (clip_high=0.28).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,12 +28,12 @@ from baton import fields as F
 from baton.algos import compute_advantages
 from baton.algos.token_rewards import token_level_rewards
 from baton.batch import Batch
-from baton.config import save_config
-from baton.controller import shutdown_ray
-from baton.metrics import MetricsLogger, Timer, write_report
+from baton.metrics import Timer, write_report
 from baton.trainers.grpo_config import GRPOConfig
 from baton.trainers.placement import build_roles
-from baton.trainers.run_state import RunState, latest_checkpoint
+from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
+                                save_checkpoint)
+from baton.trainers.run_state import RunState
 
 
 def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
@@ -65,74 +64,69 @@ def check_sync(parity: list[float], step: int, tol: float = 1e-4) -> None:
                            f"logprobs differ by {max(parity):.2e} (> {tol:g}) on a fixed prompt")
 
 
-def evaluate(roles: dict, state: RunState) -> dict[str, float]:
-    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
-    return {f"eval/accuracy_{mode}": roles["rollout"].evaluate(state.eval_rows, mode == "greedy")
-            for mode in ("greedy", "sampled")}
-
-
 def train(cfg: GRPOConfig) -> dict[str, float]:
-    run_dir = Path(cfg.trainer.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    torch.manual_seed(cfg.trainer.seed)
-    state = RunState.fresh(cfg.data)
-    roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
-    actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
-    ckpt = latest_checkpoint(run_dir) if cfg.trainer.resume == "auto" else cfg.trainer.resume
-    if ckpt:
-        state.restore(actor.load_checkpoint(str(ckpt))[0])
-        rollout.sync_weights(state.step)
-    log = MetricsLogger(run_dir, cfg.trainer.steps, console=cfg.trainer.progress,
-                        sinks=cfg.trainer.sinks, start_step=state.step)
+    t = cfg.trainer
+    torch.manual_seed(t.seed)
+    run = open_run(cfg)  # locked; refuses a finished run's dir; config.yaml written
+    roles: dict = {}
     try:
-        if state.step == 0:
-            state.first_eval = evaluate(roles, state)
-            log.log(0, state.first_eval)
-        n, final_eval = cfg.rollout.n, {}
-        while state.step < cfg.trainer.steps:
-            step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
-            prompts = state.next_prompts(cfg.data.prompts_per_step)
-            with timer("rollout"):
-                batch = rollout.generate(prompts, step)
-            with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
-                pending = [reward.compute_rewards(batch)]
-                if ref is not None:
-                    pending.append(ref.compute_ref_logprobs(batch))
-                if cfg.algo.recompute_old_logprobs:
-                    pending.append(actor.compute_logprobs(batch))
-                else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
-                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
-                for future in pending:
-                    batch = batch.union(future.get())
-            batch[F.ADVANTAGES], _ = compute_advantages(
-                cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
-                group_size=n, token_rewards=token_level_rewards(batch[F.REWARDS], batch[F.RESPONSE_MASK]))
-            with timer("update"):
-                update = actor.update(batch)
-            with timer("sync"):
-                parity = rollout.sync_weights(step, check=cfg.trainer.check_weight_sync)
-            if cfg.trainer.check_weight_sync:
-                check_sync(parity, step)
-            state.step = step
-            metrics = step_metrics(batch, update, version=step - 1)
-            last = step == cfg.trainer.steps
-            if last or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
-                with timer("eval"):
-                    metrics.update(evaluate(roles, state))
-            if last or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
-                with timer("save"):
-                    actor.save_checkpoint(str(run_dir / "checkpoints" / f"step_{step}"), state.to_dict())
-            metrics.update(timer.pop())
-            metrics["timing/step_s"] = time.perf_counter() - t0
-            metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
-            log.log(step, metrics)
-            final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        state = RunState.fresh(cfg.data)
+        roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
+        actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
+        if run.resume_from:
+            state.restore(actor.load_checkpoint(str(run.resume_from))[0])
+            rollout.sync_weights(state.step)
+        log = metrics_logger(run, t, start_step=state.step)
+        guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        try:
+            if state.step == 0:
+                state.first_eval = evaluate(rollout, state.eval_rows)
+                log.log(0, state.first_eval)
+            while state.step < t.steps:
+                step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
+                prompts = state.next_prompts(cfg.data.prompts_per_step)
+                with timer("rollout"):
+                    batch = rollout.generate(prompts, step)
+                with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
+                    pending = [reward.compute_rewards(batch)]
+                    if ref is not None:
+                        pending.append(ref.compute_ref_logprobs(batch))
+                    if cfg.algo.recompute_old_logprobs:
+                        pending.append(actor.compute_logprobs(batch))
+                    else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
+                        batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                    for future in pending:
+                        batch = batch.union(future.get())
+                batch[F.ADVANTAGES], _ = compute_advantages(
+                    cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
+                    group_size=cfg.rollout.n,
+                    token_rewards=token_level_rewards(batch[F.REWARDS], batch[F.RESPONSE_MASK]))
+                with timer("update"):
+                    update = actor.update(batch)  # skips optimizer steps whose loss/grad is not finite
+                with timer("sync"):
+                    parity = rollout.sync_weights(step, check=t.check_weight_sync)
+                if t.check_weight_sync:
+                    check_sync(parity, step)
+                state.step = step
+                metrics = {**carry, **step_metrics(batch, update, version=step - 1)}
+                guard.check(step, metrics)  # raises, naming the step, after K non-finite steps
+                last = step == t.steps
+                if is_due(step, t.eval_every, last):
+                    with timer("eval"):
+                        metrics.update(evaluate(rollout, state.eval_rows))
+                metrics.update(timer.pop())
+                metrics["timing/step_s"] = time.perf_counter() - t0
+                metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
+                log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+                final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+                carry = {}
+                if is_due(step, t.save_every, last):
+                    with timer("save"):
+                        save_checkpoint(actor, run, t, step, state.to_dict())
+                    carry = timer.pop()  # logged with the next step
+        finally:
+            log.close()
     finally:
-        log.close()
-        for group in {id(g): g for g in roles.values()}.values():
-            group.shutdown()
-        if cfg.placement.backend == "ray":
-            shutdown_ray(only_ours=True)
-    write_report(run_dir)
+        close_run(run, roles, cfg.placement.backend)
+    write_report(run.path)
     return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}

@@ -31,7 +31,10 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = 0  # steps between held-out evaluations (0 = start and end only)
     save_every: int = 0  # steps between checkpoints (0 = only at the end)
-    resume: str = ""  # "" = fresh, "auto" = latest checkpoint in run_dir, or a checkpoint path
+    resume: str = ""  # "" = fresh, "auto" = latest complete checkpoint in run_dir, or a checkpoint path
+    overwrite: bool = False  # start fresh in a run dir that holds a run (baton's files there are removed)
+    keep_checkpoints: int = 0  # keep the last K checkpoints (0 = all)
+    max_nonfinite_steps: int = 3  # stop after this many steps with a non-finite loss/gradient
     sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb
     progress: bool = True
     check_weight_sync: bool = False  # assert engine/trainer logprob parity after each sync
@@ -39,8 +42,12 @@ class TrainerConfig:
     def check(self) -> None:
         if self.steps < 1:
             raise ValueError(f"trainer.steps must be >= 1, got {self.steps}")
-        if self.eval_every < 0 or self.save_every < 0:
-            raise ValueError("trainer.eval_every and trainer.save_every must be >= 0")
+        if self.eval_every < 0 or self.save_every < 0 or self.keep_checkpoints < 0:
+            raise ValueError("trainer.eval_every, trainer.save_every and trainer.keep_checkpoints must be >= 0")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"trainer.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if self.overwrite and self.resume:
+            raise ValueError("trainer.overwrite=true and trainer.resume both set: choose one")
         bad = [s for s in self.sinks if s not in SINKS]
         if bad:
             raise ValueError(f"trainer.sinks: {bad[0]!r} is not one of {list(SINKS)}")

@@ -7,9 +7,7 @@ actor's weights and optimizer (see ActorWorker.save_checkpoint).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from baton.batch import Batch, collate
@@ -42,9 +40,3 @@ class RunState:
         self.sampler.load_state_dict(saved["sampler"])
         self.first_eval = saved.get("first_eval", {})
 
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The highest `checkpoints/step_N` in run_dir (temp dirs of interrupted saves are ignored)."""
-    found = [(int(m.group(1)), p) for p in (run_dir / "checkpoints").glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", p.name)) and p.is_dir()]
-    return max(found)[1] if found else None

@@ -10,17 +10,13 @@ token / sequence counts (all-reduced first), so 2 ranks x 4 rows give the gradie
 
 from __future__ import annotations
 
-import os
-import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-from dataclasses import dataclass, field
-from typing import Literal
 
 from baton import fields as F
 from baton.algos import actor_loss, loss_normalisers
@@ -137,7 +133,7 @@ class ActorWorker(Worker):
         micro = max(1, a.micro_batch_size // self.dp_size)
         self.model.train()
         sums: dict[str, float] = {}
-        n_updates = 0
+        n_updates = skipped = 0
         for epoch in range(a.epochs):
             seed = self.seed * 1_000_003 + self.updates * 101 + epoch
             for mb in self._group_shuffled(batch, seed).minibatches(mini, shuffle=False):
@@ -155,12 +151,19 @@ class ActorWorker(Worker):
                 sums["actor/loss"] = sums.get("actor/loss", 0.0) + self._all_reduce(mb_loss).item()
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
                 sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()
-                self.optim.step()
+                # A non-finite loss or gradient would poison the weights (and every later
+                # checkpoint): skip this optimizer step; the driver stops after K such steps.
+                # Same verdict on every rank: the loss and the norm are all-reduced values.
+                if torch.isfinite(norm) and torch.isfinite(mb_loss):
+                    self.optim.step()
+                else:
+                    skipped += 1
                 n_updates += 1
         self.sched.step()
         self.policy.version += 1
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
+        metrics["actor/nonfinite_skipped"] = skipped  # optimizer steps skipped this trainer step
         return metrics
 
     @staticmethod
@@ -186,16 +189,17 @@ class ActorWorker(Worker):
     # --- checkpoints -------------------------------------------------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def save_checkpoint(self, path: str, driver_state: dict[str, Any]) -> str:
-        """Write model + tokenizer (HF format) and optimizer/driver state atomically to `path`."""
-        final = Path(path)
-        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-        save_pretrained(self.model, self.tokenizer, tmp)
-        torch.save({"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
-                    "updates": self.updates, "driver": driver_state}, tmp / TRAINER_STATE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return str(final)
+        """Write model + tokenizer (HF format) and optimizer/driver state to `path`, atomically
+        and durably (a crash leaves the previous checkpoint or this one). Refuses non-finite
+        weights: a checkpoint that `resume=auto` would load must be trainable."""
+        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise FloatingPointError(f"not saving {path}: {len(bad)} parameter tensor(s) are not finite "
+                                     f"(first: {bad[0]})")
+        state = {"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
+                 "updates": self.updates, "driver": driver_state}
+        return str(save_pretrained(self.model, self.tokenizer, path,
+                                   extra=lambda tmp: torch.save(state, tmp / TRAINER_STATE)))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:

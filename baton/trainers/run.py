@@ -1,0 +1,121 @@
+"""What every driver does around its step: the pieces GRPO, PPO and DPO loops call.
+
+    run = open_run(cfg)                 lock + prepare the run dir, write config.yaml
+    ...build roles...
+    state_dict = resume_from(run)       the checkpoint to load (None: fresh)
+    log = metrics_logger(run, cfg.trainer, start_step)
+    guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+    ... per step: guard.check(step, metrics); log.log(step, metrics); save_checkpoint(...)
+    close_run(run, roles, backend)
+
+Functions a driver calls, not a base class it inherits: the loop itself stays in the driver,
+readable top to bottom. Guarantees (see docs/RELIABILITY.md): one run per run dir at a time
+(a lock); a non-empty run dir is refused unless resumed or overwritten; config.yaml is
+written only after the config validated, atomically; a step's metrics line is written
+before its checkpoint, so a crash between them resumes from the previous checkpoint and
+re-runs the step instead of losing its line; a torn last metrics line is skipped; the
+newest *complete* checkpoint is resumed (incomplete ones are named and skipped); the last
+`trainer.keep_checkpoints` are kept; non-finite updates stop the run naming the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from baton.config import save_config
+from baton.controller import shutdown_ray
+from baton.metrics import MetricsLogger
+from baton.runs.checkpoints import prune_checkpoints
+from baton.runs.metrics_log import truncate_after
+from baton.runs.rundir import PreparedRun, prepare_run_dir
+from baton.trainers.run_config import TrainerConfig
+
+log = logging.getLogger("baton")
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced non-finite losses or gradients too often to go on."""
+
+
+def open_run(cfg: Any) -> PreparedRun:
+    """Lock and prepare `cfg.trainer.run_dir` (refusing a finished run's dir unless
+    `trainer.resume` or `trainer.overwrite`), then write config.yaml atomically. `cfg` has
+    already been validated by its dataclass, so nothing is written for a bad config."""
+    t: TrainerConfig = cfg.trainer
+    run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite)
+    try:
+        for notice in run.notices:
+            log.warning("%s", notice)
+            print(f"baton: {notice}")
+        save_config(cfg, run.path / "config.yaml")
+    except BaseException:
+        run.close()
+        raise
+    return run
+
+
+def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int) -> MetricsLogger:
+    """The step metrics sink; on resume, lines after `start_step` (steps the checkpoint does
+    not cover, and a torn last line) are dropped first."""
+    if start_step and run.metrics_path.exists():
+        truncate_after(run.metrics_path, start_step)
+    return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step)
+
+
+def evaluate(rollout: Any, eval_rows: list[dict]) -> dict[str, float]:
+    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
+    return {f"eval/accuracy_{mode}": rollout.evaluate(eval_rows, mode == "greedy")
+            for mode in ("greedy", "sampled")}
+
+
+def is_due(step: int, every: int, last: bool) -> bool:
+    return last or bool(every and step % every == 0)
+
+
+def save_checkpoint(actor: Any, run: PreparedRun, t: TrainerConfig, step: int,
+                    driver_state: dict[str, Any]) -> str:
+    """`actor.save_checkpoint` into checkpoints/step_N (atomic), then keep the last K."""
+    path = actor.save_checkpoint(str(run.path / "checkpoints" / f"step_{step}"), driver_state)
+    prune_checkpoints(run.path, t.keep_checkpoints)
+    return path
+
+
+class NonFiniteGuard:
+    """Counts steps whose loss or gradient norm was not finite (the actor skipped those
+    optimizer steps) and raises NonFiniteError naming the step once there are `limit`."""
+
+    KEYS = ("actor/loss", "actor/grad_norm")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.count = limit, 0
+
+    def check(self, step: int, metrics: dict[str, Any]) -> None:
+        bad = [k for k in self.KEYS if k in metrics and not math.isfinite(metrics[k])]
+        if metrics.get("actor/nonfinite_skipped"):
+            bad.append(f"{metrics['actor/nonfinite_skipped']:g} optimizer step(s) skipped")
+        if not bad:
+            return
+        self.count += 1
+        metrics["trainer/nonfinite_steps"] = self.count
+        log.warning("step %d: non-finite training (%s); optimizer step skipped (%d/%d)",
+                    step, ", ".join(bad), self.count, self.limit)
+        if self.count >= self.limit:
+            raise NonFiniteError(f"step {step}: non-finite loss or gradient ({', '.join(bad)}) in "
+                                 f"{self.count} step(s) (trainer.max_nonfinite_steps={self.limit}); the "
+                                 f"weights were not updated by those steps and no checkpoint of them was "
+                                 f"written. Lower actor.lr or check the rewards.")
+
+
+def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
+    """Stop every role group once (colocated roles share one), Ray if we started it, and
+    release the run dir's lock."""
+    try:
+        for group in {id(g): g for g in roles.values()}.values():
+            group.shutdown()
+        if backend == "ray":
+            shutdown_ray(only_ours=True)
+    finally:
+        run.close()
+
