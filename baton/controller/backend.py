@@ -33,4 +33,9 @@ class Backend(Protocol):
         """Split the arguments by `spec`'s dispatch mode, run on the ranks, collect."""
         ...
 
+    def call_log(self, role: str) -> list[dict[str, Any]]:
+        """Start/end wall-clock times of `role`'s calls on every rank since the last
+        call_log: dicts with role, method, rank, pid, start, end (time.time() seconds)."""
+        ...
+
     def shutdown(self) -> None: ...

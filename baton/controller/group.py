@@ -85,6 +85,22 @@ class WorkerGroup:
         self._check_usable(name)
         return self.pool.backend.call(self.role, self.worker_cls.__name__, name, spec, args, kwargs)
 
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        """Call a registered method without waiting, whatever its `blocking` flag: returns a
+        Future. E.g. `a = actor.submit("update", batch); c = critic.update_critic(batch)`,
+        then `a.get(), c.get()`: groups on different pools run the two at the same time."""
+        if method not in self._methods:
+            raise AttributeError(f"{self.worker_cls.__name__} has no registered method {method!r}; "
+                                 f"it has {sorted(self._methods)}")
+        return self._call(method, self._methods[method], args, kwargs)
+
+    def call_log(self) -> list[dict[str, Any]]:
+        """This role's calls on every rank since the last call_log (role, method, rank, pid,
+        start, end: wall-clock seconds), recorded by the host around each call; a driver
+        writes them out as a timeline of which role ran when."""
+        self._check_usable("call_log")
+        return self.pool.backend.call_log(self.role)
+
     # --- introspection and lifetime --------------------------------------------------
     @property
     def world_size(self) -> int:

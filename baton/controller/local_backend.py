@@ -47,6 +47,9 @@ class LocalBackend:
             return LocalFuture(error=e)
         return LocalFuture(value)
 
+    def call_log(self, role: str) -> list[dict[str, Any]]:
+        return self.host.take_call_log(role)
+
     def shutdown(self) -> None:
         # The driver's process group stays: other local pools in this process share it.
         self.host.roles.clear()

@@ -75,6 +75,9 @@ class _Host:
     def remove(self, role: str) -> None:
         self.core.remove(role)
 
+    def take_call_log(self, role: str) -> list[dict[str, Any]]:
+        return self.core.take_call_log(role)
+
     def call(self, _baton_spec: tuple[str, str, str], *args: Any, **kwargs: Any) -> Any:
         role, method, dispatch = _baton_spec
         return self.core.call(role, method, dispatch, args, kwargs)
@@ -147,6 +150,11 @@ class RayBackend:
 
     def remove_role(self, role: str) -> None:
         self.wait([h.remove.remote(role) for h in self.hosts], "Host", "remove")
+
+    def call_log(self, role: str) -> list[dict[str, Any]]:
+        # Queued behind the calls in flight on each host: returns once they have finished.
+        logs = self.wait([h.take_call_log.remote(role) for h in self.hosts], "Host", "take_call_log")
+        return [c for part in logs for c in part]
 
     def shutdown(self) -> None:
         for h in self.hosts:

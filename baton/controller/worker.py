@@ -11,7 +11,9 @@ user code may use collectives in `__init__` without calling `super().__init__()`
 from __future__ import annotations
 
 import os
+import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -50,6 +52,7 @@ class WorkerContext:
     roles: dict[str, "Worker"] = field(default_factory=dict)  # the host's roles (shared dict)
 
 
+CALL_LOG_MAX = 100_000  # per process; older records are dropped first
 _BUILDING: WorkerContext | None = None  # set by the host while a Worker is constructed
 
 
@@ -170,6 +173,9 @@ class HostCore:
         self.device: torch.device | None = None
         self.mesh: DeviceMesh | None = None
         self.local_rank = 0
+        # Wall-clock start/end of every driver call, for a run's timeline (which role ran
+        # when, on which rank); bounded, and emptied by `take_call_log`.
+        self.call_log: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_MAX)
 
     def setup(self, local_rank: int, use_cuda: bool, timeout_s: float,
               master: tuple[str, int] | None, threads: int = 0) -> int:
@@ -206,13 +212,25 @@ class HostCore:
 
     def call(self, role: str, method: str, dispatch: str, args: tuple, kwargs: dict) -> Any:
         inst = self.roles[role]
+        start = time.time()
         try:
             out = getattr(inst, method)(*args, **kwargs)
         except Exception as e:
             self._fail(type(inst).__name__, method, e)
+        finally:
+            self.call_log.append({"role": role, "method": method, "rank": self.rank,
+                                  "pid": os.getpid(), "start": start, "end": time.time()})
         if dispatch == Dispatch.DP_COMPUTE.value:
             out = _propagate_pad(out, args, kwargs)
         return out
+
+    def take_call_log(self, role: str) -> list[dict[str, Any]]:
+        """The recorded calls of `role` (oldest first), removed from the log."""
+        mine = [c for c in self.call_log if c["role"] == role]
+        rest = [c for c in self.call_log if c["role"] != role]
+        self.call_log.clear()
+        self.call_log.extend(rest)
+        return mine
 
     def _fail(self, cls_name: str, method: str, e: BaseException) -> None:
         tb = e.__traceback__  # drop this host's own frame: the user's code is what matters
