@@ -9,6 +9,7 @@ ref straight on; otherwise a small task on the cluster collects and re-splits th
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -23,29 +24,47 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from baton.controller.dispatch import Dispatch, Execute, MethodSpec, Topology
 from baton.controller.future import Future, split_call
 from baton.controller.worker import HostCore, WorkerError
+from baton.runs.rundir import RAY_TEMP_PREFIX, record_temp_dir_owner, remove_stale_ray_temp_dirs
+
+log = logging.getLogger(__name__)
 
 _TEMP_DIRS: list[str] = []
+_STARTED_BY_POOL = False  # the running Ray was started by a pool for want of one (RayBackend.start)
 
 
 def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | None = None,
-               **init_kwargs: Any) -> None:
+               **init_kwargs: Any) -> bool:
     """Start a local Ray instance unless one is running: auth off, no usage stats, no
-    dashboard, and a temp dir of its own (removed by `shutdown_ray`)."""
+    dashboard, and a temp dir of its own (removed by `shutdown_ray`). Returns whether it
+    started one. Whoever calls it owns that instance: a trainer's `shutdown_ray(only_ours=True)`
+    leaves it up, `shutdown_ray()` stops it."""
+    global _STARTED_BY_POOL
     if ray.is_initialized():
-        return
+        return False
+    _STARTED_BY_POOL = False
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     if temp_dir is None:
-        temp_dir = tempfile.mkdtemp(prefix="baton-ray-")  # short: Ray's socket paths are length-limited
+        # Temp dirs of earlier runs whose driver died (e.g. SIGKILL) would stay forever.
+        for stale in remove_stale_ray_temp_dirs():
+            log.info("removed the Ray temp dir of a dead baton run: %s", stale)
+        temp_dir = tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX)  # short: Ray's socket paths are length-limited
+        record_temp_dir_owner(temp_dir)  # so a later start can tell that this run is gone
         _TEMP_DIRS.append(temp_dir)
     init_kwargs.setdefault("include_dashboard", False)
     ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir, **init_kwargs)
+    return True
 
 
 def shutdown_ray(only_ours: bool = False) -> None:
-    """Shut Ray down; with only_ours, only if `ensure_ray` started it (not a user's session)."""
-    if only_ours and not _TEMP_DIRS:
+    """Shut Ray down and remove the temp dir `ensure_ray` made. With only_ours (what a trainer
+    calls when its run ends): only if a pool of baton's started this instance because none
+    was running; one that was up before (`ensure_ray`, `ray.init`, a test session's) stays up
+    for its owner."""
+    global _STARTED_BY_POOL
+    if only_ours and not _STARTED_BY_POOL:
         return
+    _STARTED_BY_POOL = False
     ray.shutdown()
     while _TEMP_DIRS:
         shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
@@ -112,7 +131,9 @@ class RayBackend:
 
     # --- life cycle ------------------------------------------------------------------
     def start(self) -> None:
-        ensure_ray()
+        global _STARTED_BY_POOL
+        if ensure_ray():
+            _STARTED_BY_POOL = True  # nobody else asked for this Ray: the run's teardown stops it
         p = self.pool
         bundle = {"CPU": float(p.cpus_per_worker)}
         if p.gpus_per_worker:

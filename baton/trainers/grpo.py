@@ -109,7 +109,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                     check_sync(parity, step)
                 state.step = step
                 metrics = {**carry, **step_metrics(batch, update, version=step - 1)}
-                guard.check(step, metrics)  # raises, naming the step, after K non-finite steps
+                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
                 last = step == t.steps
                 if is_due(step, t.eval_every, last):
                     with timer("eval"):
@@ -118,6 +118,8 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 metrics["timing/step_s"] = time.perf_counter() - t0
                 metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
                 log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+                if stop:
+                    raise stop
                 final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
                 carry = {}
                 if is_due(step, t.save_every, last):

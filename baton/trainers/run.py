@@ -5,7 +5,8 @@
     state_dict = resume_from(run)       the checkpoint to load (None: fresh)
     log = metrics_logger(run, cfg.trainer, start_step)
     guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
-    ... per step: guard.check(step, metrics); log.log(step, metrics); save_checkpoint(...)
+    ... per step: stop = guard.check(step, metrics); log.log(step, metrics); raise stop if any;
+        save_checkpoint(...)
     close_run(run, roles, backend)
 
 Functions a driver calls, not a base class it inherits: the loop itself stays in the driver,
@@ -84,28 +85,31 @@ def save_checkpoint(actor: Any, run: PreparedRun, t: TrainerConfig, step: int,
 
 class NonFiniteGuard:
     """Counts steps whose loss or gradient norm was not finite (the actor skipped those
-    optimizer steps) and raises NonFiniteError naming the step once there are `limit`."""
+    optimizer steps); `check` records the count in the step's metrics and returns the
+    NonFiniteError (naming the step) to raise once there are `limit`, so the driver can log
+    that step's line first."""
 
     KEYS = ("actor/loss", "actor/grad_norm")
 
     def __init__(self, limit: int) -> None:
         self.limit, self.count = limit, 0
 
-    def check(self, step: int, metrics: dict[str, Any]) -> None:
+    def check(self, step: int, metrics: dict[str, Any]) -> NonFiniteError | None:
         bad = [k for k in self.KEYS if k in metrics and not math.isfinite(metrics[k])]
         if metrics.get("actor/nonfinite_skipped"):
             bad.append(f"{metrics['actor/nonfinite_skipped']:g} optimizer step(s) skipped")
         if not bad:
-            return
+            return None
         self.count += 1
         metrics["trainer/nonfinite_steps"] = self.count
         log.warning("step %d: non-finite training (%s); optimizer step skipped (%d/%d)",
                     step, ", ".join(bad), self.count, self.limit)
-        if self.count >= self.limit:
-            raise NonFiniteError(f"step {step}: non-finite loss or gradient ({', '.join(bad)}) in "
+        if self.count < self.limit:
+            return None
+        return NonFiniteError(f"step {step}: non-finite loss or gradient ({', '.join(bad)}) in "
                                  f"{self.count} step(s) (trainer.max_nonfinite_steps={self.limit}); the "
                                  f"weights were not updated by those steps and no checkpoint of them was "
-                                 f"written. Lower actor.lr or check the rewards.")
+                              f"written. Lower actor.lr or check the rewards.")
 
 
 def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
