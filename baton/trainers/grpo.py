@@ -50,8 +50,9 @@ def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> 
     for k in batch.tensors:
         if k.startswith("reward/"):
             m[k] = batch[k].mean().item()
-    for k in ("errors", "timeouts"):  # reward functions that raised / hung (they scored 0)
-        m[f"reward/{k}"] = int(batch[f"reward_{k}"].sum())
+    for k in batch.tensors:  # reward calls that raised / hung / were not finite (scored 0)
+        if k.startswith("reward_"):
+            m[f"reward/{k.removeprefix('reward_')}"] = int(batch[k].sum())
     for k in update[0]:
         m[k] = sum(u[k] for u in update) / len(update)
     return m

@@ -2,8 +2,10 @@
 
 Consumes rows with `prompt`, `completion` and the task's fields (e.g. `answer`); produces
 `rewards` [B] (the weighted sum), one `reward/<name>` column per function, and per-row
-failure counts (`reward_errors`, `reward_timeouts`; logged summed as `reward/errors`, ...). Functions that raise or hang score 0
-and are reported (see baton.rewards.runner) instead of ending the run.
+failure counts (`reward_errors`, `reward_timeouts`, `reward_nonfinite`; logged summed as
+`reward/errors`, ...). Calls run in worker processes with a deadline each: functions that
+raise, exit, hang or return NaN/inf score 0 and are counted (see baton.rewards.runner)
+instead of ending or poisoning the run.
 """
 
 from __future__ import annotations
@@ -53,4 +55,4 @@ class RewardWorker(Worker):
         return Batch({F.REWARDS: torch.tensor(totals, dtype=torch.float32),
                       **{f"reward/{k}": torch.tensor(v, dtype=torch.float32) for k, v in per_fn.items()},
                       # per row, so that the counts of every data-parallel rank add up
-                      "reward_errors": torch.tensor(stats.errors), "reward_timeouts": torch.tensor(stats.timeouts)})
+                      **{f"reward_{k}": torch.tensor(v) for k, v in stats.columns().items()}})

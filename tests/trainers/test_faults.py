@@ -115,3 +115,18 @@ def test_resume_skips_a_torn_metrics_line_and_a_corrupt_latest_checkpoint(model_
 def test_keep_checkpoints_keeps_the_last_k(model_dir, tmp_path):
     train(config(model_dir, tmp_path, "trainer.steps=4", "trainer.save_every=1", "trainer.keep_checkpoints=2"))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_3", "step_4"]
+
+
+def _nan_reward(prompt, completion, **row):
+    return float("nan")
+
+
+def test_a_nan_reward_is_counted_and_never_reaches_the_loss(model_dir, tmp_path):
+    from baton.rewards.runner import REWARD_FUNCTIONS, register_reward
+
+    if "test/nan" not in REWARD_FUNCTIONS:
+        register_reward("test/nan")(_nan_reward)
+    train(config(model_dir, tmp_path, "trainer.steps=1", "reward.functions.test/nan=1.0"))
+    step = [r for r in read_metrics(tmp_path) if r["step"] == 1][0]
+    assert step["reward/nonfinite"] == 16 and step["reward/mean"] == 0.0  # 4 prompts x 4 samples
+    assert step["actor/loss"] == step["actor/loss"]  # finite, not NaN
