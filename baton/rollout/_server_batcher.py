@@ -9,13 +9,21 @@ up to `max_batch_seqs` sequences (prompts x n).
 
 Seeded requests are never merged: a request's seed must give the same tokens whatever else
 was in flight. A request whose client went away before its batch started is dropped
-(its future is cancelled); one already running completes and its result is discarded.
+(its future is cancelled). Once every request of a running batch has been withdrawn, the
+batch itself is cancelled between decode steps (`should_stop`, for engines whose `generate`
+takes it, e.g. `EmbeddedEngine`), so a long generation nobody waits for frees the engine.
+
+`EngineRunner.current` says which call runs on the engine thread and since when; the
+server's /health reads it to spot an engine call stuck far past its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -28,10 +36,21 @@ class EngineRunner:
     def __init__(self, engine):
         self.engine = engine
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-engine")
+        self.current: tuple[str, float] | None = None  # (label, time.monotonic() at start) while a call runs
+        try:
+            self.cancellable = "should_stop" in inspect.signature(engine.generate).parameters
+        except (TypeError, ValueError, AttributeError):
+            self.cancellable = False
 
-    async def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+    async def call(self, fn: Callable[..., Any], *args, label: str = "engine call", **kwargs) -> Any:
+        def run() -> Any:
+            self.current = (label, time.monotonic())
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current = None
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -57,7 +76,7 @@ class Batcher:
         self.runner = runner
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_batch_seqs = max_batch_seqs
-        self.stats = {"requests": 0, "batches": 0, "dropped": 0, "max_batch_requests": 0}
+        self.stats = {"requests": 0, "batches": 0, "dropped": 0, "cancelled": 0, "max_batch_requests": 0}
         self._pending: list[_Item] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -112,9 +131,23 @@ class Batcher:
         prompts = [p for it in live for p in it.prompts]
         self.stats["batches"] += 1
         self.stats["max_batch_requests"] = max(self.stats["max_batch_requests"], len(live))
+        kwargs = {}
+        if self.runner.cancellable:
+            stop = threading.Event()  # set on the loop, polled by the engine thread
+
+            def withdrawn(_fut: asyncio.Future) -> None:
+                if all(it.future.cancelled() for it in live):
+                    stop.set()
+
+            for it in live:
+                it.future.add_done_callback(withdrawn)
+            kwargs["should_stop"] = stop.is_set
         try:
-            outs = await self.runner.call(self.runner.engine.generate, prompts, live[0].params)
+            outs = await self.runner.call(self.runner.engine.generate, prompts, live[0].params, label="generate",
+                                          **kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
+            if all(it.future.cancelled() for it in live):
+                self.stats["cancelled"] += 1
             for it in live:
                 if not it.future.done():
                     it.future.set_exception(exc)

@@ -1,6 +1,7 @@
 """The generation endpoints of `baton serve`: /v1/completions, /v1/chat/completions, /generate.
 
-Request/response shapes are documented in `baton/rollout/server.py`.
+Request/response shapes are documented in `baton/rollout/server.py`. Every request is
+checked by `srv.check_request` (token ids, context length, token caps) before it is queued.
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ from baton.rollout._server_schemas import (ChatCompletionRequest, CompletionRequ
 from baton.rollout.protocol import Completion, SamplingParams
 
 
-def add_generation_routes(app: FastAPI, srv) -> None:
-    """`srv` is the server's shared state (`baton.rollout.server._Server`)."""
+MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN tokens and logprobs
 
-    @app.post("/v1/completions")
+
+def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = None) -> None:
+    """`srv` is the server's shared state (`baton.rollout.server._Server`); `responses`
+    documents the routes' error answers in the OpenAPI schema."""
+
+    @app.post("/v1/completions", responses=responses)
     async def completions(req: CompletionRequest, request: Request) -> dict:
         _reject_unsupported(req)
         prompts = _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
-        params = _params(n=req.n, max_new_tokens=req.max_tokens or srv.default_max_tokens,
+        max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
+        params = _params(n=req.n, max_new_tokens=max_new,
                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                          stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos)
         comps = await srv.generate(request, prompts, params)
@@ -49,7 +55,7 @@ def add_generation_routes(app: FastAPI, srv) -> None:
                 "model": srv.model_name, "choices": choices, "usage": _usage(prompts, comps),
                 "system_fingerprint": f"baton-v{srv.engine.version}"}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=responses)
     async def chat(req: ChatCompletionRequest, request: Request) -> dict:
         _reject_unsupported(req)
         tok = srv.need_tokenizer()
@@ -66,7 +72,7 @@ def add_generation_routes(app: FastAPI, srv) -> None:
         # the template already holds any BOS it wants
         prompt = list(tok(text, add_special_tokens=False)["input_ids"])
         stops = stop_list(req.stop)
-        max_new = req.max_completion_tokens or req.max_tokens or srv.default_max_tokens
+        max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
                          top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
                          seed=req.seed, ignore_eos=req.ignore_eos)
@@ -92,7 +98,7 @@ def add_generation_routes(app: FastAPI, srv) -> None:
             out["prompt_token_ids"] = prompt
         return out
 
-    @app.post("/generate")
+    @app.post("/generate", responses=responses)
     async def generate(req: GenerateRequest, request: Request) -> Any:
         sp = req.sampling_params
         _reject_unsupported(req)
@@ -119,6 +125,8 @@ def add_generation_routes(app: FastAPI, srv) -> None:
 
 def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
             stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool) -> SamplingParams:
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise HTTPException(400, f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {temperature:g}")
     try:
         return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=max(top_k, 0), min_p=min_p, stop=stop, stop_token_ids=list(stop_token_ids or []),

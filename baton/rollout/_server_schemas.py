@@ -6,6 +6,11 @@ are accepted only at their neutral values and otherwise rejected with a 400 by
 `unsupported()`, so a client never silently gets different sampling than it asked for.
 Unknown top-level keys are ignored (OpenAI clients send many); unknown keys inside
 /generate's `sampling_params` are rejected, since a typo there would silently change sampling.
+Floats must be finite and integers stay within what torch and the sync code take (seeds
+in int64/uint64, versions in int64, ...); limits that depend on the served model (context
+length, token ids, the per-request token cap) are checked by the server itself.
+
+`ERRORS` / `errors(...)` describe the error responses for the OpenAPI schema (`responses=`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,47 @@ from pydantic import BaseModel, ConfigDict, Field
 Stop = str | list[str] | None
 
 
+I64_MAX = 2**63 - 1
+
+
+def _seed() -> Any:
+    return Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def _version() -> Any:
+    return Field(None, ge=0, le=I64_MAX)
+
+
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+
+
+class WeightUpdateFailure(BaseModel):
+    success: Literal[False] = False
+    message: str
+    detail: str
+
+
+ERRORS: dict[int, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Impossible request; `detail` says why"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key (`Authorization: Bearer <key>`)"},
+    403: {"model": ErrorResponse, "description": "Admin endpoints disabled, or weights path outside the allow-list"},
+    499: {"description": "The client disconnected; its generation was dropped or cancelled"},
+    503: {"model": ErrorResponse, "description": "The engine is asleep (release_memory_occupation)"},
+}
+
+
+def errors(*codes: int, weights: bool = False) -> dict[int, dict[str, Any]]:
+    """OpenAPI `responses=` for a route that may answer `codes` (weight routes answer
+    400 with `WeightUpdateFailure`)."""
+    out = {c: dict(ERRORS[c]) for c in codes}
+    if weights and 400 in out:
+        out[400]["model"] = WeightUpdateFailure
+    return out
 
 
 class _SamplingExtras(_Lenient):
@@ -44,7 +88,7 @@ class CompletionRequest(_SamplingExtras):
     n: int = Field(1, ge=1, le=1024)
     logprobs: int | None = Field(None, ge=0, le=20)
     stop: Stop = None
-    seed: int | None = None
+    seed: int | None = _seed()
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -76,7 +120,7 @@ class ChatCompletionRequest(_SamplingExtras):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stop: Stop = None
-    seed: int | None = None
+    seed: int | None = _seed()
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
@@ -84,7 +128,7 @@ class ChatCompletionRequest(_SamplingExtras):
 
 class GenerateSamplingParams(BaseModel):
     """SGLang's sampling_params names (`max_new_tokens`, `top_k=-1` off, `sampling_seed`)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -94,8 +138,8 @@ class GenerateSamplingParams(BaseModel):
     stop: Stop = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    seed: int | None = None
-    sampling_seed: int | None = None
+    seed: int | None = _seed()
+    sampling_seed: int | None = _seed()
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -120,7 +164,7 @@ class GenerateRequest(_Lenient):
 class UpdateWeightsFromDiskRequest(_Lenient):
     model_path: str
     load_format: str | None = None
-    version: int | None = None  # baton: the new policy version (default: current + 1)
+    version: int | None = _version()  # baton: the new policy version (default: current + 1)
     weight_version: str | int | None = None  # SGLang's name; must parse as an int here
     flush_cache: bool = True
     abort_all_requests: bool = False
@@ -129,11 +173,11 @@ class UpdateWeightsFromDiskRequest(_Lenient):
 class InitWeightsUpdateGroupRequest(_Lenient):
     master_address: str
     master_port: int = Field(ge=1, le=65535)
-    rank_offset: int = Field(ge=1)
-    world_size: int = Field(ge=2)
+    rank_offset: int = Field(ge=1, le=65535)
+    world_size: int = Field(ge=2, le=65536)
     group_name: str = "weight_update_group"
     backend: Literal["gloo", "nccl", "auto"] = "auto"  # auto: nccl if the engine is on CUDA
-    timeout_s: float = Field(600.0, gt=0)
+    timeout_s: float = Field(600.0, gt=0, le=86400)
 
 
 class UpdateWeightsFromDistributedRequest(_Lenient):
@@ -141,11 +185,11 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     dtypes: list[str]
     shapes: list[list[int]]
     group_name: str = "weight_update_group"
-    version: int | None = None
+    version: int | None = _version()
     weight_version: str | int | None = None
     # baton extension: tensors arrive packed in flat buckets of this many bytes (see
     # baton.sync.group.plan_buckets); absent -> one broadcast per tensor, as SGLang does.
-    bucket_bytes: int | None = Field(None, ge=0)
+    bucket_bytes: int | None = Field(None, ge=0, le=2**40)
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False

@@ -13,13 +13,15 @@ How a `generate` call runs:
   3. a decode loop samples one token per row per step, records tokens and logprobs, and
      marks rows that hit EOS / a stop id / a stop string; once enough rows have finished
      the batch is compacted so finished rows stop costing compute.
+`generate(..., should_stop=f)` calls `f()` before each prefill and decode step and raises
+`GenerationCancelled` once it returns True (a server drops work nobody waits for).
 Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
 own HF forward (`_hf.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -32,6 +34,10 @@ from baton.rollout.sampling import sample
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 SLEEP_MODES = ("cache", "offload", "discard")
+
+
+class GenerationCancelled(RuntimeError):
+    """`generate` stopped early because its `should_stop` callable returned True."""
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -86,7 +92,9 @@ class EmbeddedEngine:
         return next(self.model.parameters()).device
 
     # --- generate ----------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> list[Completion]:
+        """should_stop: polled before each decode step; True -> `GenerationCancelled`."""
         if self._asleep:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         if self._missing:
@@ -107,7 +115,7 @@ class EmbeddedEngine:
                     generator = torch.Generator(device=self.device).manual_seed(params.seed)
                 for group in self._groups(prompts, params):
                     for i, comps in zip(group, self._generate_group([prompts[i] for i in group],
-                                                                    params, generator)):
+                                                                    params, generator, should_stop)):
                         for c in comps:
                             c.prompt_index = i
                         results[i] = comps
@@ -131,8 +139,10 @@ class EmbeddedEngine:
             groups.append(current)
         return groups
 
-    def _generate_group(self, prompts: list[list[int]], params: SamplingParams,
-                        generator: torch.Generator | None) -> list[list[Completion]]:
+    def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
+                        should_stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        if should_stop is not None and should_stop():  # before this group's prefill
+            raise GenerationCancelled("generation cancelled before prefill")
         device, n, max_new = self.device, params.n, params.max_new_tokens
         B, P = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
@@ -158,6 +168,8 @@ class EmbeddedEngine:
         texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
 
         for t in range(max_new):
+            if should_stop is not None and should_stop():
+                raise GenerationCancelled(f"generation cancelled after {t} of {max_new} steps")
             tokens, logprobs = sample(logits, params, generator)  # [b], [b]
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs

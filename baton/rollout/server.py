@@ -1,24 +1,54 @@
 """`baton serve MODEL_DIR`: an HTTP inference server over an `Engine` (FastAPI + uvicorn).
 
 Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requests ->
-400 with a reason in `detail`):
+400 with a reason in `detail`; never a 500 for anything a client sent):
 
-  GET  /health                      {"status": "ok", "version": int}
+  GET  /health                      {"status": "ok" | "sleeping" | "updating" | "wedged",
+                                     "version": int, "model": str, "reason"?: str,
+                                     "model_path"?, "weights_path"?: str}; 200 only when
+                                    "ok", else 503 (load balancers notice), the body says
+                                    why. "wedged": an engine call has run longer than
+                                    --wedged-after-s. Paths only for authenticated callers.
   GET  /v1/models                   OpenAI model list (one model)
   POST /v1/completions              OpenAI completions; `prompt` may be text or token ids
                                     (vLLM style); extras: top_k, min_p, stop_token_ids,
                                     ignore_eos, return_token_ids, return_tokens_as_token_ids
   POST /v1/chat/completions         OpenAI chat; the prompt is the tokenizer's chat template
   POST /generate                    token-in / token-out, SGLang's shape (below)
+  GET  /get_model_info, /get_weight_version, /stats
+Admin endpoints (off with --no-admin: 403):
   POST /update_weights_from_disk    {"model_path": file-or-dir of safetensors, "version"?: int}
+                                    the path must resolve inside a --weights-dir (else 403);
+                                    every tensor is checked (known name, shape, finite) before
+                                    any is installed: a bad checkpoint -> 400, old weights stay
   POST /init_weights_update_group   {"master_address", "master_port", "rank_offset",
                                      "world_size", "group_name"?, "backend"?}: join the
                                     trainer's group (this server is rank `rank_offset`)
   POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "version"?,
                                      "group_name"?, "bucket_bytes"?}: receive a broadcast
-  POST /destroy_weights_update_group, /release_memory_occupation, /resume_memory_occupation
-  GET  /get_model_info, /get_weight_version, /stats
-Weight endpoints answer {"success": true, "message": str, "version": int}.
+  POST /destroy_weights_update_group, /release_memory_occupation (sleep),
+       /resume_memory_occupation (wake)
+Weight endpoints answer {"success": true, "message": str, "version": int}, or
+{"success": false, "message": str, "detail": str} with a 4xx.
+
+Security and bounds (CLI flags; the same keyword arguments on `build_app`):
+  --api-key KEY (or env BATON_API_KEY; prefer the env, argv is visible in `ps`)
+        every endpoint but /health needs `Authorization: Bearer KEY` (as vLLM and SGLang:
+        probes cannot send secrets); checked before the body is read, in constant time;
+        401 with a reason otherwise.
+  --weights-dir DIR (repeatable; default: the served model's directory only)
+        where /update_weights_from_disk may read; paths are resolved (symlinks, '..') first.
+  --admin / --no-admin (default: on when bound to a loopback address, off otherwise)
+        the weight and sleep endpoints let a caller replace the model, make this process
+        connect to any host:port (torch.distributed) or stop serving. On loopback only local
+        processes - in practice the trainer that started the server, whose sync transports
+        (`baton.sync`) call these endpoints - can reach them, so they stay on; a server
+        listening on the network gets them only when asked with --admin (use an API key too).
+  --max-request-tokens N (default 65536): max_tokens x n per prompt, else 400.
+  --max-model-len N (default: the model's max_position_embeddings): prompt + max_tokens
+        must fit, else 400. n x (prompt + max_tokens) must also fit --max-batch-tokens (the
+        engine's KV-cache budget; one prompt's samples are never split), else 400.
+  --wedged-after-s S (default 300): /health says "wedged" while an engine call runs longer.
 
 /generate request:
     {"input_ids": [1, 2, 3] | [[1, 2], [3, 4, 5]],      # or "text": str | [str]
@@ -36,10 +66,12 @@ len(prompts) * n objects, prompt-major (the n samples of prompt 0 first):
         "output_token_logprobs": [[logprob, token_id, null], ...]}}   # if return_logprob
 Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen token);
 OpenAI `top_logprobs` only ever hold the chosen token (the engine computes no others).
+A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one
 `engine.generate` call on the engine thread (see `_server_batcher.py`); a client that
-disconnects while queued is dropped without delaying anyone.
+disconnects while queued is dropped without delaying anyone, and a running generation
+whose clients have all gone is cancelled between decode steps.
 """
 
 from __future__ import annotations
@@ -47,23 +79,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
+import os
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from baton.rollout._server_batcher import Batcher, EngineRunner
+from baton.rollout._server_guards import (BearerAuth, StrictJSONRoute, WeightsAllowList, check_checkpoint,
+                                          iter_handles, open_checkpoint, param_shapes)
 from baton.rollout._server_routes import add_generation_routes
-from baton.rollout._server_schemas import (DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
-                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest)
+from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
+                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver, validate_specs
-from baton.sync.checkpoint import iter_safetensors, safetensors_files
+
+DEFAULT_MAX_REQUEST_TOKENS = 65536
+DEFAULT_WEDGED_AFTER_S = 300.0
 
 
 class _Disconnected(Exception):
@@ -73,16 +111,30 @@ class _Disconnected(Exception):
 class _Server:
     """Everything the endpoints share."""
 
-    def __init__(self, engine, tokenizer, model_name: str, max_batch_wait_ms: float, max_batch_seqs: int,
-                 default_max_tokens: int, model_path: str | None):
+    def __init__(self, engine, tokenizer, model_name: str, *, max_batch_wait_ms: float, max_batch_seqs: int,
+                 default_max_tokens: int, model_path: str | None, api_key: str | None, admin: bool,
+                 weights_dirs: Sequence[str | os.PathLike] | None, max_request_tokens: int,
+                 max_model_len: int | None, wedged_after_s: float):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.model_path = model_path
+        self.weights_path = model_path  # what the served weights were last loaded from
         self.default_max_tokens = default_max_tokens
         self.runner = EngineRunner(engine)
         self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs)
         self.receiver = WeightReceiver(engine)
+        self.auth = BearerAuth(None, api_key) if api_key is not None else None
+        self.admin = admin
+        self.allow = WeightsAllowList(weights_dirs)
+        self.max_request_tokens = max_request_tokens
+        self.wedged_after_s = wedged_after_s
+        self.asleep = False
+        self.updating = 0  # weight updates in progress
+        self.weights_lock = asyncio.Lock()
         cfg = getattr(getattr(engine, "model", None), "config", None)
         self.vocab_size = getattr(cfg, "vocab_size", None) or (len(tokenizer) if tokenizer is not None else None)
+        ctx = [x for x in (getattr(cfg, "max_position_embeddings", None), max_model_len) if isinstance(x, int)]
+        self.context_len = min(ctx) if ctx else None
+        self.kv_budget = getattr(engine, "max_batch_tokens", None)
 
     # --- helpers -----------------------------------------------------------------------
     def need_tokenizer(self) -> Any:
@@ -93,7 +145,15 @@ class _Server:
     def encode(self, text: str) -> list[int]:
         return list(self.need_tokenizer()(text)["input_ids"])
 
-    def check_prompts(self, prompts: list[list[int]]) -> None:
+    def default_tokens(self, prompts: list[list[int]]) -> int:
+        """max_tokens for a client that gave none: the default, shortened to fit the context."""
+        if self.context_len is None or not prompts:
+            return self.default_max_tokens
+        room = self.context_len - max(len(p) for p in prompts)
+        return max(1, min(self.default_max_tokens, room))
+
+    def check_request(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        """400 with a reason for anything the engine cannot or should not run."""
         if not prompts:
             raise HTTPException(400, "no prompts given")
         for i, p in enumerate(prompts):
@@ -101,6 +161,20 @@ class _Server:
                 raise HTTPException(400, f"prompt {i} is empty")
             if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in p):
                 raise HTTPException(400, f"prompt {i} has a token id outside [0, {self.vocab_size})")
+        if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in params.stop_token_ids):
+            raise HTTPException(400, f"stop_token_ids has an id outside [0, {self.vocab_size})")
+        longest, max_new, n = max(len(p) for p in prompts), params.max_new_tokens, params.n
+        if self.context_len is not None and longest + max_new > self.context_len:
+            raise HTTPException(400, f"prompt ({longest} tokens) + max_tokens ({max_new}) = {longest + max_new} "
+                                     f"exceeds the model's context of {self.context_len} tokens")
+        if max_new * n > self.max_request_tokens:
+            raise HTTPException(400, f"max_tokens x n = {max_new} x {n} = {max_new * n} exceeds this server's "
+                                     f"cap of {self.max_request_tokens} generated tokens per prompt "
+                                     f"(--max-request-tokens)")
+        if self.kv_budget is not None and n * (longest + max_new) > self.kv_budget:
+            raise HTTPException(400, f"n x (prompt + max_tokens) = {n} x {longest + max_new} = "
+                                     f"{n * (longest + max_new)} KV-cache tokens exceed this server's budget "
+                                     f"of {self.kv_budget} (--max-batch-tokens)")
 
     def token_str(self, tid: int, as_ids: bool) -> str:
         if as_ids or self.tokenizer is None:
@@ -117,9 +191,15 @@ class _Server:
                 text = text[:cut]
         return text
 
+    def asleep_error(self) -> HTTPException:
+        return HTTPException(503, "the engine is asleep (/release_memory_occupation); "
+                                  "call /resume_memory_occupation first")
+
     async def generate(self, request: Request, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Batched generate that gives up (and withdraws the request) if the client leaves."""
-        self.check_prompts(prompts)
+        self.check_request(prompts, params)
+        if self.asleep:
+            raise self.asleep_error()
         task = asyncio.ensure_future(self.batcher.submit(prompts, params))
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
@@ -127,14 +207,45 @@ class _Server:
         finally:
             watcher.cancel()
         if task not in done:
-            task.cancel()  # withdraws it if its batch has not started
+            task.cancel()  # withdraws it; a running batch nobody else waits for is cancelled
             raise _Disconnected()
         try:
             return task.result()
         except (ValueError, KeyError) as exc:
             raise HTTPException(400, f"generation failed: {exc}") from exc
         except Exception as exc:
+            if self.asleep:
+                raise self.asleep_error() from exc
             raise HTTPException(500, f"generation failed: {type(exc).__name__}: {exc}") from exc
+
+    # --- state -------------------------------------------------------------------------
+    def health(self) -> tuple[str, str | None]:
+        """(status, reason): wedged > updating > sleeping > ok."""
+        current = self.runner.current
+        if current is not None:
+            label, since = current
+            running = time.monotonic() - since
+            if running > self.wedged_after_s:
+                return "wedged", (f"engine call {label!r} has been running for {running:.0f} s "
+                                  f"(deadline {self.wedged_after_s:g} s)")
+        if self.updating:
+            return "updating", "a weight update is in progress"
+        if self.asleep:
+            return "sleeping", "the engine released its memory; /resume_memory_occupation wakes it"
+        return "ok", None
+
+    def authorized(self, request: Request) -> bool:
+        return self.auth is None or self.auth.authorized(request.scope.get("headers") or []) is None
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self):
+        """Serializes weight updates and shows them on /health as "updating"."""
+        async with self.weights_lock:
+            self.updating += 1
+            try:
+                yield
+            finally:
+                self.updating -= 1
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -151,9 +262,12 @@ def _weights_version(req, current: int) -> int:
         return req.version
     if req.weight_version is not None:
         try:
-            return int(req.weight_version)
+            version = int(req.weight_version)
         except ValueError as exc:
             raise HTTPException(400, f"weight_version must be an integer here, got {req.weight_version!r}") from exc
+        if not 0 <= version <= I64_MAX:
+            raise HTTPException(400, f"weight_version must be in [0, 2**63), got {version}")
+        return version
     return current + 1
 
 
@@ -161,10 +275,36 @@ def _fail(status: int, message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message, "detail": message}, status_code=status)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 2.0, max_batch_seqs: int = 256,
-              default_max_tokens: int = 256, model_path: str | None = None) -> FastAPI:
-    """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only)."""
-    srv = _Server(engine, tokenizer, model_name, max_batch_wait_ms, max_batch_seqs, default_max_tokens, model_path)
+              default_max_tokens: int = 256, model_path: str | None = None, api_key: str | None = None,
+              admin: bool = True, weights_dirs: Sequence[str | os.PathLike] | None = None,
+              max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS, max_model_len: int | None = None,
+              wedged_after_s: float = DEFAULT_WEDGED_AFTER_S) -> FastAPI:
+    """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only).
+
+    The options are the CLI's (see the module docstring), with defaults for an app the
+    caller builds in process and binds itself (`ServerThread` binds 127.0.0.1): `admin`
+    is on; `weights_dirs=None` means the directory of `model_path` when that is given,
+    else any directory (so the trainer's own servers load the files `baton.sync` writes to
+    a temp dir). `serve_main` always passes an explicit allow-list."""
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must be a non-empty string (None: no authentication)")
+    if weights_dirs is None and model_path is not None:
+        p = Path(model_path)
+        weights_dirs = [p if p.is_dir() else p.parent]
+    srv = _Server(engine, tokenizer, model_name, max_batch_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs,
+                  default_max_tokens=default_max_tokens, model_path=model_path, api_key=api_key, admin=admin,
+                  weights_dirs=weights_dirs, max_request_tokens=max_request_tokens, max_model_len=max_model_len,
+                  wedged_after_s=wedged_after_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -174,47 +314,76 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         srv.runner.close()
 
     app = FastAPI(title="baton serve", lifespan=lifespan)
+    app.router.route_class = StrictJSONRoute  # NaN literals, lone surrogates ... -> 400
     app.state.baton = srv
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    auth = (401,) if api_key is not None else ()
+
+    async def require_admin() -> None:
+        if not srv.admin:
+            raise HTTPException(403, "admin endpoints (weight updates, update groups, sleep/wake) are disabled on "
+                                     "this server; start it with --admin to enable them")
+
+    admin_route = {"dependencies": [Depends(require_admin)], "responses": errors(400, *auth, 403, weights=True)}
 
     @app.exception_handler(_Disconnected)
     async def _gone(request: Request, exc: _Disconnected) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "version": engine.version}
+    @app.get("/health", responses={503: {"description": "Not ok: sleeping, updating or wedged; "
+                                                        "the body's `status` and `reason` say which"}})
+    async def health(request: Request) -> JSONResponse:
+        status, reason = srv.health()
+        body: dict[str, Any] = {"status": status, "version": engine.version, "model": model_name}
+        if reason:
+            body["reason"] = reason
+        if srv.authorized(request):  # paths are not for anonymous probes
+            body["model_path"] = model_path
+            body["weights_path"] = srv.weights_path
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(*auth))
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]}
 
-    @app.get("/get_model_info")
+    @app.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
         return {"model_path": model_path or model_name, "tokenizer_path": model_path, "is_generation": True}
 
-    @app.get("/get_weight_version")
+    @app.get("/get_weight_version", responses=errors(*auth))
     async def weight_version() -> dict:
         return {"weight_version": engine.version}
 
-    @app.get("/stats")
+    @app.get("/stats", responses=errors(*auth))
     async def stats() -> dict:
         return dict(srv.batcher.stats)
 
-    add_generation_routes(app, srv)  # /v1/completions, /v1/chat/completions, /generate
+    add_generation_routes(app, srv, errors(400, *auth, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
 
-    @app.post("/update_weights_from_disk")
+    @app.post("/update_weights_from_disk", **admin_route)
     async def update_from_disk(req: UpdateWeightsFromDiskRequest) -> Any:
-        version = _weights_version(req, engine.version)
         try:
-            safetensors_files(req.model_path)  # fail fast, with the path in the message
-            await srv.runner.call(lambda: engine.update_weights(iter_safetensors(req.model_path), version))
-        except (FileNotFoundError, KeyError, ValueError) as exc:
-            return _fail(400, f"update_weights_from_disk failed: {exc}")
+            version = _weights_version(req, engine.version)
+            files = srv.allow.files(req.model_path)
+            async with srv.weight_update():
+                with open_checkpoint(files) as handles:
+                    # read and check everything off the engine thread (generation goes on), then install
+                    await asyncio.to_thread(check_checkpoint, handles, param_shapes(engine))
+                    await srv.runner.call(engine.update_weights, iter_handles(handles), version,
+                                          label="update_weights_from_disk")
+        except HTTPException as exc:
+            return _fail(exc.status_code, f"update_weights_from_disk failed: {exc.detail}")
+        except (KeyError, ValueError) as exc:
+            return _fail(400, f"update_weights_from_disk failed: {exc}; still serving version {engine.version}")
+        srv.weights_path = str(files[0]) if len(files) == 1 else str(files[0].parent)
         return {"success": True, "message": f"loaded {req.model_path}", "version": engine.version,
                 "num_paused_requests": 0}
 
-    @app.post("/init_weights_update_group")
+    @app.post("/init_weights_update_group", **admin_route)
     async def init_group(req: InitWeightsUpdateGroupRequest) -> Any:
+        if req.rank_offset >= req.world_size:
+            return _fail(400, f"rank_offset ({req.rank_offset}) must be below world_size ({req.world_size})")
         backend = req.backend
         if backend == "auto":
             device = getattr(engine, "device", None)
@@ -227,21 +396,27 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
             return _fail(400, f"init_weights_update_group failed: {type(exc).__name__}: {exc}")
         return {"success": True, "message": f"joined {req.group_name!r} as rank {req.rank_offset} ({backend})"}
 
-    @app.post("/update_weights_from_distributed")
+    @app.post("/update_weights_from_distributed", **admin_route)
     async def update_from_distributed(req: UpdateWeightsFromDistributedRequest) -> Any:
-        version = _weights_version(req, engine.version)
+        try:
+            version = _weights_version(req, engine.version)
+        except HTTPException as exc:
+            return _fail(exc.status_code, str(exc.detail))
         bucket_bytes = req.bucket_bytes or None
         if req.group_name not in srv.receiver.groups:
             return _fail(400, f"no weight update group {req.group_name!r}: call /init_weights_update_group first")
         try:
             validate_specs(req.names, req.dtypes, req.shapes)
-            await srv.runner.call(srv.receiver.update_weights_from_distributed, req.names, req.dtypes, req.shapes,
-                                  version, req.group_name, bucket_bytes)
+            async with srv.weight_update():
+                await srv.runner.call(srv.receiver.update_weights_from_distributed, req.names, req.dtypes,
+                                      req.shapes, version, req.group_name, bucket_bytes,
+                                      label="update_weights_from_distributed")
         except (KeyError, ValueError) as exc:
             return _fail(400, f"update_weights_from_distributed failed: {exc}")
+        srv.weights_path = f"broadcast:{req.group_name}"
         return {"success": True, "message": f"received {len(req.names)} tensors", "version": engine.version}
 
-    @app.post("/destroy_weights_update_group")
+    @app.post("/destroy_weights_update_group", **admin_route)
     async def destroy_group(req: DestroyWeightsUpdateGroupRequest) -> Any:
         try:
             srv.receiver.destroy_weights_update_group(req.group_name)
@@ -249,14 +424,16 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
             return _fail(400, str(exc))
         return {"success": True, "message": f"destroyed {req.group_name!r}"}
 
-    @app.post("/release_memory_occupation")
+    @app.post("/release_memory_occupation", **admin_route)
     async def release_memory() -> dict:
-        await srv.runner.call(engine.sleep)
+        await srv.runner.call(engine.sleep, label="sleep")
+        srv.asleep = True
         return {"success": True, "message": "asleep"}
 
-    @app.post("/resume_memory_occupation")
+    @app.post("/resume_memory_occupation", **admin_route)
     async def resume_memory() -> dict:
-        await srv.runner.call(engine.wake)
+        await srv.runner.call(engine.wake, label="wake")
+        srv.asleep = False
         return {"success": True, "message": "awake"}
 
     return app
@@ -293,8 +470,9 @@ class ServerThread:
         self.stop()
 
 
-def serve_main(argv: list[str] | None = None) -> None:
-    """`baton serve MODEL_DIR [--host H] [--port P] ...`"""
+def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """`baton serve`'s options with the defaults resolved: api_key (flag, else
+    $BATON_API_KEY, else None), admin (True/False), weights_dirs (resolved paths)."""
     ap = argparse.ArgumentParser(prog="baton serve", description="Serve a local HF checkpoint over HTTP.")
     ap.add_argument("model_dir", help="local Hugging Face checkpoint directory (model + tokenizer)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
@@ -305,11 +483,39 @@ def serve_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch-wait-ms", type=float, default=2.0,
                     help="how long an idle server waits for more requests to batch together")
     ap.add_argument("--max-batch-seqs", type=int, default=256, help="max sequences (prompts x n) per engine call")
-    ap.add_argument("--max-batch-tokens", type=int, default=65536, help="engine KV-cache budget per group")
+    ap.add_argument("--max-batch-tokens", type=int, default=65536,
+                    help="engine KV-cache budget per group; n x (prompt + max_tokens) must fit it")
     ap.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when the client gives none")
+    ap.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
+                    help="cap on max_tokens x n per prompt (default %(default)s)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="context length, prompt + max_tokens (default: the model's max_position_embeddings)")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+                         "(default: env BATON_API_KEY; unset: no authentication)")
+    ap.add_argument("--weights-dir", action="append", default=None, metavar="DIR", dest="weight_dir_list",
+                    help="directory /update_weights_from_disk may load from; repeatable "
+                         "(default: MODEL_DIR only)")
+    ap.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
+                    help="enable the weight-update and sleep/wake endpoints (default: on when --host is a "
+                         "loopback address, off otherwise)")
+    ap.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
+                    help="/health reports 'wedged' (503) while one engine call runs longer than this")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
+    args.admin = _is_loopback(args.host) if args.admin is None else args.admin
+    args.model_dir = Path(args.model_dir).resolve()
+    args.weights_dirs = [Path(d).resolve() for d in (args.weight_dir_list or [args.model_dir])]
+    return args
+
+
+def serve_main(argv: list[str] | None = None) -> None:
+    """`baton serve MODEL_DIR [--host H] [--port P] [--api-key K] [--weights-dir D] ...`"""
+    args = parse_serve_args(argv)
+    api_key, admin, model_dir, weights_dirs = args.api_key, args.admin, args.model_dir, args.weights_dirs
 
     import torch
 
@@ -319,14 +525,20 @@ def serve_main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    model = load_model(args.model_dir, dtype=getattr(torch, args.dtype), device=device)
-    tokenizer = load_tokenizer(args.model_dir)
+    model = load_model(str(model_dir), dtype=getattr(torch, args.dtype), device=device)
+    tokenizer = load_tokenizer(str(model_dir))
     engine = EmbeddedEngine(model, tokenizer, max_batch_tokens=args.max_batch_tokens)
-    name = args.model_name or Path(args.model_dir).resolve().name
+    name = args.model_name or model_dir.name
     app = build_app(engine, tokenizer, name, max_batch_wait_ms=args.max_batch_wait_ms,
                     max_batch_seqs=args.max_batch_seqs, default_max_tokens=args.default_max_tokens,
-                    model_path=str(Path(args.model_dir).resolve()))
+                    model_path=str(model_dir), api_key=api_key, admin=admin, weights_dirs=weights_dirs,
+                    max_request_tokens=args.max_request_tokens, max_model_len=args.max_model_len,
+                    wedged_after_s=args.wedged_after_s)
     sock = socket.create_server((args.host, args.port))
     print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {args.dtype})", flush=True)
+    print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "
+          f"admin endpoints {'on' if admin else 'off'}; weights from {', '.join(map(str, weights_dirs))}", flush=True)
+    if admin and not api_key and not _is_loopback(args.host):
+        print("baton serve: WARNING: admin endpoints are on for a network address without --api-key", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
     server.run(sockets=[sock])

@@ -60,7 +60,7 @@ def test_sleep_wake_and_errors(fresh_served):
     s = fresh_served()
     remote = RemoteEngine(s.url)
     remote.sleep()
-    with pytest.raises(RemoteEngineError, match="500"):
+    with pytest.raises(RemoteEngineError, match="503"):
         remote.generate(PROMPTS, GREEDY)
     remote.wake()
     assert len(remote.generate(PROMPTS, GREEDY)) == 3

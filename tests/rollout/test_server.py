@@ -24,7 +24,10 @@ def _greedy_ref(served, prompts, max_new=6):
 
 def test_health_models_info(served):
     with httpx.Client(base_url=served.url) as c:
-        assert c.get("/health").json() == {"status": "ok", "version": 0}
+        h = c.get("/health")
+        assert h.status_code == 200
+        assert h.json() == {"status": "ok", "version": 0, "model": "tiny-qwen", "model_path": None,
+                            "weights_path": None}
         models = c.get("/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["id"] == "tiny-qwen"
         assert c.get("/get_model_info").json()["is_generation"] is True
@@ -227,6 +230,7 @@ def test_sleep_wake(fresh_served):
     with httpx.Client(base_url=s.url) as c:
         assert c.post("/release_memory_occupation").json()["success"]
         r = c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY})
-        assert r.status_code == 500 and "asleep" in r.text
+        assert r.status_code == 503 and "asleep" in r.text  # the server's state, not the client's fault
+        assert c.get("/health").json()["status"] == "sleeping"
         assert c.post("/resume_memory_occupation").json()["success"]
         assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}).status_code == 200
