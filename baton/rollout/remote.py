@@ -41,7 +41,7 @@ class RemoteEngineError(RuntimeError):
 
 class RemoteEngine:
     def __init__(self, base_url: str, dialect: str = "baton", *, model: str | None = None, timeout: float = 600.0,
-                 weights_dir: str | None = None, version: int = 0):
+                 weights_dir: str | None = None, version: int = 0, api_key: str | None = None):
         if dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
         self.base_url = base_url.rstrip("/")
@@ -50,13 +50,16 @@ class RemoteEngine:
         self.timeout = timeout
         self.weights_dir = weights_dir
         self.version = version
+        # Bearer token for a server started with --api-key (default: env BATON_API_KEY)
+        self.api_key = api_key if api_key is not None else os.environ.get("BATON_API_KEY") or None
         self._client: httpx.Client | None = None
 
     # --- plumbing ----------------------------------------------------------------------
     @property
     def client(self) -> httpx.Client:
         if self._client is None:  # created lazily so the object pickles (Ray) and forks cleanly
-            self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout)
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+            self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=headers)
         return self._client
 
     def __getstate__(self) -> dict:

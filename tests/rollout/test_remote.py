@@ -79,3 +79,12 @@ def test_pickles_and_waits(served):
     clone = pickle.loads(pickle.dumps(remote))  # e.g. shipped to a Ray actor
     assert clone.generate([[5]], GREEDY)[0].token_ids == remote.generate([[5]], GREEDY)[0].token_ids
     assert not RemoteEngine("http://127.0.0.1:9").health()
+
+
+def test_api_key_travels_and_survives_pickling(fresh_served):
+    s = fresh_served(api_key="k3y")
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=3)
+    with pytest.raises(RemoteEngineError, match="401"):
+        RemoteEngine(s.url, api_key="").generate([[5, 6]], params)
+    remote = pickle.loads(pickle.dumps(RemoteEngine(s.url, api_key="k3y")))  # as Ray ships it
+    assert len(remote.generate([[5, 6]], params)[0].token_ids) == 3
