@@ -23,7 +23,7 @@ LAYERS = [
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},
     {"batch", "metrics", "config"},
-    {"fields", "protocol", "runs"},
+    {"fields", "protocol", "runs", "registry", "padding"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -19,7 +19,7 @@ Registries (name -> function; add a variant with the matching `register_*` decor
 Modules without a registry: token_rewards (rewards on tokens, KL in the reward), value
 (critic loss, explained variance), dapo (dynamic sampling, overlong penalty), correction
 (truncated importance sampling against the engine's logprobs).
-This package imports only torch and the standard library.
+This package imports only torch, the standard library and `baton.registry`.
 """
 
 from baton.algos.advantages import (
@@ -48,14 +48,14 @@ from baton.algos.pairs import (
 from baton.algos.policy_loss import (
     POLICY_LOSSES, gspo_loss, ppo_clip_loss, register_policy_loss, vanilla_pg_loss,
 )
-from baton.algos.registry import Registry
+from baton.algos.registry import Registry, UnknownName
 from baton.algos.token_rewards import kl_in_reward, token_level_rewards
 from baton.algos.value import critic_loss, explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_INPUTS", "ADVANTAGES", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG",
     "PAIRINGS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "PreferencePairs",
-    "Registry", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
+    "Registry", "UnknownName", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
     "compute_advantages", "critic_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
     "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits",
     "explained_variance", "gae_advantages", "grpo_advantages", "group_inverse", "group_stats",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from baton.batch import Batch
+from baton.registry import Registry
 
 MESH_DIMS = ("dp", "fsdp", "tp")
 
@@ -133,11 +134,7 @@ class DispatchMode:
     collect: Callable[[list[Any], Topology], Any]
 
 
-_MODES: dict[str, DispatchMode] = {
-    Dispatch.ONE_TO_ALL.value: DispatchMode(Dispatch.ONE_TO_ALL.value, _split_one_to_all, _collect_list),
-    Dispatch.ALL_TO_ALL.value: DispatchMode(Dispatch.ALL_TO_ALL.value, _split_all_to_all, _collect_list),
-    Dispatch.DP_COMPUTE.value: DispatchMode(Dispatch.DP_COMPUTE.value, _split_dp, _collect_dp),
-}
+_MODES = Registry("dispatch mode")
 
 
 def register_dispatch_mode(name: str, split_fn: Callable[[Any, Topology], list[Any]],
@@ -146,18 +143,18 @@ def register_dispatch_mode(name: str, split_fn: Callable[[Any, Topology], list[A
     every argument and returns one value per rank; `collect_fn(outputs, topo)` turns the
     per-rank outputs (all ranks, in rank order) into the driver-side result. Both must be
     picklable (module-level functions): the Ray backend may run them on the cluster."""
-    if name in _MODES:
-        raise ValueError(f"dispatch mode {name!r} is already registered")
-    _MODES[name] = DispatchMode(name, split_fn, collect_fn)
+    _MODES.add(name, DispatchMode(name, split_fn, collect_fn))
     return name
 
 
 def get_mode(name: str | Dispatch) -> DispatchMode:
-    key = name.value if isinstance(name, Dispatch) else name
-    try:
-        return _MODES[key]
-    except KeyError:
-        raise ValueError(f"unknown dispatch mode {key!r}; registered: {sorted(_MODES)}") from None
+    """The mode called `name` (UnknownName, a ValueError listing the known modes, if none)."""
+    return _MODES[name.value if isinstance(name, Dispatch) else name]
+
+
+register_dispatch_mode(Dispatch.ONE_TO_ALL.value, _split_one_to_all, _collect_list)
+register_dispatch_mode(Dispatch.ALL_TO_ALL.value, _split_all_to_all, _collect_list)
+register_dispatch_mode(Dispatch.DP_COMPUTE.value, _split_dp, _collect_dp)
 
 
 # --- @register -----------------------------------------------------------------------

@@ -6,12 +6,15 @@ but the prompt reaches the reward functions as keyword arguments, TRL-style:
 `baton.rewards.runner.REWARD_FUNCTIONS` so recipes can weight them
 (`reward.functions: {"arithmetic/correct": 1.0}`).
 
-`TASKS` maps a task name to a ready instance; `register_task` adds one.
+`TASKS` (a `baton.registry.Registry`) maps a task name to a ready instance; `register_task`
+adds one.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
+
+from baton.registry import Registry
 
 Row = dict[str, Any]
 RewardFn = Callable[..., float]
@@ -40,19 +43,16 @@ class Task(Protocol):
         ...
 
 
-TASKS: dict[str, Task] = {}
+TASKS: Registry = Registry("task")  # name -> a ready Task instance
 
 
 def register_task(task: Task) -> Task:
-    if task.name in TASKS:
-        raise ValueError(f"task {task.name!r} is already registered")
-    TASKS[task.name] = task
-    return task
+    """Add `task` under `task.name` (ValueError if the name is taken)."""
+    return TASKS.add(task.name, task)
 
 
 def get_task(name: str) -> Task:
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
+    """The task called `name` (UnknownName, listing the known tasks, if there is none)."""
     return TASKS[name]
 
 
