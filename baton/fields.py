@@ -3,7 +3,9 @@
 Every worker (rollout, actor, reference, critic, reward) reads and writes a `Batch` using
 these names, so a typo is an AttributeError here instead of a silent KeyError three roles
 later. Shapes use the legend of `baton.algos`: B = rows (prompt x sample), P = prompt
-length (left-padded), R = response length (right-padded), T = P + R.
+length (left-padded), R = response length (right-padded), T = P + R (padding and position
+ids: `baton.padding`). Fields of a task's rows (e.g. `answer`) are the task's own: they reach
+the reward functions as **row.
 """
 
 # --- tensors -------------------------------------------------------------------------
@@ -11,9 +13,6 @@ PROMPT_IDS = "prompt_ids"  # [B, P] long, left-padded with the pad id
 PROMPT_MASK = "prompt_mask"  # [B, P] 1 on real prompt tokens
 RESPONSE_IDS = "response_ids"  # [B, R] long, right-padded with the pad id
 RESPONSE_MASK = "response_mask"  # [B, R] 1 on generated tokens (the loss mask)
-INPUT_IDS = "input_ids"  # [B, T] prompt_ids ++ response_ids
-ATTENTION_MASK = "attention_mask"  # [B, T] prompt_mask ++ response_mask
-POSITION_IDS = "position_ids"  # [B, T] cumsum(attention_mask) - 1, clamped at 0
 ROLLOUT_LOGPROBS = "rollout_logprobs"  # [B, R] behaviour logprobs from the engine
 OLD_LOGPROBS = "old_logprobs"  # [B, R] trainer logprobs before the update (PPO ratio)
 REF_LOGPROBS = "ref_logprobs"  # [B, R] frozen reference policy logprobs
@@ -24,21 +23,11 @@ TOKEN_REWARDS = "token_rewards"  # [B, R] reward placed on tokens (PPO/GAE)
 ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
 POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
-GROUP_INDEX = "group_index"  # [B] long, which prompt the row was sampled from
 
 # --- per-sample non-tensor fields ----------------------------------------------------
 PROMPT_TEXT = "prompt"  # str, the prompt as text
 COMPLETION_TEXT = "completion"  # str, the decoded response
 FINISH_REASON = "finish_reason"  # "stop" | "length"
-ANSWER = "answer"  # task-specific ground truth passed to reward functions as **row
-UID = "uid"  # str, unique prompt id shared by the samples of one group
-
-TENSOR_FIELDS = (
-    PROMPT_IDS, PROMPT_MASK, RESPONSE_IDS, RESPONSE_MASK, INPUT_IDS, ATTENTION_MASK,
-    POSITION_IDS, ROLLOUT_LOGPROBS, OLD_LOGPROBS, REF_LOGPROBS, ENTROPY, VALUES, REWARDS,
-    TOKEN_REWARDS, ADVANTAGES, RETURNS, POLICY_VERSION, GROUP_INDEX,
-)
-NON_TENSOR_FIELDS = (PROMPT_TEXT, COMPLETION_TEXT, FINISH_REASON, ANSWER, UID)
 
 # Which side a field is padded on when batches of different widths are concatenated
 # (rows from different ranks): prompts are left-padded, everything else right-padded.

@@ -2,8 +2,8 @@
 
 The fallback for architectures without a fast path (and for wrapped models such as PEFT
 adapters). Same interface as `baton.rollout._llama.LlamaRunner`: `pack`, `start`, `decode`,
-`select`, `release`. Positions come from the attention mask (cumsum - 1), so left padding
-gives every row the positions it would have unpadded.
+`select`, `release`. Positions come from the attention mask (`baton.padding.position_ids`),
+so left padding gives every row the positions it would have unpadded.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import inspect
 import torch
 from torch import nn
 from transformers import DynamicCache
+
+from baton.padding import position_ids
 
 
 class HFRunner:
@@ -41,7 +43,7 @@ class HFRunner:
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int) -> torch.Tensor:
         self.cache = DynamicCache(config=self.model.config)
         self.mask = mask.long()  # [B, P]
-        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        pos = position_ids(self.mask)  # [B, P]
         logits = self._forward(ids, pos)
         if n > 1:
             self.cache.batch_repeat_interleave(n)

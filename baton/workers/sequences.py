@@ -2,7 +2,7 @@
 
 Shared by the actor (current and old logprobs) and the reference (frozen logprobs), so both
 see exactly the same inputs as the rollout engine: prompts left-padded, responses
-right-padded, position ids = cumsum(attention_mask) - 1 (the engine's convention).
+right-padded, position ids from the attention mask (`baton.padding`, the engine's convention).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import torch
 from baton import fields as F
 from baton.algos import entropy_from_logits, logprobs_from_logits
 from baton.batch import Batch
+from baton.padding import position_ids
 
 
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     prompt_ids, response_ids = batch[F.PROMPT_IDS], batch[F.RESPONSE_IDS]  # [B, P], [B, R]
     mask = torch.cat([batch[F.PROMPT_MASK], batch[F.RESPONSE_MASK]], dim=1).long()  # [B, T]
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]
     return {"input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-            "attention_mask": mask, "position_ids": position_ids}
+            "attention_mask": mask, "position_ids": position_ids(mask)}  # [B, T] each
 
 
 def prompt_groups(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +80,7 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
     from transformers import DynamicCache
 
     p_mask = batch[F.PROMPT_MASK][first].to(device)  # [U, P]
-    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]
+    p_pos = position_ids(p_mask)  # [U, P]
     out = model(input_ids=batch[F.PROMPT_IDS][first].to(device), attention_mask=p_mask,
                 position_ids=p_pos, use_cache=True)
     layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # [U, H, P, D] each
