@@ -1,6 +1,8 @@
 """The `baton` command.
 
-    baton train RECIPE.yaml [dotted.key=value ...]   RL training (GRPO family)
+    baton train RECIPE.yaml [dotted.key=value ...]   RL training (GRPO; `algorithm: ppo` in
+                                                     the recipe: the PPO-family driver)
+    baton rm RECIPE.yaml [dotted.key=value ...]      Bradley-Terry reward model from pairs
     baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
     baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
@@ -17,13 +19,42 @@ import sys
 from baton.config import ConfigError, load_config
 
 
-def _train(args: argparse.Namespace) -> int:
-    from baton.trainers.grpo import train
-    from baton.trainers.grpo_config import GRPOConfig
+def _algorithm(recipe: str, overrides: list[str]) -> str:
+    """The recipe's top-level `algorithm:` (an `algorithm=...` override wins); "grpo" if absent."""
+    import yaml
 
-    cfg = load_config(GRPOConfig, args.recipe, args.overrides)
+    name = "grpo"
+    try:
+        with open(recipe) as f:
+            data = yaml.safe_load(f) or {}
+        if isinstance(data, dict):
+            name = str(data.get("algorithm", name))
+    except OSError:
+        pass  # load_config names the missing recipe
+    for text in overrides:
+        if text.split("=", 1)[0].strip() == "algorithm":
+            name = text.split("=", 1)[1].strip()
+    return name
+
+
+def _train(args: argparse.Namespace) -> int:
+    if _algorithm(args.recipe, args.overrides) == "ppo":  # PPO with a critic, ReMax, DAPO, ...
+        from baton.trainers.ppo import train
+        from baton.trainers.ppo_config import PPOConfig as config_cls
+    else:
+        from baton.trainers.grpo import train
+        from baton.trainers.grpo_config import GRPOConfig as config_cls
+
+    cfg = load_config(config_cls, args.recipe, args.overrides)
     result = train(cfg)
     _print_accuracy(result, cfg.trainer.run_dir)
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from baton.trainers.reward_model import RMConfig, run_rm
+
+    run_rm(load_config(RMConfig, args.recipe, args.overrides))
     return 0
 
 
@@ -86,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("train", _train, "RL training from a recipe"),
-                            ("sft", _sft, "supervised fine-tuning from a recipe")):
+                            ("sft", _sft, "supervised fine-tuning from a recipe"),
+                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotted.key=value")

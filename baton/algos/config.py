@@ -1,7 +1,10 @@
 """The `algo:` section of a recipe: which estimator and which objective, by registry name.
 
-The driver reads `advantage`; the actor reads the rest (its loss). Names are checked
-against the registries when the run config is validated (see `check_algo_names`).
+The driver reads `advantage` and the data-side options (KL in the reward and its controller,
+GAE's gamma / lambda, truncated IS, DAPO's dynamic sampling and overlong penalty); the actor
+reads the rest (its loss). Names are checked against the registries and values against
+their ranges when the run config is validated (`check_algo_names`, `check_algo_ranges`).
+The data-side options are read by the PPO driver (`baton.trainers.ppo`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from baton.algos.advantages import ADVANTAGES
 from baton.algos.aggregate import LOSS_AGG
 from baton.algos.kl import KL_ESTIMATORS
+from baton.algos.kl_control import KL_CONTROLLERS
 from baton.algos.policy_loss import POLICY_LOSSES
 
 
@@ -29,6 +33,29 @@ class AlgoConfig:
     # Use the engine's behaviour logprobs as the PPO "old" logprobs (exact in fp32, saves a
     # forward pass); True recomputes them with the trainer, as verl does.
     recompute_old_logprobs: bool = False
+    # --- PPO family, read by the PPO driver -------------------------------------------
+    # KL to the reference folded into the token rewards (InstructGPT) instead of the loss:
+    # r_t -= beta * KL_t, beta from a controller in baton.algos.KL_CONTROLLERS.
+    kl_in_reward: bool = False
+    kl_reward_coef: float = 0.001  # the initial beta
+    kl_reward_estimator: str = "k1"  # a name in baton.algos.KL_ESTIMATORS
+    kl_controller: str = "fixed"  # "fixed" | "adaptive"
+    kl_target: float = 0.01  # adaptive: the per-token KL aimed at
+    kl_horizon: int = 10_000  # adaptive: samples over which beta closes the gap
+    gamma: float = 1.0  # GAE / return discount
+    lam: float = 1.0  # GAE lambda
+    whiten_advantages: bool = True  # GAE: whiten over the batch (returns never are)
+    # Truncated IS against the engine's behaviour logprobs: min(pi_old / mu, cap) per token
+    # (needs recompute_old_logprobs, else pi_old is mu and every weight is 1). None = off.
+    tis_cap: float | None = None
+    # DAPO dynamic sampling: drop prompt groups whose rewards are all equal and sample more
+    # prompts, at most `dynamic_sampling_max_rounds` extra rounds, until the batch is full.
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 3
+    # DAPO soft overlong penalty over the last `overlong_buffer` tokens before
+    # max_new_tokens (0 = off), down to -overlong_penalty at the limit.
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
 
 # Inputs an advantage estimator may need beyond the rewards, and the role that makes them.
@@ -38,10 +65,35 @@ NEEDS_ROLE = {"values": "a critic", "baseline_scores": "greedy rollouts (ReMax)"
 def check_algo_names(algo: AlgoConfig) -> None:
     """Raise ValueError naming the key and the valid choices for any unknown name."""
     for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
-                          ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGG)):
+                          ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGG),
+                          ("kl_reward_estimator", KL_ESTIMATORS), ("kl_controller", KL_CONTROLLERS)):
         name = getattr(algo, key)
         if name not in registry:
             raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
+
+
+def check_algo_ranges(algo: AlgoConfig) -> None:
+    """Raise ValueError naming the key for any value out of its range."""
+    a = algo
+    checks = [
+        (a.kl_coef >= 0 and a.entropy_coef >= 0,
+         f"algo.kl_coef and algo.entropy_coef must be >= 0 (got {a.kl_coef}, {a.entropy_coef})"),
+        (0 <= a.clip_low < 1 and a.clip_high >= 0,
+         f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0 (got {a.clip_low}, {a.clip_high})"),
+        (a.dual_clip is None or a.dual_clip > 1, f"algo.dual_clip must be > 1 or null, got {a.dual_clip}"),
+        (a.kl_reward_coef >= 0, f"algo.kl_reward_coef must be >= 0, got {a.kl_reward_coef}"),
+        (a.kl_target > 0 and a.kl_horizon > 0,
+         f"algo.kl_target and algo.kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})"),
+        (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, f"algo.gamma and algo.lam must be in [0, 1] (got {a.gamma}, {a.lam})"),
+        (a.tis_cap is None or a.tis_cap >= 1, f"algo.tis_cap must be >= 1 or null (2 in the paper), got {a.tis_cap}"),
+        (a.dynamic_sampling_max_rounds >= 0,
+         f"algo.dynamic_sampling_max_rounds must be >= 0, got {a.dynamic_sampling_max_rounds}"),
+        (a.overlong_buffer >= 0 and a.overlong_penalty >= 0,
+         f"algo.overlong_buffer and algo.overlong_penalty must be >= 0 (got {a.overlong_buffer}, {a.overlong_penalty})"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
 
 
 def check_advantage_inputs(name: str, available: set[str]) -> None:

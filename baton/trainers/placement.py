@@ -3,9 +3,10 @@ config sections.
 
 By default every role is colocated on the pool "main" of `placement.world_size` slots: each
 slot is one process hosting the actor, the rollout engine (which reads the actor's `Policy`
-in place), the reward functions and, when KL is on, the reference. `placement.pools` and
-`placement.roles` move the reward and/or reference roles to pools of their own (split
-placement), where their calls run concurrently. On the `local` backend every pool is the
+in place), the reward functions and, when KL is on, the reference; with a PPO config also
+the critic and the reward model when their sections are present. `placement.pools` and
+`placement.roles` move the reward, reference, critic and/or reward model to pools of their
+own (split placement), where their calls run concurrently with the actor's. On the `local` backend every pool is the
 driver's own process (world size 1; breakpoints in workers work).
 """
 
@@ -15,15 +16,20 @@ from typing import Any
 
 from baton.controller import build_role_groups
 from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
+from baton.workers.critic import CriticWorker
 from baton.workers.reference import ReferenceWorker
 from baton.workers.reward import RewardWorker
+from baton.workers.reward_model import RewardModelWorker
 from baton.workers.rollout import RolloutWorker
 
 
-def build_roles(cfg: GRPOConfig, probe_prompt: str) -> dict[str, Any]:
+def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any]:
     """{role: WorkerGroup}. `probe_prompt`: the prompt of the weight-sync parity check."""
     r = cfg.rollout
+    wanted = cfg.roles if isinstance(cfg, PPOConfig) else [
+        "actor", "rollout", "reward", *(["reference"] if cfg.algo.kl_coef > 0 else [])]
     classes = {  # the actor first: the colocated rollout engine takes its Policy handle
         "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
                   dict(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
@@ -31,10 +37,17 @@ def build_roles(cfg: GRPOConfig, probe_prompt: str) -> dict[str, Any]:
         "rollout": (RolloutWorker, (r,), dict(task=cfg.data.task, seed=cfg.trainer.seed,
                                               probe_prompt=probe_prompt)),
         "reward": (RewardWorker, (cfg.reward,), {}),
+        "reference": (ReferenceWorker, (cfg.model,),
+                      dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size)),
     }
-    if cfg.algo.kl_coef > 0:
-        classes["reference"] = (ReferenceWorker, (cfg.model,),
-                                dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size))
+    if isinstance(cfg, PPOConfig):
+        if cfg.reward_model is not None:
+            classes["reward_model"] = (RewardModelWorker, (cfg.reward_model,), {})
+        if cfg.critic is not None:
+            classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
+                                 dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
+                                      max_new_tokens=r.max_new_tokens))
+    classes = {role: entry for role, entry in classes.items() if role in wanted}
     p = cfg.placement
     return build_role_groups(p.pool_sizes(), {role: p.pool_of(role) for role in classes}, classes,
                              backend=p.backend, cpus_per_worker=p.cpus_per_worker,

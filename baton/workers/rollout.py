@@ -27,6 +27,9 @@ from baton.sync import check_logprob_parity, make_weight_sync
 from baton.workers.policy import Policy
 
 
+BASELINE_COMPLETION = "baseline_completion"  # str per row: the greedy response to its prompt (ReMax)
+
+
 @dataclass
 class RolloutConfig:
     """The recipe's `rollout:` section."""
@@ -109,17 +112,28 @@ class RolloutWorker(Worker):
                               max_new_tokens=r.max_new_tokens, seed=seed)
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate(self, prompts: Batch, step: int) -> Batch:
+    def generate(self, prompts: Batch, step: int, greedy_baseline: bool = False) -> Batch:
         """Consumes prompts (text) for trainer step `step`; produces len(prompts) * n rows
         (see module docstring), seeded by (seed, step, dp rank): a resumed run samples exactly
-        what the uninterrupted run would have."""
+        what the uninterrupted run would have.
+
+        greedy_baseline: also decode one greedy response per prompt (ReMax's baseline) and
+        put its text on each of the prompt's rows as `baseline_completion`; the driver scores
+        it like any completion."""
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         ids = [self.tokenizer(str(p)).input_ids for p in prompts[F.PROMPT_TEXT]]
         params = self.sampling_params(seed=seed)
         done = self.engine.generate(ids, params)
         # prompts.repeat keeps dispatch padding trailing (n rows per padded prompt)
-        return completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
+        rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
                                     self.tokenizer)
+        if greedy_baseline:
+            greedy = self.engine.generate(ids, SamplingParams(n=1, temperature=0.0,
+                                                              max_new_tokens=self.cfg.max_new_tokens))
+            texts = self.tokenizer.batch_decode([c.token_ids for c in sorted(greedy, key=lambda c: c.prompt_index)],
+                                                skip_special_tokens=True)
+            rows[BASELINE_COMPLETION] = [t for t in texts for _ in range(params.n)]
+        return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int, check: bool = False) -> float | None:

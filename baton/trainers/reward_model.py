@@ -1,0 +1,220 @@
+"""`baton rm RECIPE`: train a Bradley-Terry reward model from preference pairs.
+
+    baton rm recipes/rm_arithmetic.yaml [dotted.key=value ...]
+
+Data: a jsonl of {"prompt", "chosen", "rejected"} (`data.path`), or, with `data.path: ""`,
+pairs made from a task's rows (`data.task`): chosen = the task's target answer, rejected = a
+wrong one (the answer with one digit changed). The model starts from any local causal-LM
+(or reward-model) directory with a new scalar `score` head (`load_reward_model`), reads
+`prompt + response + EOS` and scores the last token (`encode_pair` / `sequence_scores`, the
+same functions the reward-model role scores with). Loss: -log sigmoid(r_chosen - r_rejected),
+mean over pairs (Ouyang et al. 2022, one pair per prompt).
+
+The run dir gets what an SFT run's gets, from the same pieces: config.yaml (`save_config`),
+metrics.jsonl (`MetricsLogger`: loss, accuracy = P(r_chosen > r_rejected), margin, grad
+norm, lr), the optimizer and schedule from `build_optimizer`; at the end the model is saved
+atomically as an HF sequence-classification checkpoint (`save_pretrained`) that
+`reward_model.path` and `critic.path` load, and its held-out pair accuracy is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from baton.config import save_config
+from baton.data.prompts import PromptSampler
+from baton.envs import TASKS, get_task
+from baton.metrics import MetricsLogger
+from baton.models import load_tokenizer, save_pretrained
+from baton.workers.optim import build_optimizer
+from baton.workers.reward_model import encode_pair, load_reward_model, pad_right, sequence_scores
+
+
+@dataclass
+class RMModelSection:
+    path: str = "checkpoints/arith-sft"  # a local HF dir: causal LM (new head) or reward model
+    seed: int = 0  # init seed of a new head
+
+
+@dataclass
+class RMDataSection:
+    path: str = ""  # jsonl of {prompt, chosen, rejected}; "" = pairs made from `task`
+    task: str = "arithmetic"  # used when path is ""
+    num_pairs: int = 4000  # pairs made from the task
+    eval_fraction: float = 0.1  # held-out pairs (the last ones)
+    max_length: int = 512
+    seed: int = 0  # the order of the training pairs
+
+    def check(self) -> None:
+        if self.path and not Path(self.path).is_file():
+            raise ValueError(f"data.path={self.path!r} is not a file")
+        if not self.path and self.task not in TASKS:
+            raise ValueError(f"data.task={self.task!r} is not one of {sorted(TASKS)}")
+        if not 0 <= self.eval_fraction < 1 or self.num_pairs < 2:
+            raise ValueError("data.eval_fraction must be in [0, 1) and data.num_pairs >= 2")
+
+
+@dataclass
+class RMOptimSection:
+    lr: float = 1e-4
+    warmup_steps: int = 10
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0
+
+
+@dataclass
+class RMTrainerSection:
+    steps: int = 200
+    batch_size: int = 32  # pairs per step
+    seed: int = 0
+    log_every: int = 20
+    num_threads: int = 1
+    run_dir: str | None = "runs/rm"
+    save_path: str | None = "checkpoints/arith-rm"
+
+    def check(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.log_every < 1:
+            raise ValueError("trainer.steps, trainer.batch_size and trainer.log_every must be >= 1")
+
+
+@dataclass
+class RMConfig:
+    model: RMModelSection = field(default_factory=RMModelSection)
+    data: RMDataSection = field(default_factory=RMDataSection)
+    optim: RMOptimSection = field(default_factory=RMOptimSection)
+    trainer: RMTrainerSection = field(default_factory=RMTrainerSection)
+
+    def __post_init__(self) -> None:
+        self.data.check()
+        self.trainer.check()
+        if self.optim.lr <= 0 or self.optim.grad_clip <= 0:
+            raise ValueError("optim.lr and optim.grad_clip must be > 0")
+
+
+def wrong_answer(answer: str, rng: random.Random) -> str:
+    """`answer` with one digit changed (never equal to it)."""
+    i = rng.randrange(len(answer))
+    digits = [d for d in "0123456789" if d != answer[i] and not (i == 0 and d == "0" and len(answer) > 1)]
+    return answer[:i] + rng.choice(digits) + answer[i + 1:]
+
+
+def task_pairs(task_name: str, n: int, seed: int) -> list[dict[str, str]]:
+    """n preference pairs from a task's training rows: the target beats a near miss."""
+    task, rng = get_task(task_name), random.Random(seed)
+    rows = task.train_rows(n, seed=seed)
+    return [{"prompt": r["prompt"], "chosen": task.target(r), "rejected": wrong_answer(task.target(r), rng)}
+            for r in rows]
+
+
+def load_pairs(data: RMDataSection) -> list[dict[str, str]]:
+    if not data.path:
+        return task_pairs(data.task, data.num_pairs, data.seed)
+    pairs = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
+    for i, p in enumerate(pairs):
+        missing = {"prompt", "chosen", "rejected"} - set(p)
+        if missing:
+            raise ValueError(f"{data.path}: line {i + 1} lacks {sorted(missing)}")
+    return pairs
+
+
+def pair_scores(model, tokenizer, pairs: list[dict[str, str]], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r_chosen [N], r_rejected [N]): one forward over the 2N sequences."""
+    seqs = [encode_pair(tokenizer, p["prompt"], p[k], max_length) for k in ("chosen", "rejected") for p in pairs]
+    ids, mask = pad_right(seqs, tokenizer.pad_token_id)  # [2N, T]
+    scores = sequence_scores(model, ids, mask)  # [2N]
+    return scores[:len(pairs)], scores[len(pairs):]
+
+
+def bt_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Bradley-Terry loss -log sigmoid(r_c - r_r), mean over pairs; accuracy and margin."""
+    margin = chosen - rejected  # [N]
+    loss = -F.logsigmoid(margin).mean()
+    return loss, {"accuracy": (margin > 0).float().mean().item(), "margin": margin.mean().item()}
+
+
+@torch.no_grad()
+def evaluate_pairs(model, tokenizer, pairs: list[dict[str, str]], max_length: int, batch: int = 128) -> dict[str, float]:
+    was = model.training
+    model.eval()
+    margins = []
+    for i in range(0, len(pairs), batch):
+        c, r = pair_scores(model, tokenizer, pairs[i:i + batch], max_length)
+        margins.append(c - r)
+    model.train(was)
+    m = torch.cat(margins)
+    return {"eval/accuracy": (m > 0).float().mean().item(), "eval/margin": m.mean().item(),
+            "eval/loss": -F.logsigmoid(m).mean().item()}
+
+
+def run_rm(cfg: RMConfig) -> dict[str, Any]:
+    t0, t = time.perf_counter(), cfg.trainer
+    if t.num_threads > 0:
+        torch.set_num_threads(t.num_threads)
+    torch.manual_seed(t.seed)
+    pairs = load_pairs(cfg.data)
+    n_eval = int(len(pairs) * cfg.data.eval_fraction)
+    train_pairs, eval_pairs = pairs[:len(pairs) - n_eval], pairs[len(pairs) - n_eval:]
+    model = load_reward_model(cfg.model.path, seed=cfg.model.seed).train()
+    tokenizer = load_tokenizer(cfg.model.path)
+    o = cfg.optim
+    optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
+                                   warmup_steps=o.warmup_steps, total_steps=t.steps, schedule=o.lr_schedule,
+                                   min_ratio=o.min_lr_ratio)
+    sampler = PromptSampler(train_pairs, seed=cfg.data.seed)
+    log = None
+    if t.run_dir:
+        save_config(cfg, Path(t.run_dir) / "config.yaml")  # creates the run dir
+        log = MetricsLogger(t.run_dir, t.steps, console=False)
+    result: dict[str, Any] = {}
+    if eval_pairs:
+        result.update({f"start/{k}": v for k, v in evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length).items()})
+    print(f"rm: {len(train_pairs)} training pairs, {len(eval_pairs)} held out, {t.steps} steps x {t.batch_size}")
+    losses: list[float] = []
+    window: dict[str, list[float]] = {}
+    try:
+        for step in range(1, t.steps + 1):
+            lr = optim.param_groups[0]["lr"]
+            chosen, rejected = pair_scores(model, tokenizer, sampler.next_batch(t.batch_size), cfg.data.max_length)
+            loss, stats = bt_loss(chosen, rejected)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
+            optim.step()
+            sched.step()
+            losses.append(loss.item())
+            for k, v in {"loss": loss.item(), **stats, "grad_norm": grad_norm}.items():
+                window.setdefault(k, []).append(v)
+            if step % t.log_every == 0 or step == t.steps or step == 1:
+                rec = {f"rm/{k}": sum(v) / len(v) for k, v in window.items()}
+                rec.update({"rm/lr": lr, "timing/elapsed_s": time.perf_counter() - t0})
+                if step == t.steps and eval_pairs:
+                    result.update(evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length))
+                    rec.update({k: v for k, v in result.items() if k.startswith("eval/")})
+                print(f"rm step {step:>5}  loss {rec['rm/loss']:.4f}  acc {rec['rm/accuracy']:.3f}  "
+                      f"margin {rec['rm/margin']:.3f}  {rec['timing/elapsed_s']:.1f}s", flush=True)
+                if log:
+                    log.log(step, rec)
+                window = {}
+    finally:
+        if log:
+            log.close()
+    result.update({"loss_first": losses[0], "loss_last": losses[-1], "train_s": time.perf_counter() - t0})
+    if eval_pairs:
+        print(f"rm held-out pair accuracy ({len(eval_pairs)} pairs): start {result['start/eval/accuracy']:.3f} "
+              f"-> {result['eval/accuracy']:.3f}")
+    if t.save_path:
+        model.eval()
+        result["save_path"] = str(save_pretrained(model, tokenizer, t.save_path))
+        print(f"rm: saved {result['save_path']}")
+    return result
