@@ -46,3 +46,27 @@ def evaluate(
         stopped += ok_stop
         correct += ok_stop and task.is_correct(text, rows[c.prompt_index])
     return {"accuracy": correct / len(done), "stop_rate": stopped / len(done), "samples": float(len(done))}
+
+
+MODES = ("greedy", "sampled")
+
+
+def evaluate_modes(
+    engine: Engine,
+    tokenizer: Any,
+    task: Task,
+    rows: list[Row],
+    n: int = 4,
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Held-out evaluation, greedy then sampled (`n` per prompt at `temperature`), as
+    metrics: `eval/accuracy_<mode>`, `eval/stop_rate_<mode>`, `eval/samples_<mode>` for
+    mode in MODES. What every driver and `baton eval` report."""
+    out: dict[str, float] = {}
+    for mode in MODES:
+        res = evaluate(engine, tokenizer, task, rows, greedy=mode == "greedy", n=n,
+                       max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        out.update({f"eval/{key}_{mode}": value for key, value in res.items()})
+    return out

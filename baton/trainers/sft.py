@@ -2,8 +2,11 @@
 
 The loss is next-token cross-entropy on the completion tokens only (target + EOS); the
 prompt tokens are context, not targets. Batches come from `PromptSampler`, so the data order
-is a function of the seed. At the end the model is saved atomically as an HF checkpoint
-(model + tokenizer) and its held-out accuracy is printed, greedy and sampled.
+is a function of the seed. The run dir gets what a GRPO run's gets from the same pieces:
+config.yaml (`save_config`, atomic) and metrics.jsonl (`MetricsLogger`); the optimizer and
+its schedule come from `build_optimizer`, the held-out evaluation from `evaluate_modes`. At
+the end the model is saved atomically as an HF checkpoint (model + tokenizer) and its
+held-out accuracy is printed, greedy and sampled.
 
     cfg = SFTConfig(model=ModelSection(preset="0.75m"), trainer=TrainerSection(steps=5))
     result = run_sft(cfg)  # {"loss_first": ..., "loss_last": ..., "eval/accuracy_greedy": ...}
@@ -11,20 +14,22 @@ is a function of the seed. At the end the model is saved atomically as an HF che
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from baton.config import save_config
 from baton.data.prompts import PromptSampler
-from baton.workers.optim import lr_factor
 from baton.envs import get_task
-from baton.envs.evaluate import evaluate
+from baton.envs.evaluate import evaluate_modes
+from baton.metrics import MetricsLogger
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer, save_pretrained
+from baton.padding import pad_right
+from baton.workers.optim import build_optimizer
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
 
@@ -55,6 +60,9 @@ class OptimSection:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
+    # PyTorch's default AdamW, not the fused kernel the actor uses: their last bits differ, and
+    # over 180 steps that changes the weights; unfused reproduces checkpoints/arith-sft exactly.
+    fused: bool = False
 
 
 @dataclass
@@ -64,7 +72,7 @@ class TrainerSection:
     seed: int = 0  # torch seed (dropout-free models: only matters for sampling in eval)
     log_every: int = 50
     num_threads: int = 1  # torch intra-op threads (0 leaves torch's default); 1 is faster on a shared box
-    run_dir: str | None = "runs/sft"  # metrics.jsonl + config.json go here (None: nowhere)
+    run_dir: str | None = "runs/sft"  # metrics.jsonl + config.yaml go here (None: nowhere)
     save_path: str | None = "checkpoints/arith-sft"  # HF checkpoint (None: do not save)
     save_dtype: Literal["float32", "bfloat16"] = "float32"
 
@@ -94,14 +102,8 @@ def encode_examples(tokenizer, task, rows: list[dict]) -> list[tuple[list[int], 
 
 def collate_examples(examples: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ids, attention mask and labels (IGNORE on prompt and padding)."""
-    width = max(len(ids) for ids, _ in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, T]
-    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)  # [B, T]
-    mask = torch.zeros((len(examples), width), dtype=torch.long)  # [B, T]
-    for i, (ids, plen) in enumerate(examples):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        labels[i, plen:len(ids)] = torch.tensor(ids[plen:])
-        mask[i, :len(ids)] = 1
+    input_ids, mask = pad_right([ids for ids, _ in examples], pad_id)  # [B, T], [B, T]
+    labels, _ = pad_right([[IGNORE] * plen + ids[plen:] for ids, plen in examples], IGNORE)  # [B, T]
     return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
@@ -111,27 +113,18 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=IGNORE)
 
 
-def lr_at(step: int, cfg: OptimSection, total: int) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr (the schedule the actor uses)."""
-    return cfg.lr * lr_factor(step, warmup_steps=cfg.warmup_steps, total_steps=total,
-                              schedule="cosine", min_ratio=cfg.min_lr_ratio)
-
-
 def evaluate_model(model, tokenizer, task, eval_size: int, samples: int, seed: int = 0) -> dict[str, float]:
-    """Held-out accuracy, greedy and sampled at T=1, through the embedded rollout engine."""
+    """Held-out metrics (`baton.envs.evaluate.evaluate_modes`: greedy, and `samples` per
+    prompt at T=1) through the embedded rollout engine."""
     from baton.rollout.engine import EmbeddedEngine  # lazy: only evaluation needs it
 
-    rows = task.eval_rows(eval_size)
-    engine = EmbeddedEngine(model, tokenizer)
     was_training = model.training
     model.eval()
     try:
-        greedy = evaluate(engine, tokenizer, task, rows, greedy=True, seed=seed)
-        sampled = evaluate(engine, tokenizer, task, rows, greedy=False, n=samples, seed=seed)
+        return evaluate_modes(EmbeddedEngine(model, tokenizer), tokenizer, task, task.eval_rows(eval_size),
+                              n=samples, seed=seed)
     finally:
         model.train(was_training)
-    return {"eval/accuracy_greedy": greedy["accuracy"], "eval/accuracy_sampled": sampled["accuracy"],
-            "eval/stop_rate_sampled": sampled["stop_rate"]}
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:
@@ -143,15 +136,14 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     model, tokenizer = build_model_and_tokenizer(cfg.model)
     examples = encode_examples(tokenizer, task, task.train_rows(cfg.data.num_examples, seed=cfg.data.seed))
     sampler = PromptSampler(examples, seed=cfg.data.seed)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]  # no decay on norms/biases
-    rest = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optim = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.optim.weight_decay},
-                               {"params": rest, "weight_decay": 0.0}], lr=cfg.optim.lr, betas=cfg.optim.betas)
-    run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else None
-    if run_dir:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    log = open(run_dir / "metrics.jsonl", "w") if run_dir else None
+    o = cfg.optim
+    optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
+                                   warmup_steps=o.warmup_steps, total_steps=cfg.trainer.steps, schedule="cosine",
+                                   min_ratio=o.min_lr_ratio, no_decay_1d=True, fused=o.fused)
+    log = None
+    if cfg.trainer.run_dir:
+        save_config(cfg, Path(cfg.trainer.run_dir) / "config.yaml")  # creates the run dir
+        log = MetricsLogger(cfg.trainer.run_dir, cfg.trainer.steps, console=False)
     print(f"sft: {count_params(model) / 1e6:.2f}M params, {len(examples)} examples, "
           f"{cfg.trainer.steps} steps x {cfg.trainer.batch_size}")
 
@@ -160,24 +152,24 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     window: list[float] = []
     try:
         for step in range(cfg.trainer.steps):
-            for group in optim.param_groups:
-                group["lr"] = lr_at(step, cfg.optim, cfg.trainer.steps)
+            lr = optim.param_groups[0]["lr"]  # this step's (the schedule moves after the step)
             batch = collate_examples(sampler.next_batch(cfg.trainer.batch_size), tokenizer.pad_token_id)
             loss = completion_loss(model, batch)
             optim.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
             optim.step()
+            sched.step()
             losses.append(loss.item())
             window.append(losses[-1])
             last = step == cfg.trainer.steps - 1
             if (step + 1) % cfg.trainer.log_every == 0 or last or step == 0:
-                rec = {"step": step + 1, "loss": sum(window) / len(window), "lr": optim.param_groups[0]["lr"],
-                       "grad_norm": float(grad_norm), "time_s": round(time.perf_counter() - t0, 2)}
-                print(f"sft step {rec['step']:>5}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
+                rec = {"loss": sum(window) / len(window), "lr": lr, "grad_norm": float(grad_norm),
+                       "time_s": round(time.perf_counter() - t0, 2)}
+                print(f"sft step {step + 1:>5}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
                       f"grad_norm {rec['grad_norm']:.2f}  {rec['time_s']:.1f}s", flush=True)
                 if log:
-                    log.write(json.dumps(rec) + "\n")
+                    log.log(step + 1, rec)
                 window = []
     finally:
         if log:

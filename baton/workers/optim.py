@@ -28,11 +28,22 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str,
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float,
                     betas: tuple[float, float], warmup_steps: int, total_steps: int,
-                    schedule: str, min_ratio: float = 0.0
+                    schedule: str, min_ratio: float = 0.0, no_decay_1d: bool = False,
+                    fused: bool = True
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters and its LR schedule (`lr_factor`; call
+    `sched.step()` after each `optim.step()`).
+
+    no_decay_1d: no weight decay on 1-d parameters (norm weights, biases). fused: one kernel
+    for all parameters (CPU and CUDA), which tiny, dispatch-bound models want; False gives
+    PyTorch's default implementation (whose last bits differ from the fused kernel's)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for all parameters (CPU and CUDA); tiny models are dispatch-bound.
-    optim = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True)
+    if no_decay_1d:
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params, "weight_decay": weight_decay}]
+    optim = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(
         s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule, min_ratio=min_ratio))
     return optim, sched

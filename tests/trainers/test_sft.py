@@ -4,10 +4,12 @@ import json
 
 import torch
 
-from baton.models import build_char_tokenizer, load_model, load_tokenizer
+from baton.config import load_config
+from baton.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from baton.trainers.sft import (
     IGNORE, DataSection, ModelSection, OptimSection, SFTConfig, TrainerSection, collate_examples, run_sft,
 )
+from baton.workers.optim import build_optimizer
 
 
 def test_labels_cover_only_the_completion():
@@ -35,5 +37,16 @@ def test_five_steps_lower_the_loss_and_save(tmp_path):
     assert 0.0 <= res["eval/accuracy_greedy"] <= 1.0 and 0.0 <= res["eval/accuracy_sampled"] <= 1.0
     logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5]
+    assert load_config(SFTConfig, tmp_path / "run" / "config.yaml").trainer.steps == 5  # a GRPO run's config.yaml
     model, tok = load_model(tmp_path / "ckpt"), load_tokenizer(tmp_path / "ckpt")
     assert model.config.num_hidden_layers == 2 and len(tok) == 260
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = build_tiny_model("0.75m", vocab_size=260, layers=1)
+    optim, _ = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.98), warmup_steps=0,
+                               total_steps=1, schedule="constant", no_decay_1d=True)
+    decay, rest = optim.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.ndim >= 2 for p in decay["params"])
+    assert rest["weight_decay"] == 0.0 and rest["params"] and all(p.ndim == 1 for p in rest["params"])
+    assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
