@@ -208,24 +208,16 @@ def test_pickle_round_trip_bf16():
     back["bf"] += 1  # usable in place after unpickling
 
 
-@pytest.mark.ray
+@pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_ray_round_trip_bf16():
     import ray
 
-    from baton.controller import ensure_ray, shutdown_ray
+    @ray.remote
+    def echo(x):
+        x["bf"] += 0  # in place: Ray's read-only buffers must have been copied
+        return x
 
-    started = not ray.is_initialized()
-    ensure_ray(num_cpus=2)
-    try:
-        @ray.remote
-        def echo(x):
-            x["bf"] += 0  # in place: Ray's read-only buffers must have been copied
-            return x
-
-        b = _mixed()
-        back = ray.get(echo.remote(ray.put(b)))  # out to another process and back
-        _assert_same(b, back)
-        back["l"] += 1
-    finally:
-        if started:
-            shutdown_ray()
+    b = _mixed()
+    back = ray.get(echo.remote(ray.put(b)))  # out to another process and back
+    _assert_same(b, back)
+    back["l"] += 1

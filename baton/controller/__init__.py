@@ -19,15 +19,16 @@ from baton.controller.pool import ResourcePool
 from baton.controller.worker import Worker, WorkerError
 
 
-def ensure_ray(num_cpus: int = 8, **kwargs):
-    """Start a local Ray instance with baton's settings (see ray_backend.ensure_ray)."""
+def ensure_ray(num_cpus: int = 8, **kwargs) -> bool:
+    """Start a local Ray instance with baton's settings unless one is running; True if it
+    started one, which the caller then owns (see ray_backend.ensure_ray)."""
     from baton.controller.ray_backend import ensure_ray as _ensure
     return _ensure(num_cpus=num_cpus, **kwargs)
 
 
 def shutdown_ray(only_ours: bool = False) -> None:
-    """Shut Ray down and remove the temp dir `ensure_ray` made (with only_ours: only if
-    baton started this Ray instance)."""
+    """Shut Ray down and remove the temp dir `ensure_ray` made (with only_ours: only if a
+    pool started this Ray instance for want of one; see ray_backend.shutdown_ray)."""
     from baton.controller.ray_backend import shutdown_ray as _shutdown
     _shutdown(only_ours)
 

@@ -56,6 +56,14 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
     return True
 
 
+def ensure_ray_for_pool() -> None:
+    """What a pool does on start: `ensure_ray()`; an instance started here belongs to the run
+    (nobody else asked for it), so the run's teardown (`shutdown_ray(only_ours=True)`) stops it."""
+    global _STARTED_BY_POOL
+    if ensure_ray():
+        _STARTED_BY_POOL = True
+
+
 def shutdown_ray(only_ours: bool = False) -> None:
     """Shut Ray down and remove the temp dir `ensure_ray` made. With only_ours (what a trainer
     calls when its run ends): only if a pool of baton's started this instance because none
@@ -131,9 +139,7 @@ class RayBackend:
 
     # --- life cycle ------------------------------------------------------------------
     def start(self) -> None:
-        global _STARTED_BY_POOL
-        if ensure_ray():
-            _STARTED_BY_POOL = True  # nobody else asked for this Ray: the run's teardown stops it
+        ensure_ray_for_pool()
         p = self.pool
         bundle = {"CPU": float(p.cpus_per_worker)}
         if p.gpus_per_worker:

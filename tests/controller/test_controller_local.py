@@ -1,4 +1,5 @@
-"""Controller tests without Ray: dispatch functions on a topology, and the local backend."""
+"""Controller tests without Ray: dispatch functions on a topology, the local backend, and who
+stops a Ray instance."""
 
 from __future__ import annotations
 
@@ -209,3 +210,31 @@ def test_rank_zero_result_is_not_a_list_and_dp_rank_zero_is_refused():
     g.shutdown()
     with pytest.raises(ValueError, match="silently drop"):
         register(dispatch=Dispatch.DP_COMPUTE, execute=Execute.RANK_ZERO)
+
+
+def test_a_run_stops_only_the_ray_that_its_own_pool_started(monkeypatch, tmp_path):
+    """`shutdown_ray(only_ours=True)` (a trainer's teardown) stops a Ray that a pool started
+    for want of one, never one that was up before the run: a caller's `ensure_ray()` (or a
+    test session's). Checked on a stand-in for ray: no cluster starts here."""
+    from types import SimpleNamespace
+
+    from baton.controller import ray_backend as rb
+
+    up = []
+    fake = SimpleNamespace(is_initialized=lambda: bool(up), init=lambda **kw: up.append(kw),
+                           shutdown=lambda: up.clear())
+    monkeypatch.setattr(rb, "ray", fake)
+    monkeypatch.setattr(rb, "_TEMP_DIRS", [])  # the session's real Ray keeps its own
+    monkeypatch.setattr(rb, "_STARTED_BY_POOL", False)
+
+    assert rb.ensure_ray(temp_dir=str(tmp_path)) is True and up  # a caller starts Ray ...
+    rb.ensure_ray_for_pool()  # ... a pool finds it running ...
+    rb.shutdown_ray(only_ours=True)  # ... and the run's teardown leaves it up
+    assert up and rb.ensure_ray() is False
+    rb.shutdown_ray()  # its owner stops it
+    assert not up
+
+    rb.ensure_ray_for_pool()  # nothing running: the pool starts Ray, for the run
+    assert up and up[0]["include_dashboard"] is False
+    rb.shutdown_ray(only_ours=True)
+    assert not up and rb._TEMP_DIRS == []  # stopped, and its temp dir removed

@@ -11,32 +11,21 @@ import torch
 from ctl_workers import Actor, EchoWorker, Ref, Reward
 
 from baton.batch import Batch
-from baton.controller import ResourcePool, WorkerError, WorkerGroup, build_role_groups, ensure_ray, shutdown_ray
+from baton.controller import ResourcePool, WorkerError, WorkerGroup, build_role_groups
 from baton.controller.ray_backend import RayFuture
 
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    torch.set_num_threads(1)
-    # Ray workers get the driver's script dir and cwd on their path, not pytest's additions:
-    # point them at ctl_workers (cloudpickle ships worker classes by reference).
-    here = os.path.dirname(os.path.abspath(__file__))
-    ensure_ray(num_cpus=8, runtime_env={"env_vars": {"PYTHONPATH": here}})
-    yield
-    shutdown_ray()
+pytestmark = pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def g2():
+def g2(ray_cluster):
     g = WorkerGroup(ResourcePool(2, backend="ray", name="g2"), EchoWorker, scale=1.0)
     yield g
     g.shutdown()
 
 
 @pytest.fixture(scope="module")
-def g1():
+def g1(ray_cluster):
     g = WorkerGroup(ResourcePool(1, backend="ray", name="g1"), EchoWorker, scale=10.0)
     yield g
     g.shutdown()
@@ -98,6 +87,7 @@ def test_future_passed_between_groups_without_driver_fetch(g2, g1, monkeypatch):
 
 
 def test_colocated_roles_and_split_pools_run_concurrently(g2, g1):
+    """...and each host's call log shows it: per rank, with the rank's pid."""
     # Reuse the processes of g2 / g1 (starting workers dominates test time): roles added to
     # a pool that already runs are colocated with what it hosts.
     groups = build_role_groups(pools={"main": g2.pool, "aux": g1.pool},
@@ -117,6 +107,13 @@ def test_colocated_roles_and_split_pools_run_concurrently(g2, g1):
         assert a.get() == [1.0, 1.0] and r.get() == [1.0]
         elapsed = time.perf_counter() - t0
         assert elapsed < 1.7, f"split pools did not overlap: {elapsed:.2f} s for two 1 s sleeps"
+        la, lr = actor.call_log(), reward.call_log()
+        assert "read_actor" not in [c["method"] for c in la]  # a colocated role's calls are its own
+        sleeps = [c for c in la if c["method"] == "sleep"]
+        (rec,) = [c for c in lr if c["method"] == "sleep"]
+        assert sorted(c["rank"] for c in sleeps) == [0, 1] and {c["pid"] for c in sleeps} == set(actor.pid())
+        overlap = min(rec["end"], *(c["end"] for c in sleeps)) - max(rec["start"], *(c["start"] for c in sleeps))
+        assert overlap > 0.3, overlap  # two 1 s sleeps within 1.7 s overlap by 0.3 s at least
     finally:
         for g in groups.values():
             g.shutdown()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from baton import fields as F
 from baton.batch import Batch
 from baton.config import load_config
-from baton.controller import ResourcePool, WorkerGroup, shutdown_ray
+from baton.controller import ResourcePool, WorkerGroup
 from baton.models.make import make_tiny_checkpoint
 from baton.trainers.grpo_config import GRPOConfig
 from baton.workers.actor import ActorWorker
@@ -72,11 +72,8 @@ def test_micro_batches_do_not_change_the_update(model_dir, tmp_path, agg):
     assert max((one[0][k] - before[k]).abs().max().item() for k in before) > 1e-3  # it did train
 
 
-@pytest.mark.ray
+@pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     one = updated_weights(model_dir, tmp_path, "local", 1, micro=8, agg="token-mean")
-    try:
-        two = updated_weights(model_dir, tmp_path, "ray", 2, micro=2, agg="token-mean")
-    finally:
-        shutdown_ray()
+    two = updated_weights(model_dir, tmp_path, "ray", 2, micro=2, agg="token-mean")
     assert_same(one, two)

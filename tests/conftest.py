@@ -1,0 +1,47 @@
+"""Session-wide fixtures: one local Ray instance for every test that needs Ray.
+
+Starting Ray costs seconds to tens of seconds on a loaded 2-core machine, so the suite starts
+it once, at the first test that needs it, and stops it at the end of the session. A test
+marked `ray` gets it without asking; a fixture that needs Ray (e.g. a module's worker group)
+names `ray_cluster`. Tests must not shut it down (a trainer's teardown leaves it up: it calls
+`shutdown_ray(only_ours=True)`, which stops only a Ray that its own pool started); one that
+does anyway only costs the next Ray test a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _start_ray() -> bool:
+    """baton's settings (auth off, no usage stats, no dashboard, a temp dir of its own),
+    8 CPUs. Ray workers get the driver's cwd and script dir on their path, not the test dirs
+    that conftests add (e.g. tests/controller for `ctl_workers`, whose classes cloudpickle
+    ships by reference): hand those over."""
+    from baton.controller import ensure_ray
+
+    test_dirs = [p for p in dict.fromkeys(sys.path) if p and Path(p).resolve().is_relative_to(TESTS)]
+    return ensure_ray(num_cpus=8, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(test_dirs)}})
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The session's Ray instance (started on first use, stopped at the end of the session)."""
+    _start_ray()
+    yield
+    from baton.controller import shutdown_ray
+
+    shutdown_ray()
+
+
+@pytest.fixture(autouse=True)
+def _ray_for_ray_tests(request):
+    if request.node.get_closest_marker("ray") is not None:
+        request.getfixturevalue("ray_cluster")
+        _start_ray()  # a no-op while it runs; restarts it if an earlier test shut it down
