@@ -21,6 +21,7 @@ from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
+from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
 from baton.rollout.engine import EmbeddedEngine
 from baton.sync import check_logprob_parity, make_weight_sync
@@ -46,28 +47,6 @@ class RolloutConfig:
                            max_new_tokens=self.max_new_tokens)
         except ValueError as e:
             raise ValueError(f"rollout: {e}") from None
-
-
-def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
-    return ids, mask  # [B, P], [B, P]
-
-
-def pad_right(seqs: list[list], pad: float | int, dtype: torch.dtype, width: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    width = width or max(1, max(len(s) for s in seqs))
-    out = torch.full((len(seqs), width), pad, dtype=dtype)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = torch.tensor(s, dtype=dtype)
-        mask[i, :len(s)] = 1
-    return out, mask  # [B, R], [B, R]
 
 
 def completions_to_batch(prompts: Batch, prompt_ids: list[list[int]], done: list[Completion],
