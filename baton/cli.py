@@ -84,18 +84,18 @@ def _sft(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from baton.envs import get_task
-    from baton.envs.evaluate import evaluate
+    from baton.envs.evaluate import MODES, evaluate_modes
     from baton.models.load import load_model, load_tokenizer
     from baton.rollout.engine import EmbeddedEngine
 
     model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
     engine, task = EmbeddedEngine(model, tokenizer), get_task(args.task)
     rows = task.eval_rows(args.n)
-    for mode in ("greedy", "sampled"):
-        result = evaluate(engine, tokenizer, task, rows, greedy=mode == "greedy", n=4,
-                          max_new_tokens=args.max_new_tokens, seed=args.seed)
-        print(f"{mode:8s} accuracy {result['accuracy']:.3f}  (stop rate {result['stop_rate']:.3f}, "
-              f"{int(result['samples'])} samples on {len(rows)} held-out prompts)")
+    result = evaluate_modes(engine, tokenizer, task, rows, n=4, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    for mode in MODES:
+        print(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
+              f"{result[f'eval/stop_rate_{mode}']:.3f}, {int(result[f'eval/samples_{mode}'])} samples "
+              f"on {len(rows)} held-out prompts)")
     return 0
 
 
