@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.controller import ResourcePool, WorkerGroup, shutdown_ray
+from baton.controller import ResourcePool, WorkerGroup
 from baton.models.config import ModelConfig
 from baton.models.make import make_tiny_checkpoint
 from baton.workers.critic import CriticConfig, CriticWorker, load_value_model, prefix_values
@@ -115,13 +115,10 @@ def test_micro_batches_do_not_change_the_update(model_dir, tmp_path, agg):
     assert max((one[0][k] - before[k]).abs().max().item() for k in before if k in one[0]) > 1e-3
 
 
-@pytest.mark.ray
+@pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     one = updated(model_dir, tmp_path, "local", 1, micro=8)
-    try:
-        two = updated(model_dir, tmp_path, "ray", 2, micro=8)  # 2 ranks x 4 rows
-    finally:
-        shutdown_ray()
+    two = updated(model_dir, tmp_path, "ray", 2, micro=8)  # 2 ranks x 4 rows
     assert_same(one, two)
 
 
