@@ -65,6 +65,13 @@ from baton.workers.rollout import BASELINE_COMPLETION
 CRITIC_PREFIX = "critic_step_"  # checkpoints/critic_step_N, written before the actor's step_N
 
 
+class CriticAwareGuard(NonFiniteGuard):
+    """The run's non-finite guard, also counting steps whose critic loss / gradient was not
+    finite (the critic skipped those optimizer steps, as the actor does)."""
+
+    KEYS = (*NonFiniteGuard.KEYS, "critic/vf_loss", "critic/grad_norm")
+
+
 # --- rewards -----------------------------------------------------------------------------
 def score_futures(roles: dict[str, Any], batch: Batch) -> list:
     """Futures of everything that scores `batch`: reward functions and/or the reward model."""
@@ -197,7 +204,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             timeline_path.unlink()
         timeline.take(roles)  # drop the records of set-up and resume calls
         log = metrics_logger(run, t, start_step=state.step)
-        guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        guard, carry, final_eval = CriticAwareGuard(t.max_nonfinite_steps), {}, {}
         try:
             if state.step == 0:
                 state.first_eval = evaluate(rollout, state.eval_rows)

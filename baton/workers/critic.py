@@ -24,6 +24,7 @@ with one flat all-reduce, so 1 rank x 8 rows = 8 micro-batches of 1 = 2 ranks x 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -209,6 +210,7 @@ class CriticWorker(Worker):
         # sums over the step: loss, grad norm (per optimizer step); clipped tokens, value sum,
         # tokens (per token, all-reduced at the end for exact fractions)
         loss_sum = norm_sum = 0.0
+        skipped = 0
         tok = torch.zeros(3, dtype=torch.float64)  # [clipped, value sum, tokens]
         n_updates = 0
         for epoch in range(c.epochs):
@@ -232,17 +234,21 @@ class CriticWorker(Worker):
                     tok += torch.tensor([float(stats.get("value_clip_frac", 0.0)) * n_tok,
                                          float(stats["value_mean"]) * n_tok, n_tok], dtype=torch.float64)
                 self._sync_grads()
-                loss_sum += self._all_reduce(mb_loss).item()  # each rank's share of the global loss
-                norm_sum += torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip).item()
+                mb_total = self._all_reduce(mb_loss).item()  # each rank's share of the global loss
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip).item()
+                loss_sum, norm_sum, n_updates = loss_sum + mb_total, norm_sum + norm, n_updates + 1
+                if not (math.isfinite(mb_total) and math.isfinite(norm)):  # equal on every rank
+                    self.optim.zero_grad(set_to_none=True)  # skip: never step on NaN / inf
+                    skipped += 1
+                    continue
                 self.optim.step()
-                n_updates += 1
         self.sched.step()
         self.updates += 1
         tok = self._all_reduce(tok)
         n = max(tok[2].item(), 1.0)
         return {"critic/vf_loss": loss_sum / n_updates, "critic/grad_norm": norm_sum / n_updates,
                 "critic/vf_clipfrac": tok[0].item() / n, "critic/value_mean": tok[1].item() / n,
-                "critic/lr": self.optim.param_groups[0]["lr"]}
+                "critic/lr": self.optim.param_groups[0]["lr"], "critic/nonfinite_skipped": float(skipped)}
 
     # --- checkpoints -------------------------------------------------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)

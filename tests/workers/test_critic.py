@@ -158,3 +158,16 @@ def test_fitting_lowers_the_loss_and_a_checkpoint_resumes_exactly(model_dir, tmp
         assert torch.equal(h.compute_values(batch).get()[F.VALUES], values)
     finally:
         h.shutdown()
+
+
+def test_a_non_finite_loss_skips_the_optimizer_step(model_dir, tmp_path):
+    batch = rollout_batch()
+    batch[F.RETURNS] = torch.full_like(batch[F.RETURNS], float("nan"))
+    g = critic_group(model_dir)
+    try:
+        before = g.compute_values(batch).get()[F.VALUES]
+        m = g.update_critic(batch).get()[0]
+        assert m["critic/nonfinite_skipped"] == 1.0 and m["critic/vf_loss"] != m["critic/vf_loss"]  # NaN
+        assert torch.equal(g.compute_values(batch).get()[F.VALUES], before)  # weights untouched
+    finally:
+        g.shutdown()
