@@ -1,0 +1,49 @@
+"""The PPO driver's own pieces, by hand: how rewards combine (functions + weighted reward
+model + DAPO overlong penalty), and why truncated IS may scale the advantages instead of the
+per-token loss (every policy loss is positively homogeneous in the advantage)."""
+
+import pytest
+import torch
+
+from baton import fields as F
+from baton.algos import actor_loss
+from baton.batch import Batch
+from baton.trainers.ppo import combine_rewards
+from baton.workers.reward_model import RM_SCORE
+
+
+def test_rewards_combine_by_weight_with_the_overlong_penalty():
+    batch = Batch({F.REWARDS: torch.tensor([1.0, 0.0, 1.0]), RM_SCORE: torch.tensor([2.0, -1.0, 0.5]),
+                   F.RESPONSE_MASK: torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])})
+    out = combine_rewards(batch, rm_weight=0.5, overlong=(4, 2, 1.0))
+    # lengths 1, 3, 4 with max 4, buffer 2: penalties 0, -(3-2)/2 = -0.5, -(4-2)/2 = -1
+    assert out["reward/overlong"].tolist() == [0.0, -0.5, -1.0]
+    # 1 + 0.5*2 + 0 = 2; 0 + 0.5*(-1) - 0.5 = -1; 1 + 0.5*0.5 - 1 = 0.25
+    assert out[F.REWARDS].tolist() == [2.0, -1.0, 0.25]
+    assert out["reward_errors"].tolist() == [0, 0, 0]  # failure counts exist without a reward role
+
+
+def test_reward_model_alone():
+    batch = Batch({RM_SCORE: torch.tensor([0.2, -0.4]), F.RESPONSE_MASK: torch.ones(2, 3)})
+    assert combine_rewards(batch, rm_weight=2.0, overlong=None)[F.REWARDS].tolist() == pytest.approx([0.4, -0.8])
+
+
+@pytest.mark.parametrize("loss,kwargs", [("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
+                                         ("ppo_clip", {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}),
+                                         ("vanilla", {}), ("gspo", {})])
+def test_tis_weights_on_the_advantages_equal_tis_weights_on_the_loss(loss, kwargs):
+    g = torch.Generator().manual_seed(0)
+    B, R = 6, 5
+    mask = (torch.arange(R) < torch.tensor([5, 3, 1, 4, 2, 5])[:, None]).float()
+    old = -torch.rand(B, R, generator=g)
+    logp = (old + 0.3 * torch.randn(B, R, generator=g)).requires_grad_()
+    adv = torch.randn(B, 1, generator=g).expand(B, R).clone()
+    w = torch.rand(B, R, generator=g) * 2  # [0, 2): the capped weights
+    common = dict(old_logprobs=old, response_mask=mask, policy_loss=loss, policy_loss_kwargs=kwargs,
+                  agg_mode="token-mean")
+    a, _ = actor_loss(logprobs=logp, advantages=adv, tis_weights=w, **common)
+    (ga,) = torch.autograd.grad(a, logp)
+    b, _ = actor_loss(logprobs=logp, advantages=adv * w, **common)
+    (gb,) = torch.autograd.grad(b, logp)
+    assert a.item() == pytest.approx(b.item(), abs=1e-6)
+    assert torch.allclose(ga, gb, atol=1e-6)
