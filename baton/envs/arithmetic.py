@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from baton.envs.base import Row
-from baton.rewards.runner import register_reward
+from baton.rewards.registry import register_reward
 
 _INT = re.compile(r"-?\d+")
 

@@ -67,10 +67,9 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from baton.rewards.pool import BUSY, DEAD, IDLE, STARTING, ProcessSlot, Slot, ThreadSlot, dump_functions, shutdown
+from baton.rewards.registry import REWARD_FUNCTIONS, RewardFn, register_reward
 from baton.rewards.serve import ERROR, NONFINITE, OK, PENDING
 
-RewardFn = Callable[..., float]
-REWARD_FUNCTIONS: dict[str, RewardFn] = {}
 SANDBOXES = ("auto", "process", "thread")
 log = logging.getLogger(__name__)
 
@@ -80,13 +79,6 @@ CHUNK_CAP = 256  # calls per chunk at most (the shared buffer holds this many)
 START_TIMEOUT_S = 60.0  # a worker process that is not ready by then has failed to start
 START_RETRIES = 3  # worker processes in a row that fail to start before score() raises
 _KINDS = {ERROR: "errors", TIMEOUT: "timeouts", NONFINITE: "nonfinite"}
-
-
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def wrap(fn: RewardFn) -> RewardFn:
-        REWARD_FUNCTIONS[name] = fn
-        return fn
-    return wrap
 
 
 def resolve_reward(name: str) -> RewardFn:

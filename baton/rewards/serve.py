@@ -137,7 +137,7 @@ def load_functions(specs: list[Any], files: dict[str, str]) -> list[Callable[...
             continue
         _, name, module = spec  # ("registered", name, module): importing it registers name
         _import(module, files)
-        from baton.rewards.runner import REWARD_FUNCTIONS
+        from baton.rewards.registry import REWARD_FUNCTIONS
         if name not in REWARD_FUNCTIONS:
             raise LookupError(f"importing {module} did not register reward function {name!r} "
                               f"(registered at run time, not at import?)")

@@ -34,6 +34,7 @@ from baton.trainers.placement import build_roles
 from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
+from baton.trainers.sources import RolloutSource
 
 
 def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
@@ -74,9 +75,11 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
         state = RunState.fresh(cfg.data)
         roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
         actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
+        source = RolloutSource(rollout, state, cfg.data.prompts_per_step)  # where rows come from
         if run.resume_from:
             state.restore(actor.load_checkpoint(str(run.resume_from))[0])
-            rollout.sync_weights(state.step)
+            source.load_state_dict(state.source)
+            source.weights_updated(state.step)
         log = metrics_logger(run, t, start_step=state.step)
         guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
         try:
@@ -85,9 +88,8 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 log.log(0, state.first_eval)
             while state.step < t.steps:
                 step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
-                prompts = state.next_prompts(cfg.data.prompts_per_step)
                 with timer("rollout"):
-                    batch = rollout.generate(prompts, step)
+                    batch = source.rows(step)
                 with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
                     pending = [reward.compute_rewards(batch)]
                     if ref is not None:
@@ -105,7 +107,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 with timer("update"):
                     update = actor.update(batch)  # skips optimizer steps whose loss/grad is not finite
                 with timer("sync"):
-                    parity = rollout.sync_weights(step, check=t.check_weight_sync)
+                    parity = source.weights_updated(step, check=t.check_weight_sync)
                 if t.check_weight_sync:
                     check_sync(parity, step)
                 state.step = step
@@ -125,10 +127,12 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 carry = {}
                 if is_due(step, t.save_every, last):
                     with timer("save"):
+                        state.source = source.state_dict()
                         save_checkpoint(actor, run, t, step, state.to_dict())
                     carry = timer.pop()  # logged with the next step
         finally:
             log.close()
+            source.close()
     finally:
         close_run(run, roles, cfg.placement.backend)
     write_report(run.path)

@@ -22,6 +22,7 @@ class RunState:
     eval_rows: list[dict[str, Any]]
     step: int = 0
     first_eval: dict[str, float] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)  # the row source's own state (sources.py)
 
     @classmethod
     def fresh(cls, data: DataConfig) -> "RunState":
@@ -33,10 +34,12 @@ class RunState:
         return collate(self.sampler.next_batch(n))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "first_eval": self.first_eval}
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "first_eval": self.first_eval,
+                "source": self.source}
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.step = saved["step"]
         self.sampler.load_state_dict(saved["sampler"])
         self.first_eval = saved.get("first_eval", {})
+        self.source = saved.get("source", {})
 
