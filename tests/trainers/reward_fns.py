@@ -1,0 +1,13 @@
+"""Reward functions for the fault tests, in a module of their own with no heavy imports:
+the reward worker processes import the module that defines a function, so a test module
+that imports torch and the trainer would make every worker start slowly."""
+
+from baton.rewards.registry import REWARD_FUNCTIONS, register_reward
+
+
+def nan_reward(prompt, completion, **row):
+    return float("nan")
+
+
+if "test/nan" not in REWARD_FUNCTIONS:
+    register_reward("test/nan")(nan_reward)
