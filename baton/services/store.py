@@ -1,0 +1,194 @@
+"""The trajectory API's durable state: scored groups, registered environments, the trainer's
+registration, in one SQLite file in WAL mode.
+
+    store = GroupStore("runs/x/api.sqlite")
+    gid = store.push(group_dict, env_id=0, size=8, policy_version=3)
+    batch = store.take_batch(batch_size=64, version=5, max_staleness=2)
+
+Every write is one transaction with `synchronous=FULL`, so a group the API answered 200 for
+is on disk: a process killed with SIGKILL (or a power cut, as far as the disk honours
+fsync) and restarted on the same file serves it. Groups move `queued` -> `served` (handed
+to the trainer in a batch, once) or `queued` -> `stale` (older than the trainer's staleness
+bound when it pulled: kept and counted, never silently deleted). Served groups beyond the
+newest `keep_served` are pruned.
+
+Thread-safe: one connection guarded by a lock (the API's handlers are short).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS envs (
+    env_id INTEGER PRIMARY KEY, desired_name TEXT NOT NULL, real_name TEXT NOT NULL,
+    max_token_length INTEGER NOT NULL, weight REAL NOT NULL, group_size INTEGER NOT NULL,
+    min_batch_allocation REAL, connected INTEGER NOT NULL, registered REAL NOT NULL, last_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, env_id INTEGER, size INTEGER NOT NULL,
+    policy_version INTEGER, state TEXT NOT NULL DEFAULT 'queued', batch_step INTEGER,
+    created REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS groups_state ON groups(state, id);
+"""
+
+QUEUED, SERVED, STALE = "queued", "served", "stale"
+
+
+class GroupStore:
+    def __init__(self, path: str | os.PathLike, keep_served: int = 1000):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.keep_served = keep_served
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- key/value (registration, counters) -------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set(self, **values: Any) -> None:
+        with self._lock, self._tx():
+            for k, v in values.items():
+                self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (k, json.dumps(v)))
+
+    def _tx(self):
+        db = self._db
+
+        class _Tx:
+            def __enter__(self):
+                db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, exc_type, *_):
+                db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return _Tx()
+
+    # --- environments -----------------------------------------------------------------
+    def add_env(self, desired_name: str, max_token_length: int, weight: float, group_size: int,
+                min_batch_allocation: float | None) -> dict[str, Any]:
+        now = time.time()
+        with self._lock, self._tx():
+            env_id = self._db.execute("SELECT COUNT(*) FROM envs").fetchone()[0]
+            same = self._db.execute("SELECT COUNT(*) FROM envs WHERE desired_name=?", (desired_name,)).fetchone()[0]
+            real = f"{desired_name}_{same}"
+            self._db.execute("INSERT INTO envs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                             (env_id, desired_name, real, max_token_length, weight, group_size,
+                              min_batch_allocation, 1, now, now))
+        return {"env_id": env_id, "real_name": real}
+
+    def envs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM envs ORDER BY env_id")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def touch_env(self, env_id: int, connected: bool | None = None) -> bool:
+        with self._lock, self._tx():
+            if connected is None:
+                cur = self._db.execute("UPDATE envs SET last_seen=? WHERE env_id=?", (time.time(), env_id))
+            else:
+                cur = self._db.execute("UPDATE envs SET last_seen=?, connected=? WHERE env_id=?",
+                                       (time.time(), int(connected), env_id))
+            return cur.rowcount > 0
+
+    def update_env_group_size(self, env_id: int, group_size: int) -> None:
+        with self._lock, self._tx():
+            self._db.execute("UPDATE envs SET group_size=? WHERE env_id=?", (group_size, env_id))
+
+    # --- groups -----------------------------------------------------------------------
+    def push_many(self, groups: list[tuple[dict[str, Any], int | None, int, int | None]],
+                  max_queued: int | None = None) -> list[int] | None:
+        """Queue (body, env_id, size, policy_version) groups in one transaction; None (nothing
+        queued) if that would put more than `max_queued` groups in the queue."""
+        now = time.time()
+        with self._lock, self._tx():
+            if max_queued is not None:
+                queued = self._db.execute("SELECT COUNT(*) FROM groups WHERE state=?", (QUEUED,)).fetchone()[0]
+                if queued + len(groups) > max_queued:
+                    return None
+            ids = []
+            for body, env_id, size, version in groups:
+                cur = self._db.execute(
+                    "INSERT INTO groups(env_id, size, policy_version, state, created, body) VALUES (?,?,?,?,?,?)",
+                    (env_id, size, version, QUEUED, now, json.dumps(body)))
+                ids.append(cur.lastrowid)
+            return ids
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*), COALESCE(SUM(size), 0) FROM groups GROUP BY state").fetchall()
+        out = {f"{s}_groups": 0 for s in (QUEUED, SERVED, STALE)} | {"queued_sequences": 0}
+        for state, n, seqs in rows:
+            out[f"{state}_groups"] = n
+            if state == QUEUED:
+                out["queued_sequences"] = seqs
+        return out
+
+    def queued_meta(self) -> list[tuple[int, int | None, int, int | None]]:
+        """(id, env_id, size, policy_version) of every queued group, oldest first."""
+        with self._lock:
+            return self._db.execute("SELECT id, env_id, size, policy_version FROM groups WHERE state=? ORDER BY id",
+                                    (QUEUED,)).fetchall()
+
+    def latest(self) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM groups ORDER BY id DESC LIMIT 1").fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def take_batch(self, batch_size: int, step: int, version: int | None = None,
+                   max_staleness: int | None = None) -> tuple[list[dict[str, Any]] | None, int]:
+        """Oldest-first whole groups summing to exactly `batch_size` sequences, marked served
+        (delivered once) in one transaction with the step counter; or None if the queue cannot
+        form one yet. Queued groups older than `version - max_staleness` are marked stale
+        first (kept, counted). Returns (groups, groups newly marked stale)."""
+        with self._lock, self._tx():
+            stale = 0
+            if version is not None and max_staleness is not None and max_staleness >= 0:
+                stale = self._db.execute(
+                    "UPDATE groups SET state=? WHERE state=? AND policy_version IS NOT NULL AND policy_version < ?",
+                    (STALE, QUEUED, version - max_staleness)).rowcount
+            picked, total = [], 0
+            for gid, size in self._db.execute("SELECT id, size FROM groups WHERE state=? ORDER BY id",
+                                              (QUEUED,)).fetchall():
+                if total + size <= batch_size:  # greedy, oldest first; a group that does not fit waits
+                    picked.append(gid)
+                    total += size
+                    if total == batch_size:
+                        break
+            if total != batch_size:
+                return None, stale
+            marks = ",".join("?" * len(picked))
+            self._db.execute(f"UPDATE groups SET state=?, batch_step=? WHERE id IN ({marks})", (SERVED, step, *picked))
+            rows = self._db.execute(f"SELECT body, policy_version FROM groups WHERE id IN ({marks}) ORDER BY id",
+                                    picked).fetchall()
+            self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('current_step', ?)", (json.dumps(step),))
+            if self.keep_served:
+                self._db.execute("DELETE FROM groups WHERE state=? AND id NOT IN (SELECT id FROM groups WHERE state=? "
+                                 "ORDER BY id DESC LIMIT ?)", (SERVED, SERVED, self.keep_served))
+        groups = []
+        for body, pv in rows:
+            g = json.loads(body)
+            g["policy_version"] = pv
+            groups.append(g)
+        return groups, stale
+
+    def reset(self) -> None:
+        with self._lock, self._tx():
+            for table in ("kv", "envs", "groups"):
+                self._db.execute(f"DELETE FROM {table}")
