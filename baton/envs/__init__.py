@@ -1,13 +1,20 @@
 """Tasks (prompt sources + verifiers + reward functions) and held-out evaluation.
 
-Importing this package registers the built-in tasks in `TASKS` and their reward
-functions in `baton.rewards.runner.REWARD_FUNCTIONS`.
+Importing this package registers the built-in tasks in `TASKS` (arithmetic, gsm8k), their
+reward functions in `baton.rewards.runner.REWARD_FUNCTIONS`, and the environments that serve
+them to the trajectory API in `ENVIRONMENTS` (`environment.py`: the protocol and
+`TaskEnvironment`).
 """
 
 from baton.envs.arithmetic import ArithmeticTask, correctness, format_reward, verify
 from baton.envs.base import TASKS, Task, get_task, register_task, row_kwargs
+from baton.envs.environment import (ENVIRONMENTS, Environment, ScoredGroup, TaskEnvironment, make_environment,
+                                    register_environment)
+from baton.envs.gsm8k import GSM8KTask
 
 register_task(ArithmeticTask())
+register_task(GSM8KTask())  # reads its rows from data.path (a GSM8K jsonl or verl parquet)
 
-__all__ = ["ArithmeticTask", "TASKS", "Task", "correctness", "format_reward", "get_task",
-           "register_task", "row_kwargs", "verify"]
+__all__ = ["ArithmeticTask", "ENVIRONMENTS", "Environment", "GSM8KTask", "ScoredGroup", "TASKS", "Task",
+           "TaskEnvironment", "correctness", "format_reward", "get_task", "make_environment",
+           "register_environment", "register_task", "row_kwargs", "verify"]
