@@ -34,7 +34,7 @@ from baton.trainers.placement import build_roles
 from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
-from baton.trainers.sources import RolloutSource
+from baton.trainers.async_source import rollout_source
 
 
 def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
         state = RunState.fresh(cfg.data)
         roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
         actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
-        source = RolloutSource(rollout, state, cfg.data.prompts_per_step)  # where rows come from
+        source = rollout_source(cfg, roles, state)  # where rows come from (trainer.mode)
         if run.resume_from:
             state.restore(actor.load_checkpoint(str(run.resume_from))[0])
             source.load_state_dict(state.source)
@@ -91,7 +91,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 with timer("rollout"):
                     batch = source.rows(step)
                 with timer("score"):  # rewards, reference and old logprobs: concurrent on split pools
-                    pending = [reward.compute_rewards(batch)]
+                    pending = [] if F.REWARDS in batch else [reward.compute_rewards(batch)]  # scored by the source?
                     if ref is not None:
                         pending.append(ref.compute_ref_logprobs(batch))
                     if cfg.algo.recompute_old_logprobs:

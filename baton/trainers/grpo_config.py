@@ -8,18 +8,24 @@ sections that live next to what they configure:
     algo       baton.algos.config.AlgoConfig         the driver (advantage), the actor (loss)
     actor      baton.workers.actor.ActorConfig       actor
     placement  baton.controller.placement.PlacementConfig
-    trainer    baton.trainers.run_config.TrainerConfig
+    trainer    GRPOTrainerConfig: TrainerConfig + mode / max_staleness (async_source.py)
 
 A recipe YAML mirrors these dataclasses; `baton.config.load_config` checks every key and
 type, then `GRPOConfig.__post_init__` checks every name against its registry and every
 range, before anything is loaded or written. Sizes: `data.prompts_per_step` prompts x
 `rollout.n` samples = the rows of one step; `actor.mini_batch_size` and
 `actor.micro_batch_size` count rows across all data-parallel ranks.
+
+`trainer.mode` (sync | one_step_off | async) decides whether generation overlaps the update:
+the overlapping modes need the rollout on a pool of its own; unless `placement.roles` places
+it, the rollout and the reward move to the pool "gen" (1 worker), which runs on Ray even
+when `placement.backend=local` (the actor then stays in the driver's process).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from baton.algos.config import AlgoConfig, check_advantage_inputs, check_algo_names
 from baton.controller.placement import PlacementConfig
@@ -33,6 +39,39 @@ ROLES = ["actor", "rollout", "reward", "reference"]
 # What the GRPO driver hands an advantage estimator (no critic: no values).
 ADVANTAGE_INPUTS = {"scores", "response_mask", "group_size", "group_index", "token_rewards"}
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}  # baseline = the group
+GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
+
+
+@dataclass
+class GRPOTrainerConfig(TrainerConfig):
+    """The `trainer:` section of a GRPO run: TrainerConfig plus how generation and the
+    update overlap (see baton.trainers.async_source):
+
+        sync          the rows of step s are sampled by the weights of step s-1 (age 0)
+        one_step_off  the generator samples step s+1 while the trainer trains on step s (age 1)
+        async         the generator runs up to `max_staleness` steps ahead (age <= max_staleness)
+    """
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
+    max_staleness: int | None = None  # versions the generator may run ahead; async's default: 2
+
+    @property
+    def staleness(self) -> int:
+        """k: the rows of step s are sampled by weights version max(0, s - 1 - k)."""
+        if self.mode == "sync":
+            return 0
+        if self.mode == "one_step_off":
+            return 1
+        return 2 if self.max_staleness is None else self.max_staleness
+
+    def check(self) -> None:
+        super().check()
+        k, mode = self.max_staleness, self.mode
+        if k is not None and k < 0:
+            raise ValueError(f"trainer.max_staleness must be >= 0, got {k}")
+        fixed = {"sync": 0, "one_step_off": 1}.get(mode)
+        if k is not None and fixed is not None and k != fixed:
+            raise ValueError(f"trainer.mode={mode} has max_staleness {fixed}; for a bound of {k} "
+                             f"use trainer.mode=async trainer.max_staleness={k}")
 
 
 @dataclass
@@ -44,7 +83,7 @@ class GRPOConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: GRPOTrainerConfig = field(default_factory=GRPOTrainerConfig)
 
     def __post_init__(self) -> None:
         for section in (self.data, self.rollout, self.reward, self.actor, self.trainer):
@@ -60,7 +99,8 @@ class GRPOConfig:
                                  f"every {self.algo.advantage!r} advantage is 0 (use a temperature > 0)")
         if self.algo.kl_coef < 0 or self.algo.entropy_coef < 0:
             raise ValueError("algo.kl_coef and algo.entropy_coef must be >= 0")
-        self.placement.check(ROLES, same_pool=("actor", "rollout"))
+        self._place_generator()
+        self.placement.check(ROLES)
         rows = self.data.prompts_per_step * self.rollout.n
         mini = self.actor.mini_batch_size or rows
         ws = self.placement.world_size
@@ -70,3 +110,18 @@ class GRPOConfig:
         if mini % ws or self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide actor.mini_batch_size={mini} "
                              f"and data.prompts_per_step={self.data.prompts_per_step}")
+
+    def _place_generator(self) -> None:
+        """The overlapping modes need the rollout apart from the actor: put it (and the
+        reward, unless placed) on the pool "gen" when the recipe does not place it."""
+        p, mode = self.placement, self.trainer.mode
+        if mode == "sync":
+            return
+        if "rollout" not in p.roles:
+            p.pools.setdefault(GEN_POOL, 1)
+            p.roles["rollout"] = GEN_POOL
+            p.roles.setdefault("reward", GEN_POOL)
+        elif p.pool_of("rollout") == p.pool_of("actor"):
+            raise ValueError(f"trainer.mode={mode} overlaps generation with the update, so the rollout needs "
+                             f"a pool of its own: placement.pools.{GEN_POOL}=1 placement.roles.rollout={GEN_POOL} "
+                             f"(or leave placement.roles.rollout unset), or trainer.mode=sync")

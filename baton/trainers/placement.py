@@ -8,6 +8,14 @@ the critic and the reward model when their sections are present. `placement.pool
 `placement.roles` move the reward, reference, critic and/or reward model to pools of their
 own (split placement), where their calls run concurrently with the actor's. On the `local` backend every pool is the
 driver's own process (world size 1; breakpoints in workers work).
+
+A GRPO rollout on a pool other than the actor's (disaggregated; `trainer.mode` one_step_off /
+async put it there by default) is a `GeneratorWorker` with its own copy of the model, and
+the actor's pool gets one more role, "policy_weights" (`WeightsWorker`, right after the
+actor), which serves the actor's weights to it. When generation is to overlap the update
+(`trainer.mode` other than sync) and `placement.backend=local`, the generator's pool runs
+on Ray all the same: the actor stays in the driver's process and the generator gets one of
+its own.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from baton.trainers.grpo_config import GRPOConfig
 from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers.critic import CriticWorker
+from baton.workers.generator import GeneratorWorker, WeightsWorker
 from baton.workers.reference import ReferenceWorker
 from baton.workers.reward import RewardWorker
 from baton.workers.reward_model import RewardModelWorker
@@ -49,6 +58,23 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
                                       max_new_tokens=r.max_new_tokens))
     classes = {role: entry for role, entry in classes.items() if role in wanted}
     p = cfg.placement
-    return build_role_groups(p.pool_sizes(), {role: p.pool_of(role) for role in classes}, classes,
+    pools: dict[str, Any] = dict(p.pool_sizes())
+    if apart(cfg):  # the rollout loads its own model; the actor's pool serves it the weights
+        classes["rollout"] = (GeneratorWorker, (r,), dict(model=cfg.model, task=cfg.data.task,
+                                                          seed=cfg.trainer.seed, probe_prompt=probe_prompt))
+        classes = {**{k: v for k, v in classes.items() if k == "actor"}, "policy_weights": (WeightsWorker,),
+                   **{k: v for k, v in classes.items() if k != "actor"}}
+        gen = p.pool_of("rollout")
+        if getattr(cfg.trainer, "mode", "sync") != "sync" and p.backend == "local":
+            spec = pools[gen] if isinstance(pools[gen], dict) else {"world_size": pools[gen]}
+            pools[gen] = {**spec, "backend": "ray"}  # overlapping needs a process of its own
+    where = {role: p.pool_of("actor" if role == "policy_weights" else role) for role in classes}
+    return build_role_groups(pools, where, classes,
                              backend=p.backend, cpus_per_worker=p.cpus_per_worker,
                              gpus_per_worker=p.gpus_per_worker, threads_per_worker=p.threads_per_worker)
+
+
+def apart(cfg: GRPOConfig | PPOConfig) -> bool:
+    """Whether the rollout sits on a pool other than the actor's (a generator of its own)."""
+    p = cfg.placement
+    return p.pool_of("rollout") != p.pool_of("actor")

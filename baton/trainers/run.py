@@ -116,9 +116,12 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
     """Stop every role group once (colocated roles share one), Ray if we started it, and
     release the run dir's lock."""
     try:
-        for group in {id(g): g for g in roles.values()}.values():
+        groups = {id(g): g for g in roles.values()}.values()
+        on_ray = backend == "ray" or any(getattr(getattr(g, "pool", None), "backend_name", "") == "ray"
+                                      for g in groups)  # a pool may run on Ray on its own
+        for group in groups:
             group.shutdown()
-        if backend == "ray":
+        if on_ray:
             shutdown_ray(only_ours=True)
     finally:
         run.close()

@@ -1,0 +1,114 @@
+"""The two ends of a disaggregated rollout: a generator on a pool of its own, and the actor's
+weights served to it.
+
+    GeneratorWorker   the rollout role apart from the actor (`placement.roles.rollout: gen`):
+                      its own copy of the model (loaded from `model.path`), the same
+                      `generate` / `evaluate` as the colocated `RolloutWorker`, and
+                      `load_weights(weights, version)` instead of reading the actor in place
+    WeightsWorker     colocated with the actor (built right after it on the actor's pool):
+                      `full_weights()` returns the actor's parameters as one {name: tensor}
+                      dict on rank 0, and `probe_logprobs` scores the parity probe with the
+                      trainer's module
+
+How weights travel (the default, `object store`): the driver passes the future of
+`weights.full_weights()` straight into `generator.load_weights(...)`; on Ray the tensors go
+actor -> object store -> generator and never through the driver; the actor returns as soon
+as its result is stored, so it does not wait for the generator to finish what it is doing.
+(The alternative, a torch.distributed broadcast from actor rank 0 into the generator,
+`baton.sync.broadcast`, needs both processes in the collective at once: the actor would
+wait for the generator's current batch. Measured in BENCHMARKS.md.)
+
+Consumes / produces: as `RolloutWorker` (rows with behaviour logprobs and the policy
+version that sampled them). Waits for nothing: calls run in the order the driver submitted
+them, which is what makes the staleness schedule of `baton.trainers.async_source` exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from baton.controller import Dispatch, Execute, Worker, register
+from baton.envs import get_task
+from baton.models.config import ModelConfig
+from baton.models.load import load_model, load_tokenizer
+from baton.protocol import SamplingParams
+from baton.rollout.engine import EmbeddedEngine
+from baton.workers.policy import Policy
+from baton.workers.rollout import RolloutConfig, RolloutWorker
+
+PROBE_TOKENS = 4  # greedy tokens compared by the weight-sync parity check
+
+
+class GeneratorWorker(RolloutWorker):
+    """`GeneratorWorker(rollout, model=, task=, seed=, probe_prompt=)`: a rollout engine with
+    its own weights. Sampling is seeded per (seed, step, dp rank) exactly like the colocated
+    role, and the engine reads its module the same way (no fused copy), so with the same
+    weights it samples exactly the same rows."""
+
+    def __init__(self, rollout: RolloutConfig, *, model: ModelConfig, task: str, seed: int,
+                 probe_prompt: str):
+        Worker.__init__(self)  # not RolloutWorker's: there is no colocated actor to read
+        self.cfg, self.task, self.seed = rollout, get_task(task), seed
+        module = load_model(model.path, dtype=model.torch_dtype, device=self.device)
+        self.tokenizer = load_tokenizer(model.path)
+        # RolloutWorker.generate may consult `policy` (a plain module: read in place)
+        self.policy = Policy(module, self.tokenizer)
+        self.engine = EmbeddedEngine(module, self.tokenizer, fuse_weights=False)
+        self.probe_ids = self.tokenizer(probe_prompt).input_ids
+
+    def sync_weights(self, version: int, check: bool = False) -> None:  # not driver-callable here
+        raise RuntimeError("a generator on its own pool gets its weights through load_weights")
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_weights(self, weights: Any, version: int) -> int:
+        """Copy the trainer's weights (`WeightsWorker.full_weights`: a dict, or the per-rank
+        list whose rank-0 entry is the dict) into the engine; its rows are then `version`."""
+        if isinstance(weights, list):
+            weights = next(w for w in weights if w is not None)
+        self.engine.update_weights(weights.items(), version)
+        return version
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def probe(self) -> tuple[list[int], list[int], list[float]]:
+        """The parity probe: (prompt ids, greedy token ids, the engine's logprobs of them)."""
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True)
+        comp = self.engine.generate([list(self.probe_ids)], params)[0]
+        return list(self.probe_ids), list(comp.token_ids), list(comp.logprobs)
+
+
+class WeightsWorker(Worker):
+    """`WeightsWorker()`, colocated with the actor (its sibling "actor" is read, never
+    changed): the actor's weights for a generator on another pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = self.sibling("actor").policy
+
+    def _named(self):
+        named = getattr(self.policy, "named_weights", None)  # gathered full tensors when sharded
+        return named() if named is not None else self.policy.module.named_parameters()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)  # returns a future
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """{name: tensor} of the current weights on rank 0 (None on the other ranks, which
+        only take part in gathering sharded tensors). Copies: the caller may hold them
+        while the actor's next update changes its parameters in place."""
+        out = {name: t.detach().clone() for name, t in self._named()}
+        return out if self.rank == 0 else None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def probe_logprobs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+        """The trainer's logprobs (temperature 1) of `token_ids` after `prompt_ids`: one
+        forward of the actor's module (every rank runs it: sharded modules need them all)."""
+        module = self.policy.module
+        seq = torch.tensor([prompt_ids + token_ids], device=self.device)  # [1, P + R]
+        was_training = module.training
+        module.eval()
+        logits = module(input_ids=seq).logits.float()  # [1, P + R, V]
+        module.train(was_training)
+        p, r = len(prompt_ids), len(token_ids)
+        logp = torch.log_softmax(logits[0, p - 1: p - 1 + r], dim=-1)  # [R, V]
+        return logp.gather(-1, seq[0, p:, None]).squeeze(-1).tolist()  # [R]
