@@ -27,6 +27,10 @@ class Dispatch(str, enum.Enum):
     ONE_TO_ALL = "one_to_all"  # every arg to every rank; list of per-rank results
     ALL_TO_ALL = "all_to_all"  # arg i-th element to rank i; list of per-rank results
     DP_COMPUTE = "dp_compute"  # Batch split by data-parallel rank; tp peers share a chunk
+    # every arg to every rank, every rank runs, the driver gets rank 0's result: methods
+    # whose ranks must all take part in a collective but that have one answer (e.g. a
+    # sharded model's checkpoint, gathered to rank 0 and written there)
+    ONE_TO_ALL_RANK0 = "one_to_all_rank0"
 
 
 class Execute(str, enum.Enum):
@@ -98,6 +102,10 @@ def _collect_list(outputs: list[Any], topo: Topology) -> list[Any]:
     return list(outputs)
 
 
+def _collect_rank0(outputs: list[Any], topo: Topology) -> Any:
+    return outputs[0]
+
+
 def _split_all_to_all(value: Any, topo: Topology) -> list[Any]:
     if not isinstance(value, (list, tuple)) or len(value) != topo.world_size:
         got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) \
@@ -155,6 +163,7 @@ def get_mode(name: str | Dispatch) -> DispatchMode:
 register_dispatch_mode(Dispatch.ONE_TO_ALL.value, _split_one_to_all, _collect_list)
 register_dispatch_mode(Dispatch.ALL_TO_ALL.value, _split_all_to_all, _collect_list)
 register_dispatch_mode(Dispatch.DP_COMPUTE.value, _split_dp, _collect_dp)
+register_dispatch_mode(Dispatch.ONE_TO_ALL_RANK0.value, _split_one_to_all, _collect_rank0)
 
 
 # --- @register -----------------------------------------------------------------------

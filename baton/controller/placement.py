@@ -4,6 +4,10 @@ Roles default to the pool "main" (`world_size` slots); `pools` adds named pools 
 maps a role to one of them. Roles on one pool are colocated (one process per slot hosts
 them all); roles on different pools run concurrently. `check` validates the map against
 the roles a trainer runs, before anything starts.
+
+`mesh` shapes the main pool's ranks as a (dp, fsdp, tp) device mesh, e.g. {fsdp: 2, tp: 2}
+on 8 ranks gives dp = 8 / (2 * 2) = 2; data is split over dp x fsdp, tp peers share rows.
+How a role's module uses the mesh is its `strategy` (`baton.models.parallel`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,16 @@ class PlacementConfig:
     cpus_per_worker: int = 1
     gpus_per_worker: int = 0
     threads_per_worker: int = 0  # torch threads in each worker process; 0 = torch's default
+    # the main pool's (dp, fsdp, tp) sizes; missing dims are 1, dp takes what is left
+    mesh: dict[str, int] = field(default_factory=dict)
 
     def pool_sizes(self) -> dict[str, int]:
         return {"main": self.world_size, **self.pools}
+
+    def pool_specs(self) -> dict[str, int | dict]:
+        """`build_role_groups`' pools: sizes, and the main pool's mesh when one is set."""
+        main = {"world_size": self.world_size, "mesh": dict(self.mesh)} if self.mesh else self.world_size
+        return {**self.pool_sizes(), "main": main}
 
     def pool_of(self, role: str) -> str:
         return self.roles.get(role, "main")
@@ -39,6 +50,13 @@ class PlacementConfig:
         if self.backend == "local" and any(n != 1 for n in self.pool_sizes().values()):
             raise ValueError(f"placement.backend=local runs one worker in the driver's process: use "
                              f"placement.backend=ray for pools larger than 1 (sizes {self.pool_sizes()})")
+        if self.mesh:
+            from baton.controller.dispatch import normalize_mesh
+            try:
+                normalize_mesh(self.mesh, self.world_size)
+            except (ValueError, ZeroDivisionError) as e:
+                raise ValueError(f"placement.mesh={self.mesh} does not fit placement.world_size="
+                                 f"{self.world_size}: {e}") from None
         unknown = sorted(set(self.roles) - set(known_roles))
         if unknown:
             raise ValueError(f"placement.roles: unknown role(s) {unknown}; this trainer's roles are {known_roles}")

@@ -32,6 +32,15 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     return model.to(device).eval()
 
 
+def build_like(model: torch.nn.Module, device: str | torch.device = "cpu") -> PreTrainedModel:
+    """A plain (unwrapped, unsharded) module of `model`'s architecture and dtype, with its own
+    freshly initialised storage (e.g. an engine's copy of a sharded trainer's weights)."""
+    dtype = next(model.parameters()).dtype
+    with torch.random.fork_rng(devices=[]):  # do not move the caller's RNG
+        copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    return copy.to(device).eval()
+
+
 def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer from a local HF directory; make sure it has a pad token."""
     p = _check_dir(path, "tokenizer")
@@ -42,13 +51,19 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer, path: str | os.PathLike,
-                    extra: Callable[[Path], None] | None = None) -> Path:
+                    extra: Callable[[Path], None] | None = None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write model (safetensors) + tokenizer (may be None) to `path` atomically and durably
     (`baton.runs.checkpoints.atomic_dir`: a crash leaves the old or the new directory, never
-    a half-written one); `extra(tmp_dir)` may add files (e.g. optimizer state). Returns it."""
+    a half-written one); `extra(tmp_dir)` may add files (e.g. optimizer state). Returns it.
+    `state_dict`: the tensors to write instead of the module's own (a sharded module's
+    gathered full tensors)."""
     target = Path(path).resolve()
     with atomic_dir(target) as tmp:
-        model.save_pretrained(str(tmp))
+        if state_dict is None:
+            model.save_pretrained(str(tmp))
+        else:
+            model.save_pretrained(str(tmp), state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         if extra is not None:

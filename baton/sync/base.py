@@ -55,7 +55,7 @@ def check_logprob_parity(engine, model: torch.nn.Module, token_ids: Sequence[int
 
 
 def make_weight_sync(kind: str, engines, **kwargs) -> WeightSync:
-    """Build a transport by name: 'inplace' | 'checkpoint' | 'broadcast'.
+    """Build a transport by name: 'inplace' | 'copy' | 'checkpoint' | 'broadcast'.
 
     `engines`: one engine or a list (in-process engines or `RemoteEngine`s; for
     'broadcast', `RemoteEngine`s or base URLs)."""
@@ -70,4 +70,7 @@ def make_weight_sync(kind: str, engines, **kwargs) -> WeightSync:
     if kind == "broadcast":
         from baton.sync.broadcast import BroadcastSync
         return BroadcastSync(engines, **kwargs)
-    raise ValueError(f"unknown weight sync {kind!r}: expected 'inplace', 'checkpoint' or 'broadcast'")
+    if kind == "copy":
+        from baton.sync.copy import CopySync
+        return CopySync(engines, **kwargs)
+    raise ValueError(f"unknown weight sync {kind!r}: expected 'inplace', 'copy', 'checkpoint' or 'broadcast'")

@@ -58,7 +58,7 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
                                       max_new_tokens=r.max_new_tokens))
     classes = {role: entry for role, entry in classes.items() if role in wanted}
     p = cfg.placement
-    pools: dict[str, Any] = dict(p.pool_sizes())
+    pools: dict[str, Any] = dict(p.pool_specs())  # the main pool with its mesh, if any
     if apart(cfg):  # the rollout loads its own model; the actor's pool serves it the weights
         classes["rollout"] = (GeneratorWorker, (r,), dict(model=cfg.model, task=cfg.data.task,
                                                           seed=cfg.trainer.seed, probe_prompt=probe_prompt))

@@ -2,10 +2,14 @@
 
 Consumes rollout batches (prompt/response ids, masks, old logprobs, advantages, and
 reference logprobs when KL is on); produces per-token logprobs and policy updates.
-Data parallel: every rank holds a full replica; gradients are summed across ranks with one
-all-reduce per optimizer step over a flat buffer, and the losses are normalised by global
-token / sequence counts (all-reduced first), so 2 ranks x 4 rows give the gradient of
-1 rank x 8 rows (see baton.algos.aggregate_loss).
+Data parallel: the losses are normalised by global token / sequence counts (all-reduced
+over the data ranks first), so 2 ranks x 4 rows give the gradient of 1 rank x 8 rows (see
+baton.algos.aggregate_loss). How the module sits on the worker's mesh is `actor.strategy`
+(`baton.models.parallel`): `ddp` (a full replica per rank, gradients summed with one flat
+all-reduce per optimizer step) or `fsdp2` (sharded parameters, gradients reduce-scattered
+in backward), each with tensor parallelism when `placement.mesh.tp` > 1; this file only
+calls the strategy (all-reduce over data ranks, grad sync, clip, full tensors for
+checkpoints and the engine).
 """
 
 from __future__ import annotations
@@ -15,16 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from baton import fields as F
 from baton.algos import actor_loss, loss_normalisers
 from baton.algos.config import AlgoConfig
 from baton.batch import Batch
-from baton.controller import Dispatch, Execute, Worker, register
+from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
+from baton.models.parallel import wrap
 from baton.workers.optim import build_optimizer
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
@@ -45,7 +48,9 @@ class ActorConfig:
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation)
     epochs: int = 1  # passes over each rollout batch
     grad_clip: float = 1.0
-    bf16: bool = False  # bf16 autocast for forward/backward
+    bf16: bool = False  # bf16 autocast for forward/backward (fsdp2 on CUDA: bf16 params in compute)
+    strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the module sits on the mesh (baton.models.parallel)
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
@@ -68,11 +73,16 @@ class ActorWorker(Worker):
         self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)
         a = actor
+        # in place: self.model is the wrapped module (sharded parameters are DTensors)
+        self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=a.bf16,
+                        activation_checkpointing=a.activation_checkpointing)
         self.optim, self.sched = build_optimizer(
             self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
             warmup_steps=a.warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
             min_ratio=a.min_lr_ratio)
-        self.policy = Policy(self.model, self.tokenizer)  # what a colocated engine reads
+        # what a colocated engine reads: the module itself, or (sharded) gathered full tensors
+        self.policy = Policy(self.model, self.tokenizer, in_place=not self.par.sharded,
+                             full_weights=self.par.full_state_dict_iter)
 
     @property
     def updates(self) -> int:  # trainer steps taken: the policy version
@@ -89,15 +99,15 @@ class ActorWorker(Worker):
 
     # --- training ----------------------------------------------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return t
+        """SUM over the data ranks (tp peers hold the same rows: not counted twice)."""
+        return self.par.all_reduce(t)
 
     def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
         algo = self.algo
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             logp, ent = response_logprobs(self.model, micro, self.temperature,
-                                          with_entropy=True, entropy_grad=algo.entropy_coef > 0)
+                                          with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                                          share_prompts=self.par.share_prompts)
         loss, stats = actor_loss(
             logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
             response_mask=micro[F.RESPONSE_MASK].float(),
@@ -111,13 +121,11 @@ class ActorWorker(Worker):
         return loss, {f"actor/{k}": float(v) for k, v in stats.items()}
 
     def _sync_grads(self) -> None:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.world_size == 1 or not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)  # SUM: losses are already divided by global counts
-        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(synced)
+        self.par.sync_grads()  # SUM over data ranks: losses are already divided by global counts
+
+    def _clip_grads(self, max_norm: float) -> torch.Tensor:
+        """The global gradient norm before clipping (correct for sharded gradients)."""
+        return self.par.clip_grad_norm_(max_norm)
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> dict[str, float]:
@@ -149,7 +157,7 @@ class ActorWorker(Worker):
                 self._sync_grads()
                 # Each rank's loss is its share of the global one (global normalisers): sum them.
                 sums["actor/loss"] = sums.get("actor/loss", 0.0) + self._all_reduce(mb_loss).item()
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
+                norm = self._clip_grads(a.grad_clip)
                 sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()
                 # A non-finite loss or gradient would poison the weights (and every later
                 # checkpoint): skip this optimizer step; the driver stops after K such steps.
@@ -187,29 +195,41 @@ class ActorWorker(Worker):
         return batch
 
     # --- checkpoints -------------------------------------------------------------------
-    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)  # every rank gathers; rank 0 writes
     def save_checkpoint(self, path: str, driver_state: dict[str, Any]) -> str:
         """Write model + tokenizer (HF format) and optimizer/driver state to `path`, atomically
         and durably (a crash leaves the previous checkpoint or this one). Refuses non-finite
-        weights: a checkpoint that `resume=auto` would load must be trainable."""
-        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        weights: a checkpoint that `resume=auto` would load must be trainable.
+
+        Sharded strategies: every rank takes part in gathering each full tensor in turn (to
+        rank 0's CPU) and the full optimizer state; only rank 0 writes."""
+        weights = self.par.full_state_dict_iter(device="cpu" if self.par.sharded else None)
+        if self.rank != 0:
+            for _ in weights:  # the gathers are collectives: keep in step with rank 0
+                pass
+            self.par.optim_state_dict(self.optim)
+            return path
+        full = dict(weights)  # unsharded: the parameters themselves, no copy
+        optim_state = self.par.optim_state_dict(self.optim)
+        bad = [n for n, p in full.items() if not torch.isfinite(p).all()]
         if bad:
             raise FloatingPointError(f"not saving {path}: {len(bad)} parameter tensor(s) are not finite "
                                      f"(first: {bad[0]})")
-        state = {"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
+        state = {"optim": optim_state, "sched": self.sched.state_dict(),
                  "updates": self.updates, "driver": driver_state}
         return str(save_pretrained(self.model, self.tokenizer, path,
+                                   state_dict=full if self.par.sharded else None,
                                    extra=lambda tmp: torch.save(state, tmp / TRAINER_STATE)))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore weights, optimizer and schedule; returns the driver's saved state."""
         loaded = load_model(path, dtype=self.model_cfg.torch_dtype, device=self.device)
-        with torch.no_grad():
-            for p, q in zip(self.model.parameters(), loaded.parameters()):
-                p.copy_(q)  # in place: the colocated engine keeps reading these tensors
+        # in place (each rank keeps its shard): the colocated engine keeps reading these tensors
+        self.par.load_full_state_dict(loaded.named_parameters())
+        del loaded
         state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
-        self.optim.load_state_dict(state["optim"])
+        self.par.load_optim_state_dict(self.optim, state["optim"])
         self.sched.load_state_dict(state["sched"])
         self.policy.version = state["updates"]
         return state["driver"]

@@ -26,6 +26,19 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str,
     raise ValueError(f"unknown lr schedule {schedule!r}; use constant, cosine or linear")
 
 
+def _split_by_layout(group: dict) -> list[dict]:
+    """One param group per (plain | DTensor mesh + placements), in first-seen order."""
+    from torch.distributed.tensor import DTensor
+
+    parts: dict = {}
+    for p in group["params"]:
+        key = (id(p.device_mesh), tuple(p.placements)) if isinstance(p, DTensor) else None
+        parts.setdefault(key, []).append(p)
+    if len(parts) <= 1:
+        return [group]
+    return [{**group, "params": ps} for ps in parts.values()]
+
+
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float,
                     betas: tuple[float, float], warmup_steps: int, total_steps: int,
                     schedule: str, min_ratio: float = 0.0, no_decay_1d: bool = False,
@@ -36,13 +49,17 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float,
 
     no_decay_1d: no weight decay on 1-d parameters (norm weights, biases). fused: one kernel
     for all parameters (CPU and CUDA), which tiny, dispatch-bound models want; False gives
-    PyTorch's default implementation (whose last bits differ from the fused kernel's)."""
+    PyTorch's default implementation (whose last bits differ from the fused kernel's).
+    Sharded modules (`baton.models.parallel`) mix plain and DTensor parameters on different
+    meshes, which one fused / foreach kernel call cannot take: each group is then split by
+    layout (a plain module keeps exactly the groups above)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if no_decay_1d:
         groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     else:
         groups = [{"params": params, "weight_decay": weight_decay}]
+    groups = [g for group in groups for g in _split_by_layout(group)]
     optim = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(
         s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule, min_ratio=min_ratio))

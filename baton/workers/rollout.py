@@ -8,6 +8,13 @@ Colocated with the actor (the default), the engine is handed the actor's `Policy
 and reads its parameters in place: no copy; weight sync goes through the `inplace`
 transport of `baton.sync` (a version bump), the same interface the checkpoint and
 broadcast transports implement.
+
+A sharded actor (fsdp2 or tensor parallel: `Policy.in_place` is False) cannot be read in
+place: the engine then holds a plain copy of the model, filled by the `copy` transport from
+full tensors gathered one at a time (every rank takes part). The copy exists only from a
+sync to the end of the next `generate`: it is discarded (`sleep_mode="discard"`) while the
+actor trains, so the update phase holds shards only; the rollout phase holds the shards
+plus one full model.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
+from baton.models.load import build_like
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
 from baton.rollout.engine import EmbeddedEngine
@@ -80,9 +88,14 @@ class RolloutWorker(Worker):
         self.tokenizer = self.policy.tokenizer
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
-        self.engine = EmbeddedEngine(self.policy.module, self.tokenizer, fuse_weights=False)
+        in_place = self.policy.in_place
+        module = self.policy.module if in_place else build_like(self.policy.module, self.device)
+        self.engine = EmbeddedEngine(module, self.tokenizer, fuse_weights=False,
+                                     sleep_mode="cache" if in_place else "discard")
         self.engine.version = self.policy.version
-        self.sync = make_weight_sync(sync, self.engine)
+        self.sync = make_weight_sync(sync if in_place else "copy", self.engine)
+        if not in_place:  # sharded actor: fill the engine's own copy (a collective)
+            self.sync.push(self.policy.named_weights(), self.policy.version)
         self.probe_ids = self.tokenizer(probe_prompt).input_ids
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
@@ -112,6 +125,8 @@ class RolloutWorker(Worker):
             texts = self.tokenizer.batch_decode([c.token_ids for c in sorted(greedy, key=lambda c: c.prompt_index)],
                                                 skip_special_tokens=True)
             rows[BASELINE_COMPLETION] = [t for t in texts for _ in range(params.n)]
+        if not self.policy.in_place:
+            self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
         return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -120,7 +135,8 @@ class RolloutWorker(Worker):
 
         With check=True, returns max |engine - trainer| logprob on the probe prompt (the
         runtime check that the engine samples from the policy being trained)."""
-        self.sync.push(self.policy.module.named_parameters(), version)
+        self.engine.wake()  # a no-op unless generate() discarded the engine's own copy
+        self.sync.push(self.policy.named_weights(), version)
         if not check:
             return None
         return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
