@@ -1,0 +1,149 @@
+"""The offline DPO driver: preference pairs from a jsonl file, the same loss, config pieces,
+metrics and checkpoints as online DPO.
+
+    baton dpo recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
+
+Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
+is tokenized as the rollout engine tokenizes prompts, each completion as plain text followed
+by EOS (a sampled completion that stops ends with EOS too), so a model trained offline and
+online sees the same sequences.
+
+One step, top to bottom:
+    pairs (next data.pairs_per_step rows of the seeded, resumable sampler) --encode_pairs-->
+    pair-major rows --reference.compute_ref_logprobs--> reference logprobs
+                    --actor.update_dpo--> new weights, rewards/*, logps/*, dpo/kl
+Evaluation (trainer.eval_every, and at the start and the end): the same metrics on
+`data.eval_path`'s pairs without a step (eval/rewards/accuracies, ...), and, with
+`data.task`, held-out generation accuracy through a rollout engine colocated with the actor.
+
+Logprobs are at temperature 1 (the model's own distribution). Departure from the DPO paper
+(Rafailov et al. 2023): none in the loss; `dpo.ref_refresh_every` (iterative DPO) is
+available here too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from baton import fields as F
+from baton.batch import Batch, collate
+from baton.data.prompts import PromptSampler
+from baton.envs import get_task
+from baton.metrics import Timer, write_report
+from baton.models.load import load_tokenizer
+from baton.trainers.dpo_config import OfflineDPOConfig
+from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
+                                      restore_reference, with_ref_logprobs)
+from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
+                                save_checkpoint)
+from baton.trainers.run_state import RunState
+from baton.workers.dpo_actor import pair_rows
+from baton.workers.rollout import pad_left, pad_right
+
+PAIR_KEYS = ("prompt", "chosen", "rejected")
+
+
+def load_pairs(path: str | Path) -> list[dict[str, str]]:
+    """Rows of a jsonl of preference pairs; a row without a string prompt/chosen/rejected is
+    an error naming the file and line."""
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        bad = [k for k in PAIR_KEYS if not isinstance(row.get(k), str)]
+        if bad:
+            raise ValueError(f"{path}:{lineno}: a pair needs string fields {list(PAIR_KEYS)}; "
+                             f"missing or not a string: {bad}")
+        rows.append({k: row[k] for k in PAIR_KEYS})
+    if not rows:
+        raise ValueError(f"{path} holds no pairs")
+    return rows
+
+
+def encode_pairs(tokenizer: Any, pairs: Batch, multiple: int = 1) -> Batch:
+    """Pair-major model rows (chosen, rejected, chosen, ...) of text pairs, padded to a
+    multiple of `multiple` pairs (see `baton.workers.dpo_actor.pair_rows`)."""
+    prompts = [tokenizer(str(p)).input_ids for p in pairs["prompt"]]  # as RolloutWorker.generate
+    eos = tokenizer.eos_token_id
+    completions = [tokenizer(str(text), add_special_tokens=False).input_ids + [eos]
+                   for c, r in zip(pairs["chosen"], pairs["rejected"]) for text in (c, r)]
+    p_ids, p_mask = pad_left([p for p in prompts for _ in range(2)], tokenizer.pad_token_id)  # [2P, Pl]
+    r_ids, r_mask = pad_right(completions, tokenizer.pad_token_id, torch.long)  # [2P, R]
+    rows = Batch({F.PROMPT_IDS: p_ids, F.PROMPT_MASK: p_mask, F.RESPONSE_IDS: r_ids, F.RESPONSE_MASK: r_mask})
+    n = len(prompts)
+    return pair_rows(rows, torch.arange(0, 2 * n, 2), torch.arange(1, 2 * n, 2), multiple)
+
+
+def train(cfg: OfflineDPOConfig) -> dict[str, float]:
+    t, d = cfg.trainer, cfg.dpo
+    torch.manual_seed(t.seed)
+    run = open_run(cfg)  # locked; refuses a finished run's dir; config.yaml written
+    roles: dict = {}
+    try:
+        tokenizer = load_tokenizer(cfg.model.path)
+        train_pairs = load_pairs(cfg.data.path)
+        eval_pairs = (encode_pairs(tokenizer, collate(load_pairs(cfg.data.eval_path)), cfg.placement.world_size)
+                      if cfg.data.eval_path else None)
+        task_rows = get_task(cfg.data.task).eval_rows(cfg.data.eval_size) if cfg.data.task else []
+        state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=task_rows)
+        roles = build_dpo_roles(cfg, temperature=1.0, task=cfg.data.task,
+                                probe_prompt=task_rows[0]["prompt"] if task_rows else train_pairs[0]["prompt"])
+        actor, ref, rollout = roles["actor"], roles.get("reference"), roles.get("rollout")
+
+        def evaluation() -> dict[str, float]:
+            out = evaluate(rollout, state.eval_rows) if rollout is not None else {}
+            if eval_pairs is not None:
+                out.update(actor.evaluate_dpo(with_ref_logprobs(ref, eval_pairs))[0])
+            return out
+
+        if run.resume_from:
+            saved = actor.load_checkpoint(str(run.resume_from))[0]
+            state.restore(saved)
+            restore_reference(roles, saved)
+            if rollout is not None:
+                rollout.sync_weights(state.step)
+        log = metrics_logger(run, t, start_step=state.step)
+        guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        try:
+            if state.step == 0:
+                state.first_eval = evaluation()
+                log.log(0, state.first_eval)
+            while state.step < t.steps:
+                step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
+                batch = encode_pairs(tokenizer, state.next_prompts(cfg.data.pairs_per_step),
+                                     multiple=cfg.placement.world_size)
+                with timer("reference"):
+                    batch = with_ref_logprobs(ref, batch)
+                with timer("update"):  # skips optimizer steps whose loss/grad is not finite
+                    metrics = {**carry, **actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
+                if rollout is not None:
+                    rollout.sync_weights(step)  # colocated: tags the engine with the new version
+                metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
+                state.step = step
+                guard.check(step, metrics)  # raises, naming the step, after K non-finite steps
+                last = step == t.steps
+                if is_due(step, t.eval_every, last):
+                    with timer("eval"):
+                        metrics.update(evaluation())
+                metrics.update(timer.pop())
+                metrics["timing/step_s"] = time.perf_counter() - t0
+                log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+                final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+                carry = {}
+                if is_due(step, t.save_every, last):
+                    with timer("save"):
+                        save_checkpoint(actor, run, t, step,
+                                        {**state.to_dict(), **reference_state(roles, d.ref_refresh_every, step)})
+                    carry = timer.pop()  # logged with the next step
+        finally:
+            log.close()
+    finally:
+        close_run(run, roles, cfg.placement.backend)
+    write_report(run.path)
+    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}
