@@ -4,6 +4,8 @@
                                                      the recipe: the PPO-family driver)
     baton rm RECIPE.yaml [dotted.key=value ...]      Bradley-Terry reward model from pairs
     baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
+    baton online-dpo RECIPE.yaml [dotted.key=value ...]  online DPO (own samples, scored, paired)
+    baton dpo RECIPE.yaml [dotted.key=value ...]     offline DPO from a jsonl of pairs
     baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
@@ -55,6 +57,29 @@ def _rm(args: argparse.Namespace) -> int:
     from baton.trainers.reward_model import RMConfig, run_rm
 
     run_rm(load_config(RMConfig, args.recipe, args.overrides))
+    return 0
+
+
+def _online_dpo(args: argparse.Namespace) -> int:
+    from baton.trainers.dpo_config import DPOConfig
+    from baton.trainers.online_dpo import train
+
+    cfg = load_config(DPOConfig, args.recipe, args.overrides)
+    _print_accuracy(train(cfg), cfg.trainer.run_dir)
+    return 0
+
+
+def _dpo(args: argparse.Namespace) -> int:
+    from baton.trainers.dpo_config import OfflineDPOConfig
+    from baton.trainers.offline_dpo import train
+
+    cfg = load_config(OfflineDPOConfig, args.recipe, args.overrides)
+    result = train(cfg)
+    _print_accuracy(result, cfg.trainer.run_dir)
+    for prefix in ("start/eval/", "eval/"):
+        if f"{prefix}rewards/accuracies" in result:
+            print(f"{'start' if prefix.startswith('start') else 'trained':8s} held-out preference accuracy "
+                  f"{result[prefix + 'rewards/accuracies']:.3f}, margin {result[prefix + 'rewards/margins']:.3f}")
     return 0
 
 
@@ -118,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("train", _train, "RL training from a recipe"),
                             ("sft", _sft, "supervised fine-tuning from a recipe"),
-                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe")):
+                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe"),
+                            ("online-dpo", _online_dpo, "online DPO from a recipe"),
+                            ("dpo", _dpo, "offline DPO from a recipe with a jsonl of pairs")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotted.key=value")
