@@ -8,6 +8,9 @@
     baton dpo RECIPE.yaml [dotted.key=value ...]     offline DPO from a jsonl of pairs
     baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
+    baton api [--port 8000 --db FILE ...]            the trajectory API (Atropos-compatible)
+    baton env NAME --api URL --server URL [...]      an environment service feeding the API
+    baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
 
 A config error (unknown key, wrong type) prints one line naming the key and exits with 2.
@@ -131,6 +134,26 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
+def _service(name: str, argv: list[str]) -> int:
+    if name == "api":
+        from baton.services.api import api_main
+
+        api_main(argv)
+        return 0
+    from baton.services.env_runner import env_main
+
+    return env_main(argv)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from baton.config import to_dict
+    from baton.services.launch import launch
+    from baton.trainers.grpo_config import GRPOConfig
+
+    cfg = load_config(GRPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
+
+
 def _make_tiny(args: argparse.Namespace) -> int:
     from baton.models.make import make_tiny_checkpoint
 
@@ -158,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.set_defaults(fn=_eval)
     sub.add_parser("serve", help="serve a model over HTTP (see baton serve --help)", add_help=False)
+    sub.add_parser("api", help="the trajectory API (see baton api --help)", add_help=False)
+    sub.add_parser("env", help="run an environment against servers and the API (see baton env --help)",
+                   add_help=False)
+    p = sub.add_parser("launch", help="start API, servers, environments and trainer of a data.source=api recipe")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value")
+    p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace period when stopping")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    p.set_defaults(fn=_launch)
     p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer")
     p.add_argument("out_dir")
     p.add_argument("--preset", default="5m")
@@ -171,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         return _serve(argv[1:])
+    if argv and argv[0] in ("api", "env"):
+        return _service(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

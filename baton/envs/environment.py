@@ -83,14 +83,14 @@ class TaskEnvironment:
     def __init__(self, task: Task, tokenizer: Any, *, group_size: int = 8, max_new_tokens: int = 16,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, eval_size: int = 200,
                  rows: list[Row] | None = None, eval_rows: list[Row] | None = None,
-                 score_fn: Callable[[Row, list[str]], list[float]] | None = None):
+                 score_fn: Callable[[Row, list[str]], list[float]] | None = None, seeded: bool = False):
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.task, self.tokenizer = task, tokenizer
         self.name = task.name
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.temperature, self.top_p, self.seed, self.eval_size = temperature, top_p, seed, eval_size
-        self._rows, self._eval_rows, self._score_fn = rows, eval_rows, score_fn
+        self._rows, self._eval_rows, self._score_fn, self.seeded = rows, eval_rows, score_fn, seeded
         self.max_token_length = max_new_tokens
         self.sampler: PromptSampler | None = None
         self._rng = random.Random(seed)
@@ -108,8 +108,11 @@ class TaskEnvironment:
 
     def sampling_params(self) -> SamplingParams:
         eos = getattr(self.tokenizer, "eos_token_id", None)
+        # Unseeded unless asked: a server batches only unseeded requests with equal params
+        # (a seed must give the same tokens whatever else is in flight).
         return SamplingParams(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                              max_new_tokens=self.max_new_tokens, seed=self._rng.randrange(2**31),
+                              max_new_tokens=self.max_new_tokens,
+                              seed=self._rng.randrange(2**31) if self.seeded else None,
                               stop_token_ids=[eos] if eos is not None else [])
 
     def score(self, item: Row, completions: list[str]) -> list[float]:

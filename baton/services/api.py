@@ -19,7 +19,7 @@ runs against it unchanged (shapes: `docs/` and shared/reference/atropos-protocol
   GET  /info, /wandb_info, /status, /latest_example, /reset_data
   GET  /status-env        JSON body {env_id} on a GET -> current_step, queue_size (in groups),
                           self_queue_size, env_weight, unallocated_fraction, max_group_size
-                          (+ baton's max_queue, trainer_version, max_staleness)
+                          (+ baton's max_queue, trainer_version, max_staleness, batch_size)
   GET  /batch             {"batch": null} or {"batch": [ScoredData, ...]}: exactly batch_size
                           sequences of whole groups, each delivered once, every key present
   POST /scored_data       one ScoredData; /scored_data_list a JSON array of them. Bodies may
@@ -449,7 +449,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
             "env_weight": weight, "unallocated_fraction": 1.0 - min(min_alloc, 1.0),
             "max_group_size": max([1] + [size for _, _, size, _ in queued]),
             "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
-            "max_staleness": reg.get("max_staleness")})
+            "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1)})
 
     @app.get("/reset_data")
     async def reset_data() -> PlainTextResponse:

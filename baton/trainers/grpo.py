@@ -35,6 +35,7 @@ from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, met
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
 from baton.trainers.async_source import rollout_source
+from baton.trainers.api_source import ApiSource
 
 
 def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
         state = RunState.fresh(cfg.data)
         roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
         actor, rollout, reward, ref = roles["actor"], roles["rollout"], roles["reward"], roles.get("reference")
-        source = rollout_source(cfg, roles, state)  # where rows come from (trainer.mode)
+        source = (ApiSource(cfg, actor, state, probe_prompt=state.eval_rows[0]["prompt"])  # data.source=api:
+                  if cfg.data.source == "api" else rollout_source(cfg, roles, state))  # or trainer.mode
         if run.resume_from:
             state.restore(actor.load_checkpoint(str(run.resume_from))[0])
             source.load_state_dict(state.source)

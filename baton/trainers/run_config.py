@@ -9,12 +9,27 @@ from baton.envs import TASKS
 from baton.metrics import SINKS
 
 
+DATA_SOURCES = ("rollout", "api")
+SERVER_SYNCS = ("broadcast", "checkpoint")
+
+
 @dataclass
 class DataConfig:
     task: str = "arithmetic"  # a name in baton.envs.TASKS
     prompts_per_step: int = 16
     eval_size: int = 200  # held-out prompts for evaluation
     seed: int = 0
+    # Where a step's rows come from: "rollout" (this run's rollout role) or "api" (batches
+    # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py).
+    source: str = "rollout"
+    api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
+    servers: list[str] = field(default_factory=list)  # `baton serve` URLs kept on the trainer's weights
+    sync: str = "broadcast"  # how weights reach the servers: broadcast | checkpoint
+    sync_every: int = 1  # push weights to the servers every K steps
+    weights_dir: str = ""  # sync=checkpoint: where the weight files go (the servers' --weights-dir)
+    max_staleness: int = -1  # serve no group sampled more than this many versions ago (-1: no bound)
+    api_wait_s: float = 0.0  # give up when no batch comes for this long (0: wait for ever, saying why)
+    envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -22,6 +37,16 @@ class DataConfig:
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
                              f"(got {self.prompts_per_step}, {self.eval_size})")
+        if self.source not in DATA_SOURCES:
+            raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
+        if self.sync not in SERVER_SYNCS:
+            raise ValueError(f"data.sync={self.sync!r} is not one of {list(SERVER_SYNCS)}")
+        if self.sync_every < 1 or self.max_staleness < -1 or self.api_wait_s < 0:
+            raise ValueError(f"data.sync_every must be >= 1, data.max_staleness >= -1 and data.api_wait_s >= 0 "
+                             f"(got {self.sync_every}, {self.max_staleness}, {self.api_wait_s})")
+        bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
+        if self.source == "api" and bad:
+            raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")
 
 
 @dataclass

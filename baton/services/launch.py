@@ -1,0 +1,215 @@
+"""`baton launch RECIPE`: the whole API-path run on one machine, as one command.
+
+    baton launch recipes/grpo_arithmetic_api.yaml [dotted.key=value ...]
+
+From the recipe (a `data.source: api` GRPO recipe) it starts, in order, each in a process
+group of its own, waiting for each service to answer /health before the next:
+  api       `baton api` on data.api_url's host:port, its queue in RUN_DIR/api.sqlite
+            (a fresh queue unless trainer.resume is set); not started when data.api_url
+            is not a loopback address (an API someone else runs)
+  serve-i   `baton serve model.path` on each of data.servers (loopback ones), one torch
+            thread each (+ --weights-dir data.weights_dir with data.sync=checkpoint)
+  env-i     `baton env NAME --api ... --server ... [options]` for each entry "NAME [options]"
+            of data.envs; group size, max new tokens and temperature from rollout.*
+  trainer   `baton train RECIPE [overrides]`
+Their output is streamed line by line with a `[name]` prefix. When the trainer exits, or
+any other process exits with an error (an environment that exits 0 on its own is let go),
+every process still running is sent SIGTERM (its whole process group), and SIGKILL after
+`--grace-s`. SIGINT / SIGTERM to `baton launch` does the same. The exit code is the
+trainer's, or 1 when something else failed first.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlparse
+
+import httpx
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass
+class Spec:
+    name: str
+    argv: list[str]
+    health: str | None = None  # URL polled until it answers 200 before the next process starts
+    service: bool = True  # a service (api, serve) failing, or the trainer ending, ends the run
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _baton(*args: str) -> list[str]:
+    return [sys.executable, "-m", "baton.cli", *args]
+
+
+def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
+    """The processes of a run, in start order (see the module docstring)."""
+    d, r, t = cfg["data"], cfg["rollout"], cfg["trainer"]
+    if d.get("source") != "api":
+        raise ValueError("baton launch runs data.source=api recipes (the embedded path is just `baton train`)")
+    run_dir = Path(t["run_dir"])
+    specs: list[Spec] = []
+    api = urlparse(d["api_url"])
+    if api.hostname in LOOPBACK:
+        db = run_dir / "api.sqlite"
+        specs.append(Spec("api", _baton("api", "--host", api.hostname, "--port", str(api.port or 80), "--db", str(db)),
+                          health=f"{d['api_url'].rstrip('/')}/health"))
+    for i, url in enumerate(d.get("servers") or []):
+        u = urlparse(url)
+        if u.hostname not in LOOPBACK:
+            continue  # someone else's server: the trainer only syncs it
+        argv = _baton("serve", cfg["model"]["path"], "--host", u.hostname, "--port", str(u.port or 80),
+                      "--threads", "1")
+        if d.get("sync") == "checkpoint" and d.get("weights_dir"):
+            argv += ["--weights-dir", d["weights_dir"]]
+        specs.append(Spec(f"serve-{i}", argv, health=f"{url.rstrip('/')}/health"))
+    for i, entry in enumerate(d.get("envs") or []):
+        words = shlex.split(entry)
+        if not words:
+            continue
+        argv = _baton("env", words[0], "--api", d["api_url"], "--tokenizer", cfg["model"]["path"],
+                      "--group-size", str(r["n"]), "--max-new-tokens", str(r["max_new_tokens"]),
+                      "--temperature", str(r["temperature"]))
+        for url in d.get("servers") or []:
+            argv += ["--server", url]
+        specs.append(Spec(f"env-{i}", argv + words[1:], service=False))
+    specs.append(Spec("trainer", _baton("train", recipe, *overrides)))
+    return specs
+
+
+class Launcher:
+    def __init__(self, specs: list[Spec], *, grace_s: float = 10.0, out: TextIO | None = None,
+                 ready_timeout_s: float = 300.0):
+        self.specs, self.grace_s, self.ready_timeout_s = specs, grace_s, ready_timeout_s
+        self.out = out or sys.stdout
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._print_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+        self.reason = ""
+
+    def say(self, name: str, line: str) -> None:
+        with self._print_lock:
+            self.out.write(f"[{name}] {line.rstrip()}\n")
+            self.out.flush()
+
+    def _stream(self, name: str, stream: Any) -> None:
+        for line in iter(stream.readline, ""):
+            self.say(name, line)
+        stream.close()
+
+    def start(self, spec: Spec) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+               **spec.env}
+        self.say("launch", f"starting {spec.name}: {shlex.join(spec.argv)}")
+        p = subprocess.Popen(spec.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             start_new_session=True, bufsize=1)
+        self.procs[spec.name] = p
+        th = threading.Thread(target=self._stream, args=(spec.name, p.stdout), daemon=True)
+        th.start()
+        self._threads.append(th)
+        return p
+
+    def wait_healthy(self, spec: Spec, p: subprocess.Popen) -> bool:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self.stop.is_set():
+            if p.poll() is not None:
+                self.reason = f"{spec.name} exited with {p.returncode} while starting"
+                return False
+            try:
+                if httpx.get(spec.health, timeout=2).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.reason = f"{spec.name} not healthy after {self.ready_timeout_s:.0f} s"
+                return False
+            time.sleep(0.2)
+        return False
+
+    def stop_all(self) -> None:
+        """SIGTERM every process group still running, then SIGKILL after the grace period."""
+        # Reverse start order: the trainer and the environments go first (an environment says
+        # goodbye to the API: /disconnect-env), the servers and the API last.
+        live = [(n, p) for n, p in reversed(list(self.procs.items())) if p.poll() is None]
+        clients = [(n, p) for n, p in live if n == "trainer" or n.startswith("env-")]
+        for batch in (clients, [x for x in live if x not in clients]):
+            for name, p in batch:
+                self.say("launch", f"stopping {name} (SIGTERM)")
+                _signal_group(p, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s
+            for name, p in batch:
+                try:
+                    p.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.say("launch", f"{name} did not stop in {self.grace_s:g} s: SIGKILL")
+                    _signal_group(p, signal.SIGKILL)
+                    p.wait()
+        for p in self.procs.values():  # and whatever a finished process left in its group
+            _signal_group(p, signal.SIGKILL)
+        for th in self._threads:
+            th.join(timeout=2)
+
+    def run(self) -> int:
+        code = 1
+        try:
+            for spec in self.specs:
+                if self.stop.is_set():
+                    break
+                p = self.start(spec)
+                if spec.health and not self.wait_healthy(spec, p):
+                    self.say("launch", f"failed: {self.reason or 'interrupted'}")
+                    return 1
+            while not self.stop.wait(0.2):
+                for spec in self.specs:
+                    p = self.procs.get(spec.name)
+                    if p is None or p.poll() is None:
+                        continue
+                    if spec.name == "trainer":
+                        self.say("launch", f"trainer exited with {p.returncode}: stopping the run")
+                        return p.returncode
+                    if p.returncode != 0 or spec.service:
+                        self.say("launch", f"{spec.name} exited with {p.returncode}: stopping the run")
+                        return 1
+            self.say("launch", "interrupted: stopping the run")
+            return code
+        finally:
+            self.stop_all()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)  # start_new_session: the group id is the child's pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(cfg: dict[str, Any], recipe: str, overrides: list[str], *, grace_s: float = 10.0,
+           dry_run: bool = False) -> int:
+    specs = plan(cfg, recipe, overrides)
+    if dry_run:
+        for s in specs:
+            print(f"{s.name}: {shlex.join(s.argv)}")
+        return 0
+    run_dir = Path(cfg["trainer"]["run_dir"])
+    db = run_dir / "api.sqlite"
+    if not cfg["trainer"].get("resume"):  # a fresh run starts from an empty queue
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launcher = Launcher(specs, grace_s=grace_s)
+    previous = {sig: signal.signal(sig, lambda *_: launcher.stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return launcher.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

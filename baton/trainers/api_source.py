@@ -1,0 +1,206 @@
+"""`ApiSource`: a step's rows pulled from the trajectory API (`data.source: api`).
+
+    baton api --port 8000 &  baton serve MODEL --port 8001 &
+    baton env arithmetic --api http://127.0.0.1:8000 --server http://127.0.0.1:8001 &
+    baton train recipes/grpo_arithmetic_api.yaml      (or all at once: baton launch RECIPE)
+
+The trainer registers with the API as an Atropos trainer does (`/register`: batch size =
+data.prompts_per_step x rollout.n sequences, max token length, checkpoint dir and interval,
+starting step, number of steps, + baton's `max_staleness`), then each step:
+
+  rows(step)   GET /batch?version=V&max_staleness=S until a batch is there (V = the trainer's
+               weight version). While it waits it says what for, every 10 s: sequences
+               queued of the batch size, environments registered / alive, stale groups; it
+               re-pushes weights to any server that lost them (restarted), and rides out an
+               API restart (retried with backoff: the API's queue is on disk). The groups
+               become the step's rows (group-major: the n sequences of a group are adjacent):
+                 tokens + masks  -> prompt = the tokens before the first trained token
+                                    (mask != -100), response = the rest, response_mask =
+                                    mask != -100 (tokens an environment added mid-response,
+                                    e.g. tool output, are not trained)
+                 inference_logprobs -> rollout_logprobs (the behaviour policy's); a group
+                                    without them gets the trainer's own (an on-policy guess)
+                 scores          -> rewards (the driver skips its reward role: the
+                                    environment scored the group)
+                 policy_version  -> policy_version per row (policy age is logged)
+  weights_updated(version)
+               every `data.sync_every` steps, push the actor's weights to the `baton serve`
+               processes in `data.servers` (`ServerSyncWorker`, colocated with the actor;
+               broadcast by default, or checkpoint), bumping their version; with
+               trainer.check_weight_sync the parity check runs on each server.
+
+Group sizes must equal rollout.n (the advantage estimator's group); a group of another
+size is an error naming its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from baton import fields as F
+from baton.batch import Batch
+from baton.controller import colocated_groups
+from baton.padding import pad_left, pad_right
+from baton.services.client import APIClient
+from baton.trainers.run_state import RunState
+from baton.workers.server_sync import ServerSyncWorker
+
+log = logging.getLogger("baton.api_source")
+WAIT_REPORT_S = 10.0  # how often a waiting trainer says what it waits for
+ENSURE_EVERY_S = 5.0  # how often a waiting trainer checks the servers' weight versions
+
+
+def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, group_size: int) -> Batch:
+    """The rows of a batch of ScoredData groups (see the module docstring)."""
+    prompts, responses, rmasks, logps, rewards, versions, finish, envs = [], [], [], [], [], [], [], []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for g in groups:
+        n = len(g["tokens"])
+        if n != group_size:
+            raise ValueError(f"a group of {n} sequences from env {g.get('env_id')} does not match rollout.n="
+                             f"{group_size}: the advantage estimator compares the samples of one group "
+                             f"(set the environment's --group-size to {group_size})")
+        lp_all = g.get("inference_logprobs") or None
+        reasons = g.get("finish_reasons") or [None] * n
+        for i, (toks, mask) in enumerate(zip(g["tokens"], g["masks"])):
+            k = next((j for j, m in enumerate(mask) if m != -100), len(toks))
+            prompts.append(list(toks[:k]))
+            responses.append(list(toks[k:]))
+            rmasks.append([int(m != -100) for m in mask[k:]])
+            logps.append(None if lp_all is None else [float(x) for x in lp_all[i][k:]])
+            rewards.append(float(g["scores"][i]))
+            versions.append(int(g.get("policy_version") or 0))
+            stop = reasons[i] or ("stop" if responses[-1] and responses[-1][-1] == eos else "length")
+            finish.append("length" if stop == "length" else "stop")
+            envs.append(g.get("env_id"))
+    p_ids, p_mask = pad_left([p or [pad_id] for p in prompts], pad_id)
+    for i, p in enumerate(prompts):
+        if not p:  # a sequence trained from its first token: nothing to condition on
+            p_mask[i] = 0
+    r_ids, _ = pad_right(responses, pad_id, torch.long)
+    width = r_ids.shape[1]
+    r_mask, _ = pad_right(rmasks, 0, torch.long, width=width)
+    rows = Batch.from_dict({
+        F.PROMPT_IDS: p_ids, F.PROMPT_MASK: p_mask, F.RESPONSE_IDS: r_ids, F.RESPONSE_MASK: r_mask,
+        F.REWARDS: torch.tensor(rewards, dtype=torch.float32),
+        F.POLICY_VERSION: torch.tensor(versions, dtype=torch.long),
+        F.FINISH_REASON: finish,
+        F.PROMPT_TEXT: tokenizer.batch_decode(prompts, skip_special_tokens=True),
+        F.COMPLETION_TEXT: tokenizer.batch_decode(responses, skip_special_tokens=True),
+    })
+    if all(lp is not None for lp in logps):
+        rows[F.ROLLOUT_LOGPROBS], _ = pad_right(logps, 0.0, torch.float32, width=width)
+    return rows
+
+
+def _context_length(model_path: str, default: int = 2048) -> int:
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return int(json.load(f).get("max_position_embeddings") or default)
+    except (OSError, ValueError):
+        return default
+
+
+class ApiSource:
+    """Rows from `baton api` (see the module docstring). `actor`: the actor group (the
+    server-sync role is colocated with it; logprobs for groups that carry none)."""
+
+    def __init__(self, cfg: Any, actor: Any, state: RunState, probe_prompt: str, tokenizer: Any = None):
+        d, t = cfg.data, cfg.trainer
+        if getattr(t, "mode", "sync") != "sync":
+            raise ValueError(f"data.source=api pulls batches from the API; trainer.mode={t.mode!r} (a rollout pool "
+                             f"running ahead) does not apply: use trainer.mode=sync")
+        self.cfg, self.actor, self.state = cfg, actor, state
+        self.group_size = cfg.rollout.n
+        self.batch_size = d.prompts_per_step * cfg.rollout.n
+        self.max_staleness = d.max_staleness if d.max_staleness >= 0 else None
+        self.sync_every, self.wait_s = d.sync_every, d.api_wait_s
+        if tokenizer is None:
+            from baton.models.load import load_tokenizer
+            tokenizer = load_tokenizer(cfg.model.path)
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.client = APIClient(d.api_url, token=os.environ.get("BATON_API_TOKEN") or None, retry_for_s=None,
+                                name="trainer")
+        self.stale_groups = 0
+        self.client.register(batch_size=self.batch_size, max_token_len=_context_length(cfg.model.path),
+                             checkpoint_dir=os.path.join(t.run_dir, "checkpoints"),
+                             save_checkpoint_interval=t.save_every, starting_step=state.step, num_steps=t.steps,
+                             wandb_group=os.path.basename(os.path.normpath(t.run_dir)), wandb_project="baton",
+                             max_staleness=self.max_staleness)
+        self.servers = None
+        if d.servers:
+            kw = dict(kind=d.sync, probe_prompt=probe_prompt, api_key=os.environ.get("BATON_API_KEY") or None,
+                      weights_dir=d.weights_dir or None)
+            self.servers = colocated_groups(actor.pool, {"server_sync": (ServerSyncWorker, (list(d.servers),), kw)})[
+                "server_sync"]
+            self.servers.push(state.step)  # the servers start from the trainer's weights, whatever they loaded
+        self.pushed = state.step  # the version the servers serve
+        self._last_ensure = time.monotonic()
+
+    # --- the seam -------------------------------------------------------------------------
+    def rows(self, step: int) -> Batch:
+        version = step - 1  # the weights the trainer has now
+        t0 = last_report = time.monotonic()
+        while True:
+            out = self.client.batch(version=version, max_staleness=self.max_staleness)
+            self.stale_groups += int(out.get("stale_groups") or 0)
+            if out.get("batch") is not None:
+                batch = groups_to_batch(out["batch"], self.tokenizer, self.pad_id, self.group_size)
+                if F.ROLLOUT_LOGPROBS not in batch:  # the environment kept no logprobs: the trainer's own
+                    batch[F.ROLLOUT_LOGPROBS] = self.actor.compute_logprobs(batch).get()[F.OLD_LOGPROBS]
+                return batch
+            now = time.monotonic()
+            if self.servers is not None and now - self._last_ensure > ENSURE_EVERY_S:
+                self.servers.ensure(self.pushed)  # a restarted server gets the weights again
+                self._last_ensure = now
+            if now - last_report > WAIT_REPORT_S:
+                log.warning("step %d: %s", step, self.waiting_for())
+                last_report = now
+            if self.wait_s and now - t0 > self.wait_s:
+                raise TimeoutError(f"step {step}: no batch from {self.client.url} in {self.wait_s:g} s "
+                                   f"(data.api_wait_s): {self.waiting_for()}")
+            time.sleep(0.1)
+
+    def waiting_for(self) -> str:
+        """What the trainer waits for, in words (from the API's /status)."""
+        s = self.client.status()
+        envs = s.get("envs") or []
+        alive = [e for e in envs if e.get("alive")]
+        text = (f"waiting for a batch of {self.batch_size} sequences from {self.client.url}: "
+                f"{s.get('queued_sequences', 0)} queued ({s.get('queued_groups', 0)} groups), "
+                f"{s.get('stale_groups', 0)} stale; {len(alive)} of {len(envs)} environments alive")
+        if not alive:
+            text += " - start one: baton env NAME --api URL --server URL"
+        else:
+            text += " (" + ", ".join(f"{e['name']} last heard {e['last_seen_s']:.0f} s ago" for e in alive) + ")"
+        return text
+
+    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
+        if self.servers is None:
+            return [0.0] if check else None
+        if version - self.pushed < self.sync_every and version >= self.pushed and not check:
+            return None  # every K steps (a resumed run pushes at once: its version jumped)
+        parity = self.servers.push(version, check)[0]
+        self.pushed = version
+        return parity if check else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stale_groups": self.stale_groups}  # the queue itself lives in the API's store
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stale_groups = int(state.get("stale_groups", 0))
+
+    def close(self) -> None:
+        self.client.close()
+        if self.servers is not None:
+            try:
+                self.servers.close_sync()
+            finally:
+                self.servers.shutdown()

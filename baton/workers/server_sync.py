@@ -1,0 +1,148 @@
+"""The server-sync role: keeps `baton serve` processes on the trainer's weights.
+
+Colocated with the actor (it reads the actor's `Policy` through `self.sibling("actor")`,
+like the rollout role), it pushes the weights to every server after an update, tagged with
+the policy version, through a `baton.sync` transport over HTTP:
+
+    broadcast    (default) `/init_weights_update_group` once, then per push
+                 `/update_weights_from_distributed` + a torch.distributed broadcast (gloo on
+                 CPU, NCCL on GPU) from this process
+    checkpoint   a safetensors file written atomically to `weights_dir`, then
+                 `/update_weights_from_disk` on every server (they must see the file, and
+                 allow its directory: `baton serve --weights-dir`)
+
+Every server's version becomes the pushed version (its `/generate` answers carry it, so the
+environments' groups do). `ensure(version)` asks each server for its version and re-pushes
+when one differs (a restarted server comes back with its start-up weights); a push that
+fails (a server gone mid-broadcast) waits for the servers to be healthy, rebuilds the
+transport and pushes again, for up to `recover_s`. With `check=True` a push returns the
+max |server - trainer| logprob on a probe prompt per server (the parity check).
+
+Only rank 0 talks to the servers; with a sharded actor every rank takes part in gathering
+the full tensors (`Policy.named_weights`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator
+
+import torch
+
+from baton.controller import Dispatch, Worker, register
+from baton.rollout.remote import RemoteEngine
+from baton.sync import BroadcastSync, CheckpointSync, check_logprob_parity
+
+SYNC_KINDS = ("broadcast", "checkpoint")
+log = logging.getLogger("baton.server_sync")
+
+
+class ServerSyncWorker(Worker):
+    """`ServerSyncWorker(servers, kind=, probe_prompt=, ...)`; see the module docstring."""
+
+    def __init__(self, servers: list[str], *, kind: str = "broadcast", probe_prompt: str = "",
+                 api_key: str | None = None, weights_dir: str | None = None, bucket_mb: float = 64.0,
+                 recover_s: float = 300.0, ready_timeout_s: float = 300.0):
+        super().__init__()
+        if kind not in SYNC_KINDS:
+            raise ValueError(f"server sync kind must be one of {SYNC_KINDS}, got {kind!r}")
+        self.urls, self.kind, self.api_key = list(servers), kind, api_key
+        self.weights_dir, self.bucket_mb = weights_dir, bucket_mb
+        self.recover_s, self.ready_timeout_s = recover_s, ready_timeout_s
+        self.policy = self.sibling("actor").policy
+        self.probe_ids = list(self.policy.tokenizer(probe_prompt).input_ids) if probe_prompt else []
+        self.engines: list[RemoteEngine] = []
+        self.sync: Any = None
+        self.version: int | None = None  # last version every server confirmed
+        self.repushes = 0
+
+    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        named = getattr(self.policy, "named_weights", None)
+        return named() if named is not None else iter(self.policy.module.named_parameters())
+
+    def _connect(self) -> None:
+        if self.sync is not None:
+            return
+        self.engines = [RemoteEngine(u, dialect="baton", api_key=self.api_key) for u in self.urls]
+        for e in self.engines:
+            if not e.health():
+                log.warning("waiting up to %.0f s for server %s to answer /health", self.ready_timeout_s, e.base_url)
+            e.wait_ready(timeout=self.ready_timeout_s)
+        if self.kind == "broadcast":
+            self.sync = BroadcastSync(self.engines, bucket_mb=self.bucket_mb, timeout_s=120.0)
+        else:
+            self.sync = CheckpointSync(self.engines, directory=self.weights_dir)
+
+    def _reset(self) -> None:
+        sync, self.sync = self.sync, None
+        if sync is not None:
+            try:
+                sync.close()
+            except Exception:  # noqa: BLE001 - a server may be gone; its group goes with it
+                pass
+        for e in self.engines:
+            e.close()
+        self.engines = []
+
+    def _push_rank0(self, version: int, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        deadline = time.monotonic() + self.recover_s
+        while True:
+            try:
+                self._connect()
+                self.sync.push(weights, version)
+                self.version = version
+                return
+            except Exception as exc:  # noqa: BLE001 - a server restarting; rebuild and push again
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not push weights version {version} to {self.urls} within "
+                                       f"{self.recover_s:.0f} s: {exc}") from exc
+                log.warning("weight push (version %d) to %s failed (%s: %s); reconnecting and pushing again",
+                            version, self.urls, type(exc).__name__, str(exc)[:300])
+                self._reset()
+                self.repushes += 1
+                time.sleep(1.0)
+                weights = iter(list(self._weights()))  # unsharded: cheap to read again
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def push(self, version: int, check: bool = False) -> list[float] | None:
+        """Make every server serve the actor's weights as `version`; with check, the max
+        |server - trainer| logprob on the probe prompt per server."""
+        weights = self._weights()
+        if self.rank != 0:
+            for _ in weights:  # take part in the gather (sharded actors); rank 0 sends
+                pass
+            return None
+        self._push_rank0(version, weights)
+        if not check:
+            return None
+        return [check_logprob_parity(e, self.policy.module, self.probe_ids, max_new_tokens=4) for e in self.engines]
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def ensure(self, version: int) -> int:
+        """Re-push if a server does not serve `version` (it restarted); returns the number
+        of servers that needed it (0 when all were in sync, or on ranks other than 0)."""
+        if self.rank != 0 or not self.urls:
+            return 0
+        stale = []
+        for url in self.urls:
+            e = RemoteEngine(url, dialect="baton", api_key=self.api_key, timeout=10.0)
+            try:
+                served = e._get("/get_weight_version").get("weight_version")
+            except Exception:  # noqa: BLE001 - down: the next push or ensure finds out
+                served = None
+            finally:
+                e.close()
+            if served is not None and served != version:
+                stale.append((url, served))
+        if stale:
+            log.warning("server(s) %s serve version(s) %s, not %d (restarted?): pushing the weights again",
+                        [u for u, _ in stale], [v for _, v in stale], version)
+            self._reset()
+            self.repushes += 1
+            self._push_rank0(version, iter(list(self._weights())))
+        return len(stale)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def close_sync(self) -> None:
+        self._reset()
