@@ -14,6 +14,7 @@ Registries (name -> function; add a variant with the matching `register_*` decor
     KL_ESTIMATORS   k1, k2, k3, abs
     LOSS_AGG        token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
     KL_CONTROLLERS  fixed, adaptive (classes; KL-in-reward coefficient for PPO with a critic)
+    OFF_POLICY      none, tis, decoupled_ppo (weights pi_prox / mu for rows of an older policy)
     PAIRINGS        best_worst, all (preference pairs from scored groups)
     DPO_LOSSES      sigmoid, ipo, hinge
 Modules without a registry: token_rewards (rewards on tokens, KL in the reward), value
@@ -42,6 +43,7 @@ from baton.algos.kl_control import (
 from baton.algos.logprobs import entropy_from_logits, logprobs_from_logits
 from baton.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from baton.algos.objective import actor_loss
+from baton.algos.off_policy import OFF_POLICY, decoupled_ppo_loss, register_off_policy
 from baton.algos.pairs import (
     PAIRINGS, PreferencePairs, all_pairs, best_worst_pairs, preference_pairs, register_pairing,
 )
@@ -53,17 +55,17 @@ from baton.algos.token_rewards import kl_in_reward, token_level_rewards
 from baton.algos.value import critic_loss, explained_variance, value_loss
 
 __all__ = [
-    "ADVANTAGE_INPUTS", "ADVANTAGES", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG",
+    "ADVANTAGE_INPUTS", "ADVANTAGES", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG", "OFF_POLICY",
     "PAIRINGS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "PreferencePairs",
     "Registry", "UnknownName", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
-    "compute_advantages", "critic_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
+    "compute_advantages", "critic_loss", "decoupled_ppo_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
     "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits",
     "explained_variance", "gae_advantages", "grpo_advantages", "group_inverse", "group_stats",
     "gspo_loss", "hinge_loss", "ipo_loss", "kl_abs", "kl_in_reward", "kl_k1", "kl_k2", "kl_k3",
     "kl_penalty", "logprobs_from_logits", "loss_normalisers", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "overlong_penalty", "ppo_clip_loss", "preference_pairs",
     "register_advantage", "register_dpo_loss", "register_kl", "register_kl_controller",
-    "register_loss_agg", "register_pairing", "register_policy_loss", "reinforce_pp_advantages",
+    "register_loss_agg", "register_off_policy", "register_pairing", "register_policy_loss", "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages", "remax_advantages", "required_inputs",
     "rloo_advantages", "sequence_logprobs", "token_level_rewards", "truncated_is_weights",
     "value_loss", "vanilla_pg_loss",

@@ -16,6 +16,7 @@ from baton.algos.advantages import ADVANTAGES
 from baton.algos.aggregate import LOSS_AGG
 from baton.algos.kl import KL_ESTIMATORS
 from baton.algos.kl_control import KL_CONTROLLERS
+from baton.algos.off_policy import OFF_POLICY
 from baton.algos.policy_loss import POLICY_LOSSES
 
 
@@ -56,6 +57,12 @@ class AlgoConfig:
     # max_new_tokens (0 = off), down to -overlong_penalty at the limit.
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    # --- off-policy rows (asynchronous training, engine mismatch), read by the GRPO driver ---
+    # A name in baton.algos.OFF_POLICY: "none" | "tis" | "decoupled_ppo". tis / decoupled_ppo
+    # recompute the proximal (old) logprobs with the trainer and weigh each token's policy
+    # loss by pi_prox / mu: truncated at the cap (tis) or dropped above it (decoupled_ppo).
+    off_policy: str = "none"
+    off_policy_cap: float = 2.0
 
 
 # Inputs an advantage estimator may need beyond the rewards, and the role that makes them.
@@ -66,7 +73,8 @@ def check_algo_names(algo: AlgoConfig) -> None:
     """Raise ValueError naming the key and the valid choices for any unknown name."""
     for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
                           ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGG),
-                          ("kl_reward_estimator", KL_ESTIMATORS), ("kl_controller", KL_CONTROLLERS)):
+                          ("kl_reward_estimator", KL_ESTIMATORS), ("kl_controller", KL_CONTROLLERS),
+                          ("off_policy", OFF_POLICY)):
         name = getattr(algo, key)
         if name not in registry:
             raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
@@ -86,6 +94,7 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
          f"algo.kl_target and algo.kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})"),
         (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, f"algo.gamma and algo.lam must be in [0, 1] (got {a.gamma}, {a.lam})"),
         (a.tis_cap is None or a.tis_cap >= 1, f"algo.tis_cap must be >= 1 or null (2 in the paper), got {a.tis_cap}"),
+        (a.off_policy_cap >= 1, f"algo.off_policy_cap must be >= 1, got {a.off_policy_cap}"),
         (a.dynamic_sampling_max_rounds >= 0,
          f"algo.dynamic_sampling_max_rounds must be >= 0, got {a.dynamic_sampling_max_rounds}"),
         (a.overlong_buffer >= 0 and a.overlong_penalty >= 0,

@@ -44,6 +44,11 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
     _STARTED_BY_POOL = False
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray starts worker processes at nice 15 (below its driver). Here the workers do the
+    # training and the driver mostly waits; at nice 15 a worker gets 1/28 of the CPU share of
+    # a nice-0 process on a busy machine (CFS weights 36 vs 1024), e.g. a generator running
+    # beside a trainer in the driver (trainer.mode=one_step_off, local backend).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if temp_dir is None:
         # Temp dirs of earlier runs whose driver died (e.g. SIGKILL) would stay forever.
         for stale in remove_stale_ray_temp_dirs():

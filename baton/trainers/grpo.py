@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from baton import fields as F
-from baton.algos import compute_advantages
+from baton.algos import OFF_POLICY, compute_advantages
 from baton.algos.token_rewards import token_level_rewards
 from baton.batch import Batch
 from baton.metrics import Timer, write_report
@@ -84,6 +84,9 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
             source.weights_updated(state.step)
         log = metrics_logger(run, t, start_step=state.step)
         guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        # the trainer's own (proximal) logprobs: PPO's "old" ones, and what off-policy rows'
+        # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
+        proximal = cfg.algo.recompute_old_logprobs or cfg.algo.off_policy != "none"
         try:
             if state.step == 0:
                 state.first_eval = evaluate(rollout, state.eval_rows)
@@ -96,7 +99,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                     pending = [] if F.REWARDS in batch else [reward.compute_rewards(batch)]  # scored by the source?
                     if ref is not None:
                         pending.append(ref.compute_ref_logprobs(batch))
-                    if cfg.algo.recompute_old_logprobs:
+                    if proximal:
                         pending.append(actor.compute_logprobs(batch))
                     else:  # the engine's logprobs equal the trainer's (tested), so skip a forward
                         batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
@@ -106,6 +109,14 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                     cfg.algo.advantage, scores=batch[F.REWARDS], response_mask=batch[F.RESPONSE_MASK],
                     group_size=cfg.rollout.n,
                     token_rewards=token_level_rewards(batch[F.REWARDS], batch[F.RESPONSE_MASK]))
+                correction = {}
+                if proximal:  # mu (the engine; older under trainer.mode async) vs the trainer's pi_prox
+                    weights, stats = OFF_POLICY[cfg.algo.off_policy](
+                        batch[F.OLD_LOGPROBS], batch[F.ROLLOUT_LOGPROBS], batch[F.RESPONSE_MASK],
+                        cap=cfg.algo.off_policy_cap)
+                    correction = {k: v.item() for k, v in stats.items()}
+                    if weights is not None:  # w * loss(A) = loss(w * A): see baton.algos.off_policy
+                        batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights
                 with timer("update"):
                     update = actor.update(batch)  # skips optimizer steps whose loss/grad is not finite
                 with timer("sync"):
@@ -113,7 +124,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 if t.check_weight_sync:
                     check_sync(parity, step)
                 state.step = step
-                metrics = {**carry, **step_metrics(batch, update, version=step - 1)}
+                metrics = {**carry, **correction, **step_metrics(batch, update, version=step - 1)}
                 stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
                 last = step == t.steps
                 if is_due(step, t.eval_every, last):

@@ -28,6 +28,7 @@ class RewardConfig:
     """The recipe's `reward:` section: reward-function name -> weight, and a per-call timeout."""
     functions: dict[str, float] = field(default_factory=lambda: {"arithmetic/correct": 1.0})
     timeout_s: float = 5.0
+    max_workers: int = 4  # calls in flight at once (worker processes); more for latency-bound verifiers
 
     def check(self) -> None:
         if not self.functions:
@@ -39,12 +40,14 @@ class RewardConfig:
                 raise ValueError(f"reward.functions: {e}") from None
         if self.timeout_s <= 0:
             raise ValueError(f"reward.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_workers < 1:
+            raise ValueError(f"reward.max_workers must be >= 1, got {self.max_workers}")
 
 
 class RewardWorker(Worker):
     def __init__(self, reward: RewardConfig):
         super().__init__()
-        self.runner = RewardRunner(reward.functions, timeout_s=reward.timeout_s)
+        self.runner = RewardRunner(reward.functions, timeout_s=reward.timeout_s, max_workers=reward.max_workers)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_rewards(self, batch: Batch) -> Batch:

@@ -7,25 +7,28 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from baton.config import ConfigError, load_config
 from baton.controller import WorkerError
 from baton.metrics import read_metrics
-from baton.models.make import make_tiny_checkpoint
 from baton.trainers import grpo
 from baton.trainers.grpo_config import GRPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=8", "rollout.n=4", "rollout.max_new_tokens=6",
         "actor.micro_batch_size=8", "actor.mini_batch_size=8", "actor.lr=1e-3", "trainer.progress=false",
-        "placement.threads_per_worker=1"]
+        "placement.threads_per_worker=1", "reward.max_workers=1"]
 DROP = ("timing/", "throughput/")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=0))
+def model_dir():
+    """The shipped warm start (0.82M parameters, like the tiny test models): its rewards vary,
+    so every update really moves the weights (a random model's rewards are all 0, its
+    advantages too, and every version would be the same weights)."""
+    return str(Path(__file__).resolve().parents[2] / "checkpoints/arith-sft")
 
 
 def config(model_dir, run_dir, *extra):
@@ -84,6 +87,10 @@ def test_one_step_off_ages_and_resumes_exactly_with_its_staleness_state(model_di
 
 @pytest.mark.ray
 def test_a_killed_generator_is_an_error_within_seconds(model_dir, tmp_path, monkeypatch):
+    """Kill -9 the generator's process after step 2 of a one_step_off run: the trainer raises
+    a WorkerError within seconds. (The steps before it also show the off-policy correction
+    at work: decoupled PPO, whose mismatch KL is ~0 at step 1, sampled by the weights being
+    trained, and positive from step 2 on, sampled one version earlier.)"""
     built = {}
 
     def build_roles(*args, **kwargs):
@@ -94,17 +101,22 @@ def test_a_killed_generator_is_an_error_within_seconds(model_dir, tmp_path, monk
     monkeypatch.setattr(grpo, "build_roles", build_roles)
     killed = {}
 
-    def kill_after_first_step():
+    def kill_after_step_two():
         metrics = tmp_path / "metrics.jsonl"
-        while not (metrics.exists() and '"step": 1' in metrics.read_text()):
+        while not (metrics.exists() and '"step": 2' in metrics.read_text()):
             time.sleep(0.05)
         os.kill(built["rollout"].pids[0], signal.SIGKILL)
         killed["at"] = time.monotonic()
 
-    killer = threading.Thread(target=kill_after_first_step, daemon=True)
+    killer = threading.Thread(target=kill_after_step_two, daemon=True)
     killer.start()
     with pytest.raises(WorkerError, match="died") as err:
-        grpo.train(config(model_dir, tmp_path, "trainer.steps=200", "trainer.mode=one_step_off"))
+        grpo.train(config(model_dir, tmp_path, "trainer.steps=200", "trainer.mode=one_step_off",
+                          "algo.off_policy=decoupled_ppo"))
     waited = time.monotonic() - killed["at"]
     assert waited < 10, f"the trainer noticed the dead generator only after {waited:.1f} s"
     assert "GeneratorWorker" in str(err.value) or "RewardWorker" in str(err.value)
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
+    assert rows[1]["rollout/policy_age"] == 0 and rows[1]["off_policy/mismatch_kl"] < 1e-6
+    assert rows[2]["rollout/policy_age"] == 1 and rows[2]["off_policy/mismatch_kl"] > 1e-6
+    assert 0 <= rows[2]["off_policy/capped_frac"] < 1

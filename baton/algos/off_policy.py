@@ -1,0 +1,104 @@
+"""Off-policy corrections for rows sampled by an older policy (asynchronous training) or by
+an engine whose numerics differ from the trainer's: chosen by name from `OFF_POLICY`
+(`algo.off_policy`: none | tis | decoupled_ppo).
+
+Three policies meet in a step: mu, the behaviour policy that sampled the rows (the engine,
+possibly `trainer.max_staleness` versions old: `rollout_logprobs`); pi_prox, the trainer's
+policy at the start of the step (recomputed by the actor: `old_logprobs`); pi_theta, the
+policy being optimised. Every correction here keeps the PPO clip against pi_prox (the ratio
+pi_theta / pi_prox) and weighs each token's policy loss by a detached, non-negative
+w_t(pi_prox / mu):
+
+    none           w = 1 (and nothing is recomputed unless `algo.recompute_old_logprobs`)
+    tis            w = min(pi_prox / mu, cap)            truncated IS (Ionides 2008; Yao et
+                                                         al. 2025 for the engine mismatch)
+    decoupled_ppo  w = pi_prox / mu, tokens with w > cap get w = 0
+                   (Hilton et al. 2021, "Batch size-invariance for policy optimization";
+                   AReaL's decoupled objective and behaviour-weight cap, Fu et al. 2025)
+
+so the decoupled PPO objective is
+
+    L = -1/N sum_t w_t * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t),
+    r_t = pi_theta(y_t) / pi_prox(y_t)                    (`decoupled_ppo_loss`, per token)
+
+Because w >= 0 and is detached, w * ppo_clip(A) = ppo_clip(w * A) token by token (dual clip
+included): the GRPO driver applies the weights by scaling the advantages, which is how the
+actor's unchanged loss computes this objective (tested equal).
+
+Each function takes `proximal_logprobs, behaviour_logprobs, response_mask` ([B, R]) and
+`cap`, and returns (weights [B, R] or None, metrics). Metrics (0-d tensors):
+    off_policy/mismatch_kl   k3 estimate of KL(mu || pi_prox) on the sampled tokens: the
+                             train/inference mismatch plus the policy's age
+    off_policy/capped_frac   fraction of real tokens whose ratio pi_prox / mu exceeded the cap
+    off_policy/weight_mean   mean weight over real tokens
+Departure: log ratios are clamped to +-20 before exp (as in the policy losses).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baton.algos.masked import masked_mean
+from baton.algos.policy_loss import ppo_clip_loss
+from baton.algos.registry import Registry
+
+OFF_POLICY = Registry("off-policy correction")
+register_off_policy = OFF_POLICY.register
+LOG_RATIO_CLAMP = 20.0
+
+
+def _ratio(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor):
+    mask = mask.bool()  # [B, R]
+    log_ratio = torch.where(mask, proximal.float() - behaviour.float(), 0.0)  # [B, R]
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return mask, log_ratio, log_ratio.exp()  # ratio [B, R]: 1 on padding
+
+
+def _metrics(mask, log_ratio, ratio, weights, cap) -> dict[str, torch.Tensor]:
+    return {"off_policy/mismatch_kl": masked_mean(ratio - 1 - log_ratio, mask),
+            "off_policy/capped_frac": masked_mean((ratio > cap).float(), mask),
+            "off_policy/weight_mean": masked_mean(weights, mask)}
+
+
+@register_off_policy("none")
+@torch.no_grad()
+def no_correction(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                  response_mask: torch.Tensor, cap: float = 2.0):
+    """No weights; the metrics still say how far mu is from pi_prox."""
+    mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    return None, _metrics(mask, log_ratio, ratio, torch.ones_like(ratio), cap)
+
+
+@register_off_policy("tis")
+@torch.no_grad()
+def tis_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                response_mask: torch.Tensor, cap: float = 2.0):
+    """w = min(pi_prox / mu, cap): truncated, so a token that mu found far less likely than
+    pi_prox cannot dominate; 1 on padding."""
+    mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    weights = ratio.clamp(max=cap)  # [B, R]
+    return weights, _metrics(mask, log_ratio, ratio, weights, cap)
+
+
+@register_off_policy("decoupled_ppo")
+@torch.no_grad()
+def decoupled_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                      response_mask: torch.Tensor, cap: float = 2.0):
+    """w = pi_prox / mu, and 0 for tokens whose w exceeds the cap (dropped, not truncated:
+    AReaL's behaviour-weight cap); 1 on padding."""
+    mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    weights = torch.where(ratio > cap, torch.zeros_like(ratio), ratio)  # [B, R]
+    return weights, _metrics(mask, log_ratio, ratio, weights, cap)
+
+
+def decoupled_ppo_loss(*, logprobs: torch.Tensor, proximal_logprobs: torch.Tensor,
+                       behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
+                       response_mask: torch.Tensor, clip_low: float = 0.2,
+                       clip_high: float | None = None, cap: float = 2.0):
+    """The decoupled PPO per-token loss [B, R] (zero on padding) and metrics: the PPO clip
+    against pi_prox, weighted by `decoupled_weights` (see the module docstring)."""
+    weights, metrics = decoupled_weights(proximal_logprobs, behaviour_logprobs, response_mask, cap)
+    loss, clip_metrics = ppo_clip_loss(logprobs=logprobs, old_logprobs=proximal_logprobs,
+                                       advantages=advantages, response_mask=response_mask,
+                                       clip_low=clip_low, clip_high=clip_high)  # [B, R]
+    return loss * weights, {**metrics, **clip_metrics}
