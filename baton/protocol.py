@@ -36,6 +36,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (needs a tokenizer)
     seed: int | None = None
     ignore_eos: bool = False
+    # a LoRA adapter the engine serves by name (baton serve / vLLM / SGLang load_lora_adapter);
+    # None: the engine's own weights (a colocated LoRA policy: its live adapter)
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -1,4 +1,5 @@
-"""The `model:` section of a recipe: which local HF directory a role loads, in which dtype."""
+"""The `model:` section of a recipe: which local HF directory a role loads, in which dtype,
+and optionally LoRA adapters on it (`model.lora`, see `baton.models.lora`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from baton.models.lora import LoraSection
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -14,6 +17,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class ModelConfig:
     path: str = "checkpoints/arith-sft"  # a local HF directory (model + tokenizer)
     dtype: Literal["float32", "bfloat16"] = "float32"  # storage dtype of the weights
+    lora: LoraSection | None = None  # train LoRA adapters only (the base stays frozen)
 
     @property
     def torch_dtype(self) -> torch.dtype:

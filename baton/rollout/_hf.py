@@ -25,8 +25,10 @@ class HFRunner:
         self.extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.cache = self.mask = self.next_pos = None
 
-    def pack(self) -> None:  # nothing to pre-pack: HF reads its parameters itself
-        pass
+    def pack(self, lora=None) -> None:  # nothing to pre-pack: HF reads its parameters itself
+        if lora is not None:
+            raise ValueError("serving a LoRA adapter by name needs the fast Llama / Qwen2 path; "
+                             f"{type(self.model).__name__} runs through its HF forward")
 
     def release(self) -> None:
         self.cache = self.mask = self.next_pos = None

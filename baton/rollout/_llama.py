@@ -20,6 +20,13 @@ faster than `F.linear` on the [out, in] layout on this CPU). The engine calls `p
 the start of every `generate`, so the copies can never be stale - an optimizer step on a
 colocated trainer module is seen by the next `generate`. `fuse=False` reads the parameters
 directly (transposed views, no copy) for models where a second copy does not fit.
+
+LoRA: `pack(lora)` takes {module path: (A [r, in], B [out, r], scale)} (the live adapters
+of a colocated peft policy, or an adapter the engine serves by name) and reads each
+wrapped linear's `base_layer`. With `fuse=True` the adapter is merged into the fused copy
+that is built anyway (W + scale * B @ A, no extra memory); with `fuse=False` the base
+weights are read in place and each adapted matmul adds scale * (x @ A^T) @ B^T (two
+rank-r matmuls, no merged copy of anything).
 """
 
 from __future__ import annotations
@@ -48,29 +55,47 @@ def supports(model: nn.Module) -> bool:
     linears = [layer0.self_attn.q_proj, layer0.self_attn.k_proj, layer0.self_attn.v_proj,
                layer0.self_attn.o_proj, layer0.mlp.gate_proj, layer0.mlp.up_proj,
                layer0.mlp.down_proj, model.lm_head]
-    return all(type(m) is nn.Linear for m in linears)  # LoRA / quantized wrappers: HF path
+    return all(type(_base(m)) is nn.Linear for m in linears)  # quantized wrappers: HF path
 
 
-def _linear_pieces(mods: list[nn.Linear], fuse: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """[(weight^T [in, out], bias)] - one fused contiguous piece, or a view per module."""
+def _base(m: nn.Module) -> nn.Module:
+    """A LoRA-wrapped linear's base layer (peft keeps the original nn.Linear there)."""
+    return m.base_layer if hasattr(m, "lora_A") and hasattr(m, "base_layer") else m
+
+
+Lora = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # path -> (A [r, in], B [out, r], scale)
+
+
+def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = None,
+                   lora: Lora | None = None) -> list[tuple]:
+    """[(weight^T [in, out], bias, low-rank term | None)] - one fused contiguous piece (LoRA
+    merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale))."""
+    adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
+    mods = [_base(m) for m in mods]
     if not fuse:
-        return [(m.weight.t(), m.bias) for m in mods]
-    wt = torch.cat([m.weight for m in mods]).t().contiguous()  # [in, sum(out)]
+        return [(m.weight.t(), m.bias, None if ad is None else (ad[0].t(), ad[1].t(), ad[2]))
+                for m, ad in zip(mods, adapters)]
+    weights = [m.weight if ad is None else torch.addmm(m.weight, ad[1], ad[0], alpha=ad[2])
+               for m, ad in zip(mods, adapters)]  # W + scale * B @ A
+    wt = torch.cat(weights).t().contiguous()  # [in, sum(out)]
     if all(m.bias is None for m in mods):
-        return [(wt, None)]
+        return [(wt, None, None)]
     bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
-    return [(wt, bias)]
+    return [(wt, bias, None)]
 
 
 def _mm(x: torch.Tensor, pieces, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, in] @ pieces (+ bias) (+ residual, fused into the matmul). Returns [N, out]."""
     outs = []
-    for wt, bias in pieces:
+    for wt, bias, low in pieces:
         if residual is not None:
             y = torch.addmm(residual, x, wt)
-            outs.append(y if bias is None else y.add_(bias))
+            y = y if bias is None else y.add_(bias)
         else:
-            outs.append(x @ wt if bias is None else torch.addmm(bias, x, wt))
+            y = x @ wt if bias is None else torch.addmm(bias, x, wt)
+        if low is not None:  # LoRA, unmerged: + scale * (x @ A^T) @ B^T
+            y = y.addmm_(x @ low[0], low[1], alpha=low[2])
+        outs.append(y)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
@@ -93,22 +118,25 @@ class LlamaRunner:
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # --- weights ---------------------------------------------------------------------
-    def pack(self) -> None:
-        """Collect (and fuse) the weights the forward uses, from the live parameters."""
+    def pack(self, lora: Lora | None = None) -> None:
+        """Collect (and fuse) the weights the forward uses, from the live parameters, with
+        the LoRA adapter `lora` applied (see the module docstring)."""
         self.layers = []
-        for layer in self.model.model.layers:
+        for i, layer in enumerate(self.model.model.layers):
             a, m = layer.self_attn, layer.mlp
+            at, mt = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
             self.layers.append((
                 layer.input_layernorm.weight,
-                _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse),
-                _linear_pieces([a.o_proj], self.fuse),
+                _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse,
+                               [at + "q_proj", at + "k_proj", at + "v_proj"], lora),
+                _linear_pieces([a.o_proj], self.fuse, [at + "o_proj"], lora),
                 layer.post_attention_layernorm.weight,
-                _linear_pieces([m.gate_proj, m.up_proj], self.fuse),
-                _linear_pieces([m.down_proj], self.fuse),
+                _linear_pieces([m.gate_proj, m.up_proj], self.fuse, [mt + "gate_proj", mt + "up_proj"], lora),
+                _linear_pieces([m.down_proj], self.fuse, [mt + "down_proj"], lora),
             ))
         self.norm_w = self.model.model.norm.weight
         self.embed = self.model.model.embed_tokens.weight
-        self.lm_head = _linear_pieces([self.model.lm_head], self.fuse)
+        self.lm_head = _linear_pieces([self.model.lm_head], self.fuse, ["lm_head"], lora)
         rotary = self.model.model.rotary_emb
         self.inv_freq, self.rope_scaling = rotary.inv_freq.float(), rotary.attention_scaling
 

@@ -32,7 +32,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
         params = _params(n=req.n, max_new_tokens=max_new,
                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                         stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos)
+                         stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos,
+                         lora=srv.lora_for(req.model))
         comps = await srv.generate(request, prompts, params)
         choices = []
         for i, c in enumerate(comps):
@@ -75,7 +76,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
                          top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
-                         seed=req.seed, ignore_eos=req.ignore_eos)
+                         seed=req.seed, ignore_eos=req.ignore_eos, lora=srv.lora_for(req.model))
         comps = await srv.generate(request, [prompt], params)
         choices = []
         for i, c in enumerate(comps):
@@ -116,7 +117,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         stops = stop_list(sp.stop)
         params = _params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
                          top_k=sp.top_k, min_p=sp.min_p, stop=stops, stop_token_ids=sp.stop_token_ids,
-                         seed=sp.seed if sp.seed is not None else sp.sampling_seed, ignore_eos=sp.ignore_eos)
+                         seed=sp.seed if sp.seed is not None else sp.sampling_seed, ignore_eos=sp.ignore_eos,
+                         lora=srv.lora_for(req.lora_path))
         comps = await srv.generate(request, prompts, params)
         rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
         outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
@@ -124,13 +126,14 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
 
 
 def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
-            stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool) -> SamplingParams:
+            stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool,
+            lora: str | None = None) -> SamplingParams:
     if 0 < temperature < MIN_TEMPERATURE:
         raise HTTPException(400, f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {temperature:g}")
     try:
         return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=max(top_k, 0), min_p=min_p, stop=stop, stop_token_ids=list(stop_token_ids or []),
-                              seed=seed, ignore_eos=ignore_eos)
+                              seed=seed, ignore_eos=ignore_eos, lora=lora)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from exc
 

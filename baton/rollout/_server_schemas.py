@@ -154,6 +154,7 @@ class GenerateSamplingParams(BaseModel):
 
 class GenerateRequest(_Lenient):
     text: str | list[str] | None = None
+    lora_path: str | list[str | None] | None = None  # SGLang: the adapter (by name) per request
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     return_logprob: bool = False
@@ -197,6 +198,18 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
 
 class DestroyWeightsUpdateGroupRequest(_Lenient):
     group_name: str = "weight_update_group"
+
+
+class LoadLoraAdapterRequest(_Lenient):
+    """vLLM's and SGLang's shape: a PEFT adapter dir, served as `lora_name`."""
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str
+    load_inplace: bool = False  # vLLM: replace a loaded adapter of that name (baton always does)
+    pinned: bool = False  # SGLang: keep it resident (baton keeps every adapter resident)
+
+
+class UnloadLoraAdapterRequest(_Lenient):
+    lora_name: str = Field(min_length=1, max_length=256)
 
 
 def unsupported(req: BaseModel) -> str | None:

@@ -17,10 +17,17 @@ How a `generate` call runs:
 `GenerationCancelled` once it returns True (a server drops work nobody waits for).
 Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
 own HF forward (`_hf.py`).
+
+LoRA: a peft model (a colocated LoRA policy) runs on the fast path over its base weights
+with its *live* adapter tensors applied at each `generate` (nothing merged, nothing copied,
+so an optimizer step on the adapters is seen by the next call); `load_lora_adapter(name,
+dir)` adds PEFT-format adapters that a request selects with `SamplingParams.lora = name`
+(vLLM / SGLang's multi-LoRA serving, the base weights shared).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterable
 
 import torch
@@ -31,6 +38,8 @@ from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.rollout.sampling import sample
+
+PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 SLEEP_MODES = ("cache", "offload", "discard")
@@ -79,8 +88,11 @@ class EmbeddedEngine:
             pad_token_id = tokenizer.pad_token_id
         # any id works for padding (it is masked); fall back to EOS, then 0
         self.pad_token_id = pad_token_id if pad_token_id is not None else (self.eos_token_ids or [0])[0]
-        self.runner = (LlamaRunner(model, fuse=fuse_weights) if fast and _llama.supports(model)
+        self._peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+        base = model.get_base_model() if self._peft else model
+        self.runner = (LlamaRunner(base, fuse=fuse_weights) if fast and _llama.supports(base)
                        else HFRunner(model))
+        self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False
         self._device = None  # the weights' device while offloaded
         self._discarded: list[tuple[torch.Tensor, torch.Size]] = []  # (param, shape) while discarded
@@ -109,7 +121,7 @@ class EmbeddedEngine:
         self.model.eval()  # dropout off for the generic path
         try:
             with torch.inference_mode():
-                self.runner.pack()
+                self.runner.pack(self._lora_for(params))
                 generator = None
                 if params.seed is not None:
                     generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -205,6 +217,67 @@ class EmbeddedEngine:
                 finish_reason="stop" if stopped[r] else "length", version=self.version))
         return per_prompt
 
+    # --- LoRA ---------------------------------------------------------------------------
+    def _lora_for(self, params: SamplingParams) -> _llama.Lora | None:
+        """The adapter a call runs with: a served one by name, else a peft model's live one
+        (the HF runner applies a peft model's adapters in its own forward)."""
+        if params.lora is not None:
+            if params.lora not in self.adapters:
+                raise KeyError(f"unknown LoRA adapter {params.lora!r}; loaded: {sorted(self.adapters)}")
+            return self.adapters[params.lora]
+        if self._peft and isinstance(self.runner, LlamaRunner):
+            return live_lora(self.model)
+        return None
+
+    def load_lora_adapter(self, name: str, source) -> int:
+        """Serve a PEFT adapter as `name` (replacing one of that name): `source` is a PEFT
+        adapter dir, or (its adapter_config.json dict, {PEFT key: tensor}). Every tensor is
+        checked (a linear of this model, shapes, finite) before any is installed. Returns
+        the bytes of its tensors."""
+        if isinstance(source, (str, os.PathLike)):
+            from baton.models.lora import read_adapter
+            source = read_adapter(source)
+        config, tensors = source
+        if not isinstance(self.runner, LlamaRunner):
+            raise ValueError("LoRA adapters are served on the fast Llama / Qwen2 path only")
+        if config.get("rank_pattern") or config.get("alpha_pattern"):
+            raise ValueError("per-module LoRA ranks / alphas (rank_pattern, alpha_pattern) are not supported")
+        r, alpha = int(config["r"]), float(config["lora_alpha"])
+        scale = alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for key, t in tensors.items():
+            path, _, kind = key.removeprefix(PEFT_PREFIX).rpartition(".lora_")
+            if kind not in ("A.weight", "B.weight"):
+                raise ValueError(f"unexpected adapter tensor {key!r}")
+            pairs.setdefault(path, {})[kind[0]] = t
+        known = self._linear_shapes()
+        adapter: _llama.Lora = {}
+        for path, ab in pairs.items():
+            if path not in known or set(ab) != {"A", "B"}:
+                raise ValueError(f"adapter tensor for {path!r}: not a linear of this model, or A/B missing")
+            out_f, in_f = known[path]
+            A, B = ab["A"], ab["B"]
+            if A.shape != (r, in_f) or B.shape != (out_f, r):
+                raise ValueError(f"{path}: adapter shapes A {tuple(A.shape)}, B {tuple(B.shape)} do not fit "
+                                 f"[{r}, {in_f}] / [{out_f}, {r}]")
+            if not (torch.isfinite(A).all() and torch.isfinite(B).all()):
+                raise ValueError(f"{path}: adapter tensors are not finite")
+            adapter[path] = (A.to(self.device, self._dtype()), B.to(self.device, self._dtype()), scale)
+        self.adapters[name] = adapter
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b, _ in adapter.values())
+
+    def unload_lora_adapter(self, name: str) -> None:
+        if self.adapters.pop(name, None) is None:
+            raise KeyError(f"no LoRA adapter {name!r} is loaded; loaded: {sorted(self.adapters)}")
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _linear_shapes(self) -> dict[str, tuple[int, int]]:
+        base = self.model.get_base_model() if self._peft else self.model
+        return {name: tuple(_llama._base(m).weight.shape) for name, m in base.named_modules()
+                if isinstance(_llama._base(m), nn.Linear)}
+
     # --- weights -----------------------------------------------------------------------
     def _param_table(self) -> dict[str, torch.Tensor]:
         # state_dict keeps tied aliases (lm_head.weight), which named_parameters drops
@@ -263,6 +336,28 @@ class EmbeddedEngine:
             self._missing = {id(p): name for name, p in self.model.named_parameters()}
             self._discarded = []
         self._asleep = False
+
+
+def live_lora(model: nn.Module) -> _llama.Lora | None:
+    """{module path: (A, B, scale)} of a peft model's active adapter: the live tensors (no
+    copy), so the engine samples from the adapters as trained so far. None when the
+    adapters are disabled (`with model.disable_adapter()`)."""
+    base = model.get_base_model()
+    out: _llama.Lora = {}
+    for name, m in base.named_modules():
+        if not hasattr(m, "lora_A") or not hasattr(m, "base_layer"):
+            continue
+        if getattr(m, "disable_adapters", False):
+            return None
+        if getattr(m, "merged", False):
+            raise RuntimeError(f"{name}: the adapter is merged into the base weights; the engine reads them "
+                               "unmerged (unmerge_adapter() first)")
+        for a in m.active_adapters:
+            if a in m.lora_A:
+                if name in out:
+                    raise ValueError("more than one active LoRA adapter per module is not supported")
+                out[name] = (m.lora_A[a].weight, m.lora_B[a].weight, float(m.scaling[a]))
+    return out
 
 
 class StopStringMatcher:

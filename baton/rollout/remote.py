@@ -18,6 +18,12 @@ Dialects (what is sent where):
 `update_weights(named tensors, version)` writes a safetensors file (needs a filesystem the
 server also sees) and calls `/update_weights_from_disk`; for large or remote models use
 `baton.sync.BroadcastSync`, which drives the distributed endpoints below.
+
+LoRA: `load_lora_adapter(name, dir)` / `unload_lora_adapter(name)` call the servers'
+endpoints (`/v1/load_lora_adapter` on vLLM, which needs `--enable-lora` and
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=1; `/load_lora_adapter` on SGLang and baton), and
+`SamplingParams(lora=name)` selects the adapter (vLLM: as the request's `model`; SGLang
+and baton: `lora_path`). `baton.sync.LoraSync` drives these for a LoRA run.
 """
 
 from __future__ import annotations
@@ -71,7 +77,12 @@ class RemoteEngine:
         r = self.client.post(path, json=body or {})
         if r.status_code >= 400:
             raise RemoteEngineError(f"POST {self.base_url}{path} -> {r.status_code}: {r.text[:2000]}")
-        return r.json() if r.content else None
+        if not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:  # vLLM answers its LoRA endpoints in plain text
+            return r.text
 
     def _get(self, path: str) -> Any:
         r = self.client.get(path)
@@ -114,8 +125,11 @@ class RemoteEngine:
             sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             sp["seed" if self.dialect == "baton" else "sampling_seed"] = params.seed
-        out = self._post("/generate", {"input_ids": [list(p) for p in prompts], "sampling_params": sp,
-                                       "return_logprob": True})
+        body: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": sp,
+                                "return_logprob": True}
+        if params.lora is not None:
+            body["lora_path"] = params.lora  # SGLang: an adapter name (or path) per request
+        out = self._post("/generate", body)
         items = out if isinstance(out, list) else [out]
         if len(items) != len(prompts) * params.n:
             raise RemoteEngineError(f"expected {len(prompts) * params.n} outputs, got {len(items)}")
@@ -147,7 +161,7 @@ class RemoteEngine:
 
     def _generate_vllm(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         body: dict[str, Any] = {
-            "model": self._model_name(), "prompt": [list(p) for p in prompts], "n": params.n,
+            "model": params.lora or self._model_name(), "prompt": [list(p) for p in prompts], "n": params.n,
             "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "min_p": params.min_p,
             "ignore_eos": params.ignore_eos, "logprobs": 1, "return_tokens_as_token_ids": True,
@@ -224,6 +238,17 @@ class RemoteEngine:
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         self._post("/destroy_weights_update_group", {"group_name": group_name})
+
+    # --- LoRA adapters ---------------------------------------------------------------
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Have the server load the PEFT adapter dir `path` (on its filesystem) as `name`."""
+        prefix = "/v1" if self.dialect == "vllm" else ""
+        self._check(self._post(f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": path}),
+                    "load_lora_adapter")
+
+    def unload_lora_adapter(self, name: str) -> None:
+        prefix = "/v1" if self.dialect == "vllm" else ""
+        self._check(self._post(f"{prefix}/unload_lora_adapter", {"lora_name": name}), "unload_lora_adapter")
 
     @staticmethod
     def _check(resp: Any, what: str) -> None:

@@ -28,6 +28,14 @@ Admin endpoints (off with --no-admin: 403):
                                      "group_name"?, "bucket_bytes"?}: receive a broadcast
   POST /destroy_weights_update_group, /release_memory_occupation (sleep),
        /resume_memory_occupation (wake)
+  POST /load_lora_adapter           {"lora_name", "lora_path": a PEFT adapter dir inside a
+       (/v1/load_lora_adapter)       --weights-dir}: serve it by name (vLLM / SGLang shape;
+                                    every tensor checked first; replaces a same-named one)
+  POST /unload_lora_adapter         {"lora_name"}
+       (/v1/unload_lora_adapter)
+LoRA adapters are selected per request as vLLM does (`"model": lora_name` in
+/v1/completions and /v1/chat/completions) and as SGLang does (`"lora_path": lora_name` in
+/generate); /v1/models lists them. Any other `model` value serves the base weights.
 Weight endpoints answer {"success": true, "message": str, "version": int}, or
 {"success": false, "message": str, "detail": str} with a 4xx.
 
@@ -96,6 +104,7 @@ from baton.rollout._server_guards import (BearerAuth, StrictJSONRoute, WeightsAl
                                           iter_handles, open_checkpoint, param_shapes)
 from baton.rollout._server_routes import add_generation_routes
 from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
+                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
                                            UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver, validate_specs
@@ -130,6 +139,7 @@ class _Server:
         self.asleep = False
         self.updating = 0  # weight updates in progress
         self.weights_lock = asyncio.Lock()
+        self.lora_paths: dict[str, str] = {}  # served LoRA adapters: name -> the path it came from
         cfg = getattr(getattr(engine, "model", None), "config", None)
         self.vocab_size = getattr(cfg, "vocab_size", None) or (len(tokenizer) if tokenizer is not None else None)
         ctx = [x for x in (getattr(cfg, "max_position_embeddings", None), max_model_len) if isinstance(x, int)]
@@ -175,6 +185,16 @@ class _Server:
             raise HTTPException(400, f"n x (prompt + max_tokens) = {n} x {longest + max_new} = "
                                      f"{n * (longest + max_new)} KV-cache tokens exceed this server's budget "
                                      f"of {self.kv_budget} (--max-batch-tokens)")
+
+    def lora_for(self, name: Any) -> str | None:
+        """The served adapter a request names (vLLM: `model`, SGLang: `lora_path`), else None
+        (the base weights). A list (SGLang: one per prompt) must name one adapter."""
+        if isinstance(name, list):
+            names = set(name)
+            if len(names) > 1:
+                raise HTTPException(400, "lora_path: one adapter per request (got several)")
+            name = names.pop() if names else None
+        return name if isinstance(name, str) and name in getattr(self.engine, "adapters", {}) else None
 
     def token_str(self, tid: int, as_ids: bool) -> str:
         if as_ids or self.tokenizer is None:
@@ -345,7 +365,10 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
 
     @app.get("/v1/models", responses=errors(*auth))
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]}
+        data = [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]
+        data += [{"id": name, "object": "model", "created": 0, "owned_by": "baton", "parent": model_name,
+                  "root": srv.lora_paths.get(name)} for name in sorted(getattr(engine, "adapters", {}))]
+        return {"object": "list", "data": data}
 
     @app.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
@@ -423,6 +446,38 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         except ValueError as exc:
             return _fail(400, str(exc))
         return {"success": True, "message": f"destroyed {req.group_name!r}"}
+
+    @app.post("/load_lora_adapter", **admin_route)
+    @app.post("/v1/load_lora_adapter", **admin_route, include_in_schema=False)
+    async def load_lora(req: LoadLoraAdapterRequest) -> Any:
+        if req.lora_name == model_name:
+            return _fail(400, f"lora_name {req.lora_name!r} is the base model's name")
+        try:
+            files = srv.allow.files(req.lora_path)  # the adapter dir must lie inside --weights-dir
+            from baton.models.lora import read_adapter
+
+            adapter = await asyncio.to_thread(read_adapter, files[0].parent)
+            async with srv.weight_update():
+                nbytes = await srv.runner.call(engine.load_lora_adapter, req.lora_name, adapter,
+                                               label="load_lora_adapter")
+        except HTTPException as exc:
+            return _fail(exc.status_code, f"load_lora_adapter failed: {exc.detail}")
+        except (KeyError, ValueError, FileNotFoundError, AttributeError) as exc:
+            return _fail(400, f"load_lora_adapter failed: {exc}")
+        srv.lora_paths[req.lora_name] = req.lora_path
+        return {"success": True, "message": f"LoRA adapter {req.lora_name!r} added ({nbytes} bytes)",
+                "loaded_adapters": dict(srv.lora_paths)}
+
+    @app.post("/unload_lora_adapter", **admin_route)
+    @app.post("/v1/unload_lora_adapter", **admin_route, include_in_schema=False)
+    async def unload_lora(req: UnloadLoraAdapterRequest) -> Any:
+        try:
+            await srv.runner.call(engine.unload_lora_adapter, req.lora_name, label="unload_lora_adapter")
+        except (KeyError, AttributeError) as exc:
+            return _fail(400, f"unload_lora_adapter failed: {exc}")
+        srv.lora_paths.pop(req.lora_name, None)
+        return {"success": True, "message": f"LoRA adapter {req.lora_name!r} removed",
+                "loaded_adapters": dict(srv.lora_paths)}
 
     @app.post("/release_memory_occupation", **admin_route)
     async def release_memory() -> dict:

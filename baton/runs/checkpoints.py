@@ -45,7 +45,8 @@ TRAINER_STATE = "trainer_state.pt"  # the actor's optimizer / scheduler / driver
 
 # One entry per requirement: a file name, or a tuple of names of which one must be present.
 Requirement = Union[str, tuple[str, ...]]
-WEIGHTS: tuple[str, ...] = ("model.safetensors", "model.safetensors.index.json")  # single or sharded
+# single or sharded; or a LoRA actor's adapter (PEFT format; the base is the recipe's model)
+WEIGHTS: tuple[str, ...] = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 TOKENIZER_VOCAB: tuple[str, ...] = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 DEFAULT_REQUIRED: tuple[Requirement, ...] = (
     WEIGHTS, "config.json", "tokenizer_config.json", TOKENIZER_VOCAB, TRAINER_STATE,

@@ -57,6 +57,8 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
                                  dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
                                       max_new_tokens=r.max_new_tokens))
     classes = {role: entry for role, entry in classes.items() if role in wanted}
+    # LoRA: the reference is the actor's own module with its adapters disabled (no second model)
+    lora_reference = cfg.model.lora is not None and classes.pop("reference", None) is not None
     p = cfg.placement
     pools: dict[str, Any] = dict(p.pool_specs())  # the main pool with its mesh, if any
     if apart(cfg):  # the rollout loads its own model; the actor's pool serves it the weights
@@ -69,9 +71,12 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
             spec = pools[gen] if isinstance(pools[gen], dict) else {"world_size": pools[gen]}
             pools[gen] = {**spec, "backend": "ray"}  # overlapping needs a process of its own
     where = {role: p.pool_of("actor" if role == "policy_weights" else role) for role in classes}
-    return build_role_groups(pools, where, classes,
-                             backend=p.backend, cpus_per_worker=p.cpus_per_worker,
-                             gpus_per_worker=p.gpus_per_worker, threads_per_worker=p.threads_per_worker)
+    groups = build_role_groups(pools, where, classes,
+                               backend=p.backend, cpus_per_worker=p.cpus_per_worker,
+                               gpus_per_worker=p.gpus_per_worker, threads_per_worker=p.threads_per_worker)
+    if lora_reference:  # ActorWorker.compute_ref_logprobs: the base, adapters off
+        groups["reference"] = groups["actor"]
+    return groups
 
 
 def apart(cfg: GRPOConfig | PPOConfig) -> bool:

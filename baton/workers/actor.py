@@ -10,6 +10,11 @@ all-reduce per optimizer step) or `fsdp2` (sharded parameters, gradients reduce-
 in backward), each with tensor parallelism when `placement.mesh.tp` > 1; this file only
 calls the strategy (all-reduce over data ranks, grad sync, clip, full tensors for
 checkpoints and the engine).
+
+LoRA (`model.lora`, `baton.models.lora`): only the adapters train (the optimizer holds
+only them); the reference policy is this same module with the adapters disabled
+(`compute_ref_logprobs`, no second model); checkpoints hold the adapter in PEFT format
+(the base stays at `model.path`; `baton export --merge` writes base + adapter).
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
+from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
+                               save_adapter)
 from baton.models.parallel import wrap
+from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
@@ -73,6 +81,12 @@ class ActorWorker(Worker):
         self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)
         a = actor
+        if model.lora is not None:
+            if a.strategy != "ddp" or self.tp_size > 1:
+                raise ValueError("model.lora trains with actor.strategy=ddp and no tensor parallelism "
+                                 f"(got strategy={a.strategy}, tp={self.tp_size}): the adapters are small, "
+                                 "every rank holds them whole")
+            self.model = apply_lora(self.model, model.lora, seed=seed)
         # in place: self.model is the wrapped module (sharded parameters are DTensors)
         self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=a.bf16,
                         activation_checkpointing=a.activation_checkpointing)
@@ -96,6 +110,18 @@ class ActorWorker(Worker):
         out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature,
                                with_entropy=True)
         return Batch({F.OLD_LOGPROBS: out["logprobs"], F.ENTROPY: out[F.ENTROPY]})
+
+    @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """LoRA only: the reference policy's logprobs [B, R] (`ref_logprobs`) = this module
+        with its adapters disabled (the frozen base), so no reference model is loaded."""
+        if self.model_cfg.lora is None:
+            raise RuntimeError("compute_ref_logprobs on the actor needs model.lora (the base is the reference); "
+                               "without LoRA the reference role holds its own copy")
+        self.model.eval()
+        with self.model.disable_adapter():
+            out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
+        return Batch({F.REF_LOGPROBS: out["logprobs"]})
 
     # --- training ----------------------------------------------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -202,7 +228,10 @@ class ActorWorker(Worker):
         weights: a checkpoint that `resume=auto` would load must be trainable.
 
         Sharded strategies: every rank takes part in gathering each full tensor in turn (to
-        rank 0's CPU) and the full optimizer state; only rank 0 writes."""
+        rank 0's CPU) and the full optimizer state; only rank 0 writes. LoRA: the adapter in
+        PEFT format (adapter_config.json + adapter_model.safetensors) instead of the model."""
+        if self.model_cfg.lora is not None:
+            return self._save_lora_checkpoint(path, driver_state)
         weights = self.par.full_state_dict_iter(device="cpu" if self.par.sharded else None)
         if self.rank != 0:
             for _ in weights:  # the gathers are collectives: keep in step with rank 0
@@ -221,13 +250,33 @@ class ActorWorker(Worker):
                                    state_dict=full if self.par.sharded else None,
                                    extra=lambda tmp: torch.save(state, tmp / TRAINER_STATE)))
 
+    def _save_lora_checkpoint(self, path: str, driver_state: dict[str, Any]) -> str:
+        if self.rank != 0:
+            return path
+        adapter = dict(adapter_tensors(self.model))
+        bad = [n for n, t in adapter.items() if not torch.isfinite(t).all()]
+        if bad:
+            raise FloatingPointError(f"not saving {path}: {len(bad)} adapter tensor(s) are not finite (first: {bad[0]})")
+        state = {"optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
+                 "updates": self.updates, "driver": driver_state}
+        with atomic_dir(Path(path).resolve()) as tmp:
+            save_adapter(adapter, adapter_config(self.model, Path(self.model_cfg.path).resolve()), tmp)
+            self.model.get_base_model().config.save_pretrained(str(tmp))  # the architecture, for tools
+            self.tokenizer.save_pretrained(str(tmp))
+            torch.save(state, tmp / TRAINER_STATE)
+        return str(Path(path).resolve())
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore weights, optimizer and schedule; returns the driver's saved state."""
-        loaded = load_model(path, dtype=self.model_cfg.torch_dtype, device=self.device)
-        # in place (each rank keeps its shard): the colocated engine keeps reading these tensors
-        self.par.load_full_state_dict(loaded.named_parameters())
-        del loaded
+        """Restore weights (LoRA: the adapter), optimizer and schedule; returns the driver's
+        saved state."""
+        if self.model_cfg.lora is not None:
+            load_adapter_into(self.model, read_adapter(path)[1])
+        else:
+            loaded = load_model(path, dtype=self.model_cfg.torch_dtype, device=self.device)
+            # in place (each rank keeps its shard): the colocated engine keeps reading these tensors
+            self.par.load_full_state_dict(loaded.named_parameters())
+            del loaded
         state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
         self.par.load_optim_state_dict(self.optim, state["optim"])
         self.sched.load_state_dict(state["sched"])
