@@ -4,8 +4,13 @@
                                                      the recipe: the PPO-family driver)
     baton rm RECIPE.yaml [dotted.key=value ...]      Bradley-Terry reward model from pairs
     baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
+    baton online-dpo RECIPE.yaml [dotted.key=value ...]  online DPO (own samples, scored, paired)
+    baton dpo RECIPE.yaml [dotted.key=value ...]     offline DPO from a jsonl of pairs
     baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
+    baton api [--port 8000 --db FILE ...]            the trajectory API (Atropos-compatible)
+    baton env NAME --api URL --server URL [...]      an environment service feeding the API
+    baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
 
 A config error (unknown key, wrong type) prints one line naming the key and exits with 2.
@@ -58,6 +63,29 @@ def _rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _online_dpo(args: argparse.Namespace) -> int:
+    from baton.trainers.dpo_config import DPOConfig
+    from baton.trainers.online_dpo import train
+
+    cfg = load_config(DPOConfig, args.recipe, args.overrides)
+    _print_accuracy(train(cfg), cfg.trainer.run_dir)
+    return 0
+
+
+def _dpo(args: argparse.Namespace) -> int:
+    from baton.trainers.dpo_config import OfflineDPOConfig
+    from baton.trainers.offline_dpo import train
+
+    cfg = load_config(OfflineDPOConfig, args.recipe, args.overrides)
+    result = train(cfg)
+    _print_accuracy(result, cfg.trainer.run_dir)
+    for prefix in ("start/eval/", "eval/"):
+        if f"{prefix}rewards/accuracies" in result:
+            print(f"{'start' if prefix.startswith('start') else 'trained':8s} held-out preference accuracy "
+                  f"{result[prefix + 'rewards/accuracies']:.3f}, margin {result[prefix + 'rewards/margins']:.3f}")
+    return 0
+
+
 def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -106,6 +134,26 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
+def _service(name: str, argv: list[str]) -> int:
+    if name == "api":
+        from baton.services.api import api_main
+
+        api_main(argv)
+        return 0
+    from baton.services.env_runner import env_main
+
+    return env_main(argv)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from baton.config import to_dict
+    from baton.services.launch import launch
+    from baton.trainers.grpo_config import GRPOConfig
+
+    cfg = load_config(GRPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
+
+
 def _export(args: argparse.Namespace) -> int:
     """A LoRA run's checkpoint (a PEFT adapter over the recipe's base model) as one plain HF
     checkpoint: base + adapter merged (`baton.models.lora.merge_adapter_dir`)."""
@@ -132,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("train", _train, "RL training from a recipe"),
                             ("sft", _sft, "supervised fine-tuning from a recipe"),
-                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe")):
+                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe"),
+                            ("online-dpo", _online_dpo, "online DPO from a recipe"),
+                            ("dpo", _dpo, "offline DPO from a recipe with a jsonl of pairs")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotted.key=value")
@@ -145,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.set_defaults(fn=_eval)
     sub.add_parser("serve", help="serve a model over HTTP (see baton serve --help)", add_help=False)
+    sub.add_parser("api", help="the trajectory API (see baton api --help)", add_help=False)
+    sub.add_parser("env", help="run an environment against servers and the API (see baton env --help)",
+                   add_help=False)
+    p = sub.add_parser("launch", help="start API, servers, environments and trainer of a data.source=api recipe")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value")
+    p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace period when stopping")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    p.set_defaults(fn=_launch)
     p = sub.add_parser("export", help="merge a LoRA checkpoint into its base model (HF format)")
     p.add_argument("checkpoint", help="a LoRA run's checkpoint dir (adapter_config.json + adapter_model.safetensors)")
     p.add_argument("out_dir")
@@ -164,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         return _serve(argv[1:])
+    if argv and argv[0] in ("api", "env"):
+        return _service(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
