@@ -22,6 +22,7 @@ import argparse
 import sys
 
 from baton.config import ConfigError, load_config
+from baton.runs.rundir import RunDirError
 
 
 def _algorithm(recipe: str, overrides: list[str]) -> str:
@@ -231,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"baton: config error: {e}", file=sys.stderr)
         return 2
+    except (RunDirError, FloatingPointError) as e:  # a busy/finished run dir; training went non-finite
+        print(f"baton: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

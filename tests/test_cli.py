@@ -52,3 +52,10 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys):
         assert message in err, (override, err)
         assert err.count("\n") == 1, err  # one line
         assert not run_dir.exists(), f"{override} wrote {run_dir}"
+
+
+def test_a_finished_run_dir_is_one_line_and_exit_1(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 1
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "trainer.resume=auto" in err and err.count("\n") == 1
