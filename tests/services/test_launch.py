@@ -1,0 +1,103 @@
+"""`baton launch`: the plan it makes from a recipe, and stop-all (process groups, SIGTERM then
+SIGKILL) when a process fails or the trainer ends; end to end on a tiny run (slow)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from baton.config import load_config, to_dict
+from baton.services.launch import Launcher, Spec, plan
+from baton.trainers.grpo_config import GRPOConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plan_from_the_recipe():
+    cfg = to_dict(load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", ["data.sync=checkpoint",
+                                                                                      "data.weights_dir=/tmp/w"]))
+    specs = plan(cfg, "recipes/grpo_arithmetic_api.yaml", ["trainer.steps=3"])
+    assert [s.name for s in specs] == ["api", "serve-0", "env-0", "trainer"]
+    api, serve, env, trainer = (s.argv[3:] for s in specs)
+    assert api[:5] == ["api", "--host", "127.0.0.1", "--port", "8730"] and api[-1].endswith("api.sqlite")
+    assert serve[:2] == ["serve", "checkpoints/arith-sft"] and serve[-2:] == ["--weights-dir", "/tmp/w"]
+    assert env[:2] == ["env", "arithmetic"] and env[env.index("--group-size") + 1] == "8"
+    assert env[env.index("--server") + 1] == "http://127.0.0.1:8731" and env[-2:] == ["--concurrency", "64"]
+    assert trainer == ["train", "recipes/grpo_arithmetic_api.yaml", "trainer.steps=3"]
+    assert specs[0].health == "http://127.0.0.1:8730/health" and not specs[2].service
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_failing_service_stops_everything_sigkill_after_grace(tmp_path):
+    pidfile = tmp_path / "grandchild"
+    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('up', flush=True); time.sleep(60)")
+    specs = [Spec("stubborn", py(stubborn), service=False),
+             Spec("env-0", py("import time; print('env up', flush=True); time.sleep(60)"), service=False),
+             Spec("serve-0", py("import time, sys; time.sleep(1.0); print('dying', flush=True); sys.exit(3)"))]
+    out = io.StringIO()
+    t0 = time.monotonic()
+    code = Launcher(specs, grace_s=1.0, out=out).run()
+    assert code == 1 and time.monotonic() - t0 < 30
+    log = out.getvalue()
+    assert "[env-0] env up" in log and "[serve-0] dying" in log and "[stubborn] up" in log
+    assert "serve-0 exited with 3: stopping the run" in log
+    assert "stubborn did not stop in 1 s: SIGKILL" in log
+    time.sleep(0.2)
+    assert not alive(int(pidfile.read_text()))  # its whole process group went, grandchildren too
+
+
+def test_the_trainer_ending_ends_the_run():
+    specs = [Spec("api", py("import time; time.sleep(60)")),
+             Spec("trainer", py("print('training', flush=True)"), service=False)]
+    out = io.StringIO()
+    assert Launcher(specs, grace_s=5.0, out=out).run() == 0
+    assert "trainer exited with 0: stopping the run" in out.getvalue() and "stopping api (SIGTERM)" in out.getvalue()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_launch_runs_the_api_recipe_end_to_end(tmp_path):
+    api, srv = free_port(), free_port()
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "baton.cli", "launch", "recipes/grpo_arithmetic_api.yaml",
+            f"trainer.run_dir={run_dir}", f"data.api_url=http://127.0.0.1:{api}", f"data.servers=[http://127.0.0.1:{srv}]",
+            "data.envs=[arithmetic --concurrency 8]", "data.prompts_per_step=4", "rollout.n=4", "data.eval_size=8",
+            "actor.mini_batch_size=16", "actor.micro_batch_size=16", "trainer.steps=3", "trainer.progress=false"]
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for name in ("[api] baton api:", "[serve-0] baton serve:", "[env-0]", "[trainer]",
+                 "trainer exited with 0: stopping the run", "stopping env-0 (SIGTERM)"):
+        assert name in p.stdout, name
+    lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(lines) == 4  # step 0 (evaluation) + 3 steps
+    for port in (api, srv):  # every process it started is gone
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
