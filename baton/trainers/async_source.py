@@ -70,9 +70,20 @@ class GeneratorSource:
     `WeightsWorker` group (`weights`); `reward` given: the source scores the rows too."""
 
     def __init__(self, rollout: Any, weights: Any, state: RunState, prompts_per_step: int, *,
-                 max_staleness: int, total_steps: int, reward: Any = None) -> None:
+                 max_staleness: int, total_steps: int, reward: Any = None,
+                 weight_sync: str = "object_store") -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if weight_sync not in ("object_store", "broadcast"):
+            raise ValueError(f"weight_sync must be 'object_store' or 'broadcast', got {weight_sync!r}")
+        self.specs = None  # broadcast: (names, dtypes, shapes) of the weights, fixed for the run
+        if weight_sync == "broadcast":  # actor rank 0 hosts a group the generator ranks join
+            backend = "nccl" if getattr(rollout.pool, "gpus_per_worker", 0) else "gloo"
+            address, port, self.specs = weights.open_weight_group()
+            world = 1 + rollout.world_size
+            joined = rollout.submit("join_weight_group", address, port, world, backend)  # another process
+            weights.join_weight_group(world, backend)
+            joined.get()
         self.rollout, self.weights, self.reward, self.state = rollout, weights, reward, state
         self.prompts_per_step, self.k, self.total_steps = prompts_per_step, max_staleness, total_steps
         self.pushed = 0  # the newest weights version queued on the generator (0: what it loaded)
@@ -114,8 +125,12 @@ class GeneratorSource:
         return batch
 
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
-        weights = self.weights.submit("full_weights")  # returns once the actor's copy is stored
-        self._pushes.append((version, self.rollout.submit("load_weights", weights, version)))
+        if self.specs is None:  # object store: the actor returns once its copy is stored
+            weights = self.weights.submit("full_weights")
+            self._pushes.append((version, self.rollout.submit("load_weights", weights, version)))
+        else:  # broadcast: both ends meet in the collective (the actor waits for the generator)
+            self._pushes.append((version, self.rollout.submit("receive_weights", self.specs, version)))
+            self._pushes.append((version, self.weights.submit("send_weights")))
         self.pushed = version
         self.next_step = max(self.next_step, version + 1)  # resuming from a synchronous run
         self._admit()
@@ -154,7 +169,7 @@ def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSourc
     scores = p.pool_of("reward") != p.pool_of("actor")
     return GeneratorSource(roles["rollout"], roles["policy_weights"], state, cfg.data.prompts_per_step,
                            max_staleness=cfg.trainer.staleness, total_steps=cfg.trainer.steps,
-                           reward=roles["reward"] if scores else None)
+                           reward=roles["reward"] if scores else None, weight_sync=cfg.trainer.weight_sync)
 
 
 __all__ = ["GeneratorSource", "rollout_source"]

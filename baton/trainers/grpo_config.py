@@ -53,6 +53,8 @@ class GRPOTrainerConfig(TrainerConfig):
     """
     mode: Literal["sync", "one_step_off", "async"] = "sync"
     max_staleness: int | None = None  # versions the generator may run ahead; async's default: 2
+    # how a generator on its own pool gets the actor's weights (baton.workers.generator)
+    weight_sync: Literal["object_store", "broadcast"] = "object_store"
 
     @property
     def staleness(self) -> int:
@@ -115,6 +117,9 @@ class GRPOConfig:
         """The overlapping modes need the rollout apart from the actor: put it (and the
         reward, unless placed) on the pool "gen" when the recipe does not place it."""
         p, mode = self.placement, self.trainer.mode
+        if self.trainer.weight_sync == "broadcast" and (mode == "sync" and p.backend == "local"):
+            raise ValueError("trainer.weight_sync=broadcast needs the generator in a process of its own: "
+                             "placement.backend=ray, or a trainer.mode that overlaps (one_step_off, async)")
         if mode == "sync":
             return
         if "rollout" not in p.roles:

@@ -10,13 +10,17 @@ weights served to it.
                       dict on rank 0, and `probe_logprobs` scores the parity probe with the
                       trainer's module
 
-How weights travel (the default, `object store`): the driver passes the future of
-`weights.full_weights()` straight into `generator.load_weights(...)`; on Ray the tensors go
-actor -> object store -> generator and never through the driver; the actor returns as soon
-as its result is stored, so it does not wait for the generator to finish what it is doing.
-(The alternative, a torch.distributed broadcast from actor rank 0 into the generator,
-`baton.sync.broadcast`, needs both processes in the collective at once: the actor would
-wait for the generator's current batch. Measured in BENCHMARKS.md.)
+How weights travel (`trainer.weight_sync`):
+  object_store (the default)  the driver passes the future of `weights.full_weights()`
+        straight into `generator.load_weights(...)`; on Ray the tensors go actor -> object
+        store -> generator, never through the driver, and the actor returns as soon as its
+        result is stored: it never waits for the generator to finish what it is doing.
+  broadcast  a torch.distributed group of actor rank 0 and the generator ranks (gloo on
+        CPU, NCCL on GPU; `baton.sync.group`, the transport `baton serve` speaks):
+        `weights.send_weights()` and `generator.receive_weights(...)` meet in the
+        collective, so the actor waits until the generator has finished the steps queued
+        before the push (no loss at max_staleness 1: the trainer needs those rows next).
+        Loopback address: one machine.
 
 Consumes / produces: as `RolloutWorker` (rows with behaviour logprobs and the policy
 version that sampled them). Waits for nothing: calls run in the order the driver submitted
@@ -25,6 +29,7 @@ them, which is what makes the staleness schedule of `baton.trainers.async_source
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import torch
@@ -35,10 +40,14 @@ from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer
 from baton.protocol import SamplingParams
 from baton.rollout.engine import EmbeddedEngine
+from baton.sync import WeightReceiver
+from baton.sync.group import WeightUpdateGroup, dtype_name, plan_buckets, send_buckets
 from baton.workers.policy import Policy
 from baton.workers.rollout import RolloutConfig, RolloutWorker
 
 PROBE_TOKENS = 4  # greedy tokens compared by the weight-sync parity check
+BUCKET_BYTES = 64 * 2**20  # broadcast: tensors packed into flat buffers of about this size
+WEIGHT_GROUP_TIMEOUT_S = 600.0  # a broadcast waits this long for a peer (a dead one: see the source)
 
 
 class GeneratorWorker(RolloutWorker):
@@ -70,6 +79,22 @@ class GeneratorWorker(RolloutWorker):
         self.engine.update_weights(weights.items(), version)
         return version
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def join_weight_group(self, master_address: str, master_port: int, world_size: int,
+                          backend: str) -> None:
+        """Join the actor's broadcast group as rank 1 + this rank (blocks until all joined)."""
+        self.receiver = WeightReceiver(self.engine)
+        self.receiver.init_weights_update_group(master_address, master_port, 1 + self.rank, world_size,
+                                                backend=backend, timeout_s=WEIGHT_GROUP_TIMEOUT_S)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def receive_weights(self, specs: tuple[list, list, list], version: int) -> int:
+        """Receive the broadcast of `WeightsWorker.send_weights` (names, dtypes, shapes)."""
+        names, dtypes, shapes = specs
+        self.receiver.update_weights_from_distributed(names, dtypes, shapes, version,
+                                                      bucket_bytes=BUCKET_BYTES)
+        return version
+
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def probe(self) -> tuple[list[int], list[int], list[float]]:
         """The parity probe: (prompt ids, greedy token ids, the engine's logprobs of them)."""
@@ -97,6 +122,31 @@ class WeightsWorker(Worker):
         while the actor's next update changes its parameters in place."""
         out = {name: t.detach().clone() for name, t in self._named()}
         return out if self.rank == 0 else None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def open_weight_group(self) -> tuple[str, int, tuple[list, list, list]]:
+        """Bind the broadcast group's port (rank 0): (address, port, (names, dtypes, shapes))."""
+        self._listen = socket.create_server(("127.0.0.1", 0), backlog=128)
+        named = [(n, t) for n, t in self._named()]
+        specs = ([n for n, _ in named], [dtype_name(t.dtype) for _, t in named], [list(t.shape) for _, t in named])
+        return "127.0.0.1", self._listen.getsockname()[1], specs
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def join_weight_group(self, world_size: int, backend: str) -> None:
+        """Host the group as rank 0 (blocks until every generator rank has joined)."""
+        host, port = self._listen.getsockname()[:2]
+        self.group = WeightUpdateGroup(host, port, 0, world_size, backend=backend,
+                                       timeout_s=WEIGHT_GROUP_TIMEOUT_S, listen_socket=self._listen)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def send_weights(self) -> None:
+        """Broadcast the current weights in buckets (every rank gathers, rank 0 sends)."""
+        tensors = [t for _, t in self._named()]
+        if self.rank != 0:
+            return
+        specs = [(str(i), dtype_name(t.dtype), list(t.shape)) for i, t in enumerate(tensors)]
+        send_buckets(self.group, tensors, plan_buckets(specs, BUCKET_BYTES))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     @torch.no_grad()

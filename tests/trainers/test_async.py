@@ -53,18 +53,21 @@ def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
         config("m", tmp_path, "trainer.mode=one_step_off", "trainer.max_staleness=2")
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         config("m", tmp_path, "trainer.mode=async", "trainer.max_staleness=-1")
+    with pytest.raises(ConfigError, match="weight_sync=broadcast needs the generator in a process of its own"):
+        config("m", tmp_path, "placement.roles.rollout=gen", "placement.pools.gen=1", "trainer.weight_sync=broadcast")
 
 
 @pytest.mark.ray
-def test_staleness_zero_reproduces_the_sync_run_exactly(model_dir, tmp_path):
+@pytest.mark.parametrize("weight_sync", ["object_store", pytest.param("broadcast", marks=pytest.mark.slow)])
+def test_staleness_zero_reproduces_the_sync_run_exactly(model_dir, tmp_path, weight_sync):
     """The colocated synchronous run (one process, the engine reads the actor in place) and
     the async machinery with max_staleness 0 (a generator process with its own weights,
-    pushed after every step) give the same metrics line for line: same rows, same rewards,
-    same losses and gradient norms. And with one_step_off the rows of step s >= 2 are one
-    version old, as the schedule says."""
+    pushed after every step by either transport) give the same metrics line for line: same
+    rows, same rewards, same losses and gradient norms."""
     grpo.train(config(model_dir, tmp_path / "sync", "trainer.steps=2"))
     grpo.train(config(model_dir, tmp_path / "k0", "trainer.steps=2", "trainer.mode=async",
-                      "trainer.max_staleness=0", "trainer.check_weight_sync=true"))
+                      "trainer.max_staleness=0", "trainer.check_weight_sync=true",
+                      f"trainer.weight_sync={weight_sync}"))
     sync, k0 = steps(tmp_path / "sync"), steps(tmp_path / "k0")
     assert [r["step"] for r in sync] == [0, 1, 2]
     assert sync == k0
