@@ -156,6 +156,23 @@ class Parallel:
         set_optimizer_state_dict(self.module, optim, state, options=StateDictOptions(full_state_dict=True))
 
 
+@torch.no_grad()
+def move_optimizer_state(optim: torch.optim.Optimizer, device: str | torch.device) -> int:
+    """Move every optimizer state tensor (Adam's moments; not the step counters, which
+    fused AdamW keeps beside the parameters) to `device`; returns the bytes moved. Between
+    phases: the rollout phase need not hold the optimizer on the accelerator."""
+    device, moved = torch.device(device), 0
+    for state in optim.state.values():
+        for k, t in state.items():
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.device != device:
+                pinned = device.type == "cpu" and torch.cuda.is_available()
+                state[k] = t.to(device, non_blocking=True) if not pinned else t.to("cpu").pin_memory()
+                moved += _local(t).numel() * t.element_size()
+    if moved and device.type != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return moved
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -261,7 +278,10 @@ def wrap(module: nn.Module, mesh: DeviceMesh | None, strategy: str = "ddp", *,
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
     if activation_checkpointing:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if mesh is None:  # no process group: nothing to shard over
         return Parallel(module, "ddp", None, None, 1, 1, share_prompts=not activation_checkpointing)
     dp, fsdp, tp = (_dim(mesh, d) for d in ("dp", "fsdp", "tp"))

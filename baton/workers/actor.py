@@ -34,7 +34,7 @@ from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
-from baton.models.parallel import wrap
+from baton.models.parallel import move_optimizer_state, wrap
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
 from baton.workers.policy import Policy
@@ -59,6 +59,10 @@ class ActorConfig:
     bf16: bool = False  # bf16 autocast for forward/backward (fsdp2 on CUDA: bf16 params in compute)
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the module sits on the mesh (baton.models.parallel)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward
+    # between phases: free the gradients and move the optimizer state to the CPU after each
+    # update (back before the next); fsdp2 on CUDA also keeps parameters on the CPU (FSDP2's
+    # CPUOffloadPolicy). On a CPU-only machine only the freed gradients change anything.
+    offload: bool = False
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
@@ -89,7 +93,7 @@ class ActorWorker(Worker):
             self.model = apply_lora(self.model, model.lora, seed=seed)
         # in place: self.model is the wrapped module (sharded parameters are DTensors)
         self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=a.bf16,
-                        activation_checkpointing=a.activation_checkpointing)
+                        activation_checkpointing=a.activation_checkpointing, cpu_offload=a.offload)
         self.optim, self.sched = build_optimizer(
             self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
             warmup_steps=a.warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
@@ -165,6 +169,8 @@ class ActorWorker(Worker):
         rows_global = len(batch) * self.dp_size
         mini = max(1, (a.mini_batch_size or rows_global) // self.dp_size)
         micro = max(1, a.micro_batch_size // self.dp_size)
+        if a.offload:  # the optimizer state comes back for the update (see ActorConfig.offload)
+            move_optimizer_state(self.optim, self.device)
         self.model.train()
         sums: dict[str, float] = {}
         n_updates = skipped = 0
@@ -195,6 +201,9 @@ class ActorWorker(Worker):
                 n_updates += 1
         self.sched.step()
         self.policy.version += 1
+        if a.offload:  # the rollout phase holds neither gradients nor optimizer state here
+            self.optim.zero_grad(set_to_none=True)
+            move_optimizer_state(self.optim, "cpu")
         metrics = {k: v / n_updates for k, v in sums.items()}
         metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
         metrics["actor/nonfinite_skipped"] = skipped  # optimizer steps skipped this trainer step

@@ -38,12 +38,12 @@ def model_dir(tmp_path_factory):
     return str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=1))
 
 
-def actor_group(model_dir, backend="local", world=1, mesh=None, strategy="ddp", rollout=False):
+def actor_group(model_dir, backend="local", world=1, mesh=None, strategy="ddp", rollout=False, extra=()):
     """The actor role (and, with rollout=True, a colocated rollout role: a tuple)."""
     cfg = load_config(GRPOConfig, overrides=[
         f"model.path={model_dir}", "data.prompts_per_step=4", "rollout.n=2", "actor.lr=1e-4",
         "actor.micro_batch_size=4", "rollout.max_new_tokens=6", "actor.grad_clip=1e9",
-        f"actor.strategy={strategy}"])
+        f"actor.strategy={strategy}", *extra])
     pool = ResourcePool(world, backend=backend, mesh=mesh, threads_per_worker=1)
     roles = {"actor": (ProbeActor, (cfg.model, cfg.actor, cfg.algo),
                        dict(temperature=1.0, max_new_tokens=6, total_steps=2, seed=0))}
@@ -57,12 +57,13 @@ def actor_group(model_dir, backend="local", world=1, mesh=None, strategy="ddp", 
 def one_update(model_dir, out, with_rollout=False, **kw):
     """(metrics, full grads, weights of the saved HF checkpoint) after one update; with
     a colocated rollout role, the engine's logprob parity after the sync too."""
-    group, rollout = actor_group(model_dir, rollout=True, **kw) if with_rollout else (actor_group(model_dir, **kw), None)
+    group, rollout = (actor_group(model_dir, rollout=True, **kw) if with_rollout
+                      else (actor_group(model_dir, **kw), None))
     try:
         if rollout is not None:
             before = rollout.sync_weights(0, check=True)
         metrics = group.update(rollout_batch())
-        grads = group.full_grads()
+        grads = group.full_grads() if "actor.offload=true" not in kw.get("extra", ()) else None
         if rollout is not None:
             after = rollout.sync_weights(1, check=True)
             assert max(before + after) < 1e-4, (before, after)
@@ -113,6 +114,27 @@ def test_fsdp2_on_one_rank_is_ddp_and_resumes(model_dir, tmp_path, ddp_one):
         resumed.shutdown()
     assert m_resumed["actor/loss"] == pytest.approx(m_straight["actor/loss"], rel=TOL)
     assert max((w_straight[k] - w_resumed[k]).abs().max().item() for k in w_straight) < TOL
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_activation_checkpointing_and_offload_change_no_number(model_dir, tmp_path, ddp_one, strategy):
+    """Recomputing layers in backward (no shared prompt forward then) and freeing grads /
+    moving the optimizer state between phases give the same update; a second update after
+    an offload gives the same as without."""
+    extra = ("actor.activation_checkpointing=true", "actor.offload=true")
+    got = one_update(model_dir, tmp_path / "ac", strategy=strategy, extra=extra)
+    assert got[1] is None  # offload freed the gradients after the update
+    assert_equal_update(ddp_one, (got[0], ddp_one[1], got[2]))
+    two = {}
+    for name, ex in (("plain", ()), ("offload", extra)):
+        group = actor_group(model_dir, strategy=strategy, extra=ex)
+        try:
+            group.update(rollout_batch())
+            two[name] = (group.update(rollout_batch(seed=1))[0], group.full_weights())
+        finally:
+            group.shutdown()
+    assert two["offload"][0]["actor/loss"] == pytest.approx(two["plain"][0]["actor/loss"], rel=TOL)
+    assert max((two["plain"][1][k] - two["offload"][1][k]).abs().max().item() for k in two["plain"][1]) < TOL
 
 
 @pytest.mark.ray  # the session's Ray instance (tests/conftest.py)

@@ -88,6 +88,7 @@ def test_only_adapters_train_and_the_reference_is_the_base(model_dir, tmp_path):
     assert (batched_logprobs(merged, batch, 8)["logprobs"] - policy).abs().max() < 1e-5
 
 
+@pytest.mark.slow  # a whole (2-step) run: ~70 s here
 def test_grpo_with_lora_and_kl_builds_no_reference_model(model_dir, tmp_path):
     cfg = load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml", [
         f"model.path={model_dir}", f"trainer.run_dir={tmp_path}", "data.prompts_per_step=4", "data.eval_size=4",
