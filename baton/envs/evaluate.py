@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from baton.data.rows import render_prompt
 from baton.envs.base import Row, Task
 from baton.protocol import Engine, SamplingParams
 
@@ -31,7 +32,8 @@ def evaluate(
     """
     if not rows:
         raise ValueError("evaluate needs at least one row")
-    prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    # a chat-message prompt through the tokenizer's template (which holds its own special tokens)
+    prompts = [tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows]
     params = SamplingParams(
         n=1 if greedy else n,
         temperature=0.0 if greedy else temperature,

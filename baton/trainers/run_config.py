@@ -19,6 +19,8 @@ class DataConfig:
     prompts_per_step: int = 16
     eval_size: int = 200  # held-out prompts for evaluation
     seed: int = 0
+    path: str = ""  # rows from a local jsonl / parquet file (GSM8K's, verl's or baton's shape) instead of the task's
+    eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
     # Where a step's rows come from: "rollout" (this run's rollout role) or "api" (batches
     # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py).
     source: str = "rollout"
@@ -37,6 +39,9 @@ class DataConfig:
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
                              f"(got {self.prompts_per_step}, {self.eval_size})")
+        if self.task == "gsm8k" and not self.path:
+            raise ValueError("data.task=gsm8k reads its rows from a local file: set data.path (GSM8K jsonl or "
+                             "verl parquet)")
         if self.source not in DATA_SOURCES:
             raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
         if self.sync not in SERVER_SYNCS:

@@ -7,11 +7,13 @@ actor's weights and optimizer (see ActorWorker.save_checkpoint).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
+from baton.data.rows import load_rows
 from baton.envs import get_task
 from baton.trainers.run_config import DataConfig
 
@@ -26,9 +28,8 @@ class RunState:
 
     @classmethod
     def fresh(cls, data: DataConfig) -> "RunState":
-        task = get_task(data.task)
-        return cls(sampler=PromptSampler(task.train_rows(seed=data.seed), seed=data.seed),
-                   eval_rows=task.eval_rows(data.eval_size))
+        train, held = task_rows(data)
+        return cls(sampler=PromptSampler(train, seed=data.seed), eval_rows=held)
 
     def next_prompts(self, n: int) -> Batch:
         return collate(self.sampler.next_batch(n))
@@ -43,3 +44,20 @@ class RunState:
         self.first_eval = saved.get("first_eval", {})
         self.source = saved.get("source", {})
 
+
+def task_rows(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, held-out rows) of `data.task`, or of the local file `data.path` (jsonl /
+    parquet in baton's, GSM8K's or verl's shape, `baton.data.rows`; chat-message prompts are
+    rendered with the tokenizer's template when sampled). A file-backed task (gsm8k) reads it
+    with its own loader; any other task's verifier scores the file's rows. Held out:
+    `data.eval_path`'s rows, else every 10th row of the file (never trained on)."""
+    task = get_task(data.task)
+    if not data.path:
+        return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
+    if hasattr(task, "path") and hasattr(task, "eval_path"):
+        task = dataclasses.replace(task, path=data.path, eval_path=data.eval_path)
+        return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
+    rows = load_rows(data.path)
+    if data.eval_path:
+        return rows, load_rows(data.eval_path)[:data.eval_size]
+    return [r for i, r in enumerate(rows) if i % 10], rows[::10][:data.eval_size]

@@ -26,6 +26,7 @@ import torch
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
+from baton.data.rows import prompt_ids
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
 from baton.models.load import build_like
@@ -96,7 +97,7 @@ class RolloutWorker(Worker):
         self.sync = make_weight_sync(sync if in_place else "copy", self.engine)
         if not in_place:  # sharded actor: fill the engine's own copy (a collective)
             self.sync.push(self.policy.named_weights(), self.policy.version)
-        self.probe_ids = self.tokenizer(probe_prompt).input_ids
+        self.probe_ids = prompt_ids(self.tokenizer, probe_prompt)
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         r = self.cfg
@@ -113,7 +114,7 @@ class RolloutWorker(Worker):
         put its text on each of the prompt's rows as `baseline_completion`; the driver scores
         it like any completion."""
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
-        ids = [self.tokenizer(str(p)).input_ids for p in prompts[F.PROMPT_TEXT]]
+        ids = [prompt_ids(self.tokenizer, p) for p in prompts[F.PROMPT_TEXT]]  # text, or chat messages
         params = self.sampling_params(seed=seed)
         done = self.engine.generate(ids, params)
         # prompts.repeat keeps dispatch padding trailing (n rows per padded prompt)

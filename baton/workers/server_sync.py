@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import torch
 
 from baton.controller import Dispatch, Worker, register
+from baton.data.rows import prompt_ids
 from baton.rollout.remote import RemoteEngine
 from baton.sync import BroadcastSync, CheckpointSync, check_logprob_parity
 
@@ -51,7 +52,7 @@ class ServerSyncWorker(Worker):
         self.weights_dir, self.bucket_mb = weights_dir, bucket_mb
         self.recover_s, self.ready_timeout_s = recover_s, ready_timeout_s
         self.policy = self.sibling("actor").policy
-        self.probe_ids = list(self.policy.tokenizer(probe_prompt).input_ids) if probe_prompt else []
+        self.probe_ids = prompt_ids(self.policy.tokenizer, probe_prompt) if probe_prompt else []
         self.engines: list[RemoteEngine] = []
         self.sync: Any = None
         self.version: int | None = None  # last version every server confirmed
