@@ -113,6 +113,7 @@ def atropos_group(tok, rng, row):
     return {"tokens": toks, "masks": masks, "scores": scores, "env_id": 0, "overrides": None}
 
 
+@pytest.mark.slow  # the wire-level Atropos client runs by default in test_api.py; this adds the trainer
 def test_atropos_shaped_env_feeds_the_trainer(api_url, tmp_path):
     from baton.envs import ArithmeticTask
 
