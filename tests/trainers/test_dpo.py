@@ -11,7 +11,6 @@ import pytest
 
 from baton.cli import main
 from baton.config import ConfigError, load_config
-from baton.controller import shutdown_ray
 from baton.envs import get_task
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
@@ -91,12 +90,9 @@ def test_resume_gives_identical_next_step(model_dir, tmp_path):
 def test_ray_with_the_reference_on_its_own_pool(model_dir, tmp_path):
     # the reward is a registered name a Ray worker can import: use the shipped warm start,
     # whose samples are right often enough to make pairs with arithmetic/correct
-    try:
-        run("checkpoints/arith-sft", tmp_path, "trainer.steps=2", "placement.backend=ray",
-            "placement.world_size=2", "placement.threads_per_worker=1", "placement.pools.aux=1",
-            "placement.roles.reference=aux", "rollout.max_new_tokens=4", "data.prompts_per_step=6")
-    finally:
-        shutdown_ray()
+    run("checkpoints/arith-sft", tmp_path, "trainer.steps=2", "placement.backend=ray",
+        "placement.world_size=2", "placement.threads_per_worker=1", "placement.pools.aux=1",
+        "placement.roles.reference=aux", "rollout.max_new_tokens=4", "data.prompts_per_step=6")
     steps = steps_of(tmp_path)
     assert [r["step"] for r in steps] == [1, 2]
     assert all(s["dpo/pairs"] > 0 and "rewards/accuracies" in s for s in steps)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from baton import fields as F
 from baton.algos.dpo_config import DPOSection
 from baton.batch import Batch
-from baton.controller import ResourcePool, WorkerGroup, shutdown_ray
+from baton.controller import ResourcePool, WorkerGroup
 from baton.models.config import ModelConfig
 from baton.models.make import make_tiny_checkpoint
 from baton.workers.actor import ActorConfig
@@ -183,8 +183,5 @@ def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     rows = sampled_rows()
     batch = with_ref(pair_rows(rows, *pairs_of(rows), multiple=2))
     one = update_and_weights(model_dir, tmp_path / "one", batch, micro=16)
-    try:
-        two = update_and_weights(model_dir, tmp_path / "two", batch, backend="ray", world_size=2, micro=4)
-    finally:
-        shutdown_ray()
+    two = update_and_weights(model_dir, tmp_path / "two", batch, backend="ray", world_size=2, micro=4)
     assert_same(one, two)
