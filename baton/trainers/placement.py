@@ -47,7 +47,8 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
                                               probe_prompt=probe_prompt)),
         "reward": (RewardWorker, (cfg.reward,), {}),
         "reference": (ReferenceWorker, (cfg.model,),
-                      dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size)),
+                      dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
+                           strategy=cfg.actor.strategy)),
     }
     if isinstance(cfg, PPOConfig):
         if cfg.reward_model is not None:

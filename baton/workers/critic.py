@@ -20,6 +20,9 @@ Data parallel like the actor: mini-/micro-batch sizes count rows across ranks, t
 normalised by global token / sequence counts (all-reduced first) and gradients are summed
 with one flat all-reduce, so 1 rank x 8 rows = 8 micro-batches of 1 = 2 ranks x 4
 (tests/workers/test_critic.py). Own optimizer and LR schedule (`baton.workers.optim`).
+`critic.strategy` (ddp | fsdp2, tp from `placement.mesh`) places the model on the worker's
+mesh as the actor's strategy does (`baton.models.parallel`); under fsdp2 the values come from
+the model's own forward (no shared-prompt pass, which calls the backbone around the root).
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from baton import fields as F
 from baton.algos import LOSS_AGG, critic_loss, loss_normalisers
 from baton.batch import Batch
-from baton.controller import Dispatch, Execute, Worker, register
+from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
+from baton.models.parallel import wrap
 from baton.workers.optim import build_optimizer
 from baton.workers.sequences import _pieces_shared_prompt, model_inputs, prompt_groups
 
@@ -65,6 +68,7 @@ class CriticConfig:
     value_clip: float | None = 0.2  # c in clip(V, V_old +- c); None = unclipped 0.5 (V - G)^2
     loss_agg: str = "token-mean"  # a name in baton.algos.LOSS_AGG
     bf16: bool = False
+    strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the model sits on the mesh (baton.models.parallel)
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
@@ -157,6 +161,9 @@ class CriticWorker(Worker):
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         c = critic
+        self.par = wrap(self.model, self.mesh, c.strategy)  # in place; before the optimizer sees it
+        # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root
+        self.share_prompts = self.par.share_prompts and c.strategy != "fsdp2"
         self.optim, self.sched = build_optimizer(
             self.model, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(c.betas),
             warmup_steps=c.lr_warmup_steps, total_steps=total_steps, schedule=c.lr_schedule,
@@ -171,23 +178,15 @@ class CriticWorker(Worker):
         out = []
         with torch.no_grad():
             for micro in batch.minibatches(max(1, self.cfg.micro_batch_size), shuffle=False):
-                out.append(prefix_values(self.model, micro).cpu())
+                out.append(prefix_values(self.model, micro, self.share_prompts).cpu())
         return Batch({F.VALUES: torch.cat(out)})
 
     # --- training ----------------------------------------------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return t
+        return self.par.all_reduce(t)  # SUM over the data ranks (tp peers share rows)
 
     def _sync_grads(self) -> None:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.world_size == 1 or not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)  # SUM: losses are already divided by global counts
-        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(synced)
+        self.par.sync_grads()  # SUM: losses are already divided by global counts
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # a future: runs beside the actor's update
     def update_critic(self, batch: Batch) -> dict[str, float]:
@@ -222,7 +221,7 @@ class CriticWorker(Worker):
                 for mc in mb.minibatches(micro, shuffle=False):
                     m = mc[F.RESPONSE_MASK]  # [b, R]
                     with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=c.bf16):
-                        values = prefix_values(self.model, mc)  # [b, R]
+                        values = prefix_values(self.model, mc, self.share_prompts)  # [b, R]
                     loss, stats = critic_loss(
                         values=values, old_values=mc[F.VALUES].to(values.device),
                         returns=mc[F.RETURNS].to(values.device), response_mask=m.to(values.device),
@@ -235,7 +234,7 @@ class CriticWorker(Worker):
                                          float(stats["value_mean"]) * n_tok, n_tok], dtype=torch.float64)
                 self._sync_grads()
                 mb_total = self._all_reduce(mb_loss).item()  # each rank's share of the global loss
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip).item()
+                norm = self.par.clip_grad_norm_(c.grad_clip).item()
                 loss_sum, norm_sum, n_updates = loss_sum + mb_total, norm_sum + norm, n_updates + 1
                 if not (math.isfinite(mb_total) and math.isfinite(norm)):  # equal on every rank
                     self.optim.zero_grad(set_to_none=True)  # skip: never step on NaN / inf
@@ -251,22 +250,26 @@ class CriticWorker(Worker):
                 "critic/lr": self.optim.param_groups[0]["lr"], "critic/nonfinite_skipped": float(skipped)}
 
     # --- checkpoints -------------------------------------------------------------------
-    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)  # every rank runs (sharded: gathers); rank 0 writes
     def save_checkpoint(self, path: str) -> str:
         """Write the value model (HF format, loadable by `load_value_model`) with its
-        optimizer and schedule state, atomically, to `path`."""
-        state = {"optim": self.optim.state_dict(), "sched": self.sched.state_dict(), "updates": self.updates}
-        return str(save_pretrained(self.model, self.tokenizer, path,
+        optimizer and schedule state, atomically, to `path` (sharded: every rank gathers,
+        rank 0 writes)."""
+        sharded = self.par.sharded
+        full = dict(self.par.full_state_dict_iter(device="cpu")) if sharded else None
+        optim_state = self.par.optim_state_dict(self.optim)  # sharded: a collective
+        if self.rank != 0:
+            return path
+        state = {"optim": optim_state, "sched": self.sched.state_dict(), "updates": self.updates}
+        return str(save_pretrained(self.model, self.tokenizer, path, state_dict=full,
                                    extra=lambda tmp: torch.save(state, tmp / CRITIC_STATE)))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore weights, optimizer, schedule and update count from `save_checkpoint`'s dir."""
         loaded = load_value_model(path, self.dtype, self.seed)
-        with torch.no_grad():
-            for p, q in zip(self.model.parameters(), loaded.parameters()):
-                p.copy_(q)
+        self.par.load_full_state_dict(loaded.named_parameters())  # each rank keeps its shard
         state = torch.load(Path(path) / CRITIC_STATE, weights_only=False)
-        self.optim.load_state_dict(state["optim"])
+        self.par.load_optim_state_dict(self.optim, state["optim"])
         self.sched.load_state_dict(state["sched"])
         self.updates = state["updates"]

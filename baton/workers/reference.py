@@ -9,25 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.controller import Dispatch, Execute, Worker, register
+from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model
+from baton.models.parallel import wrap
 from baton.workers.sequences import batched_logprobs
 
 
 class ReferenceWorker(Worker):
-    """`ReferenceWorker(model, temperature=, micro_batch_size=)`: the starting weights, frozen;
-    logprobs at the rollout temperature, as the actor computes its own."""
+    """`ReferenceWorker(model, temperature=, micro_batch_size=, strategy=)`: the starting
+    weights, frozen; logprobs at the rollout temperature, as the actor computes its own.
+    `strategy` (the actor's: `baton.models.parallel`) shards the frozen copy on the worker's
+    mesh the way the actor is sharded (fsdp2, tp from `placement.mesh`)."""
 
-    def __init__(self, model: ModelConfig, *, temperature: float, micro_batch_size: int):
+    def __init__(self, model: ModelConfig, *, temperature: float, micro_batch_size: int,
+                 strategy: str = "ddp"):
         super().__init__()
         self.temperature, self.micro_batch_size = temperature, micro_batch_size
         self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.model.eval().requires_grad_(False)
+        self.par = wrap(self.model, self.mesh, strategy)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
@@ -39,12 +43,18 @@ class ReferenceWorker(Worker):
     def load_weights(self, state: dict[str, Any]) -> None:
         """Replace the frozen weights with `state` (full tensors by parameter name, e.g. the
         actor's `get_weights()`); they stay frozen until the next call."""
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(state[name])
+        missing = [n for n, _ in self.model.named_parameters() if n not in state]
+        if missing:
+            raise KeyError(f"load_weights: no tensor for {missing[0]!r} ({len(missing)} missing)")
+        self.par.load_full_state_dict(state.items())  # each rank keeps its shard
 
-    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)  # sharded: every rank takes part in the gathers
     def get_weights(self) -> dict[str, Any]:
         """A CPU copy of the reference's parameters by name (saved with a checkpoint once
-        refreshed)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.named_parameters()}
+        refreshed); rank 0's is the answer."""
+        if not self.par.sharded:
+            if self.rank != 0:
+                return {}
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.named_parameters()}
+        full = {k: v.to("cpu", copy=True) for k, v in self.par.full_state_dict_iter()}  # 1 rank: no alias
+        return full if self.rank == 0 else {}

@@ -195,3 +195,28 @@ def test_sharded_grad_norm_matches_torch():
     n_ours = clip_sharded_grad_norm_(b, 0.5)
     assert n_ours.item() == pytest.approx(n_torch.item(), rel=1e-6)
     assert all(torch.allclose(p.grad, q.grad, atol=1e-7) for p, q in zip(a, b))
+
+
+def test_sharded_reference_gives_the_same_logprobs_and_weights(model_dir):
+    """ReferenceWorker with the actor's strategy (fsdp2 on a 1-rank mesh): the same ref
+    logprobs, and get_weights / load_weights round-trip full tensors."""
+    from baton import fields as F
+    from baton.models.config import ModelConfig
+    from baton.workers.reference import ReferenceWorker
+
+    out = {}
+    for strategy in ("ddp", "fsdp2"):
+        pool = ResourcePool(1)
+        ref = colocated_groups(pool, {"reference": (ReferenceWorker, (ModelConfig(path=model_dir),),
+                                                    dict(temperature=1.0, micro_batch_size=4,
+                                                         strategy=strategy))})["reference"]
+        try:
+            out[strategy] = ref.compute_ref_logprobs(rollout_batch()).get()[F.REF_LOGPROBS]
+            weights = ref.get_weights()
+            ref.load_weights({k: v * 0 for k, v in weights.items()})
+            assert all(v.abs().max() == 0 for v in ref.get_weights().values())
+            ref.load_weights(weights)
+            assert (ref.compute_ref_logprobs(rollout_batch()).get()[F.REF_LOGPROBS] - out[strategy]).abs().max() == 0
+        finally:
+            ref.shutdown()
+    assert (out["ddp"] - out["fsdp2"]).abs().max() < TOL

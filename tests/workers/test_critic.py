@@ -122,6 +122,30 @@ def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     assert_same(one, two)
 
 
+def test_fsdp2_gives_the_ddp_update(model_dir, tmp_path):
+    """critic.strategy=fsdp2 on a 1-rank mesh (DTensor parameters, the model's own forward
+    instead of the shared-prompt pass): the same update, an HF checkpoint gathered from it."""
+    ddp = updated(model_dir, tmp_path / "ddp", "local", 1, micro=8)
+    fsdp = updated(model_dir, tmp_path / "fsdp", "local", 1, micro=8, strategy="fsdp2")
+    assert_same(ddp, fsdp)
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # two Ray pools of 2 ranks
+@pytest.mark.parametrize("strategy,mesh", [("fsdp2", None), ("ddp", {"tp": 2})])
+def test_sharded_critic_on_two_ranks_equals_one(model_dir, tmp_path, strategy, mesh):
+    one = updated(model_dir, tmp_path / "one", "local", 1, micro=8)
+    c = CriticConfig(lr=1e-2, grad_clip=1e9, micro_batch_size=8, strategy=strategy)
+    group = WorkerGroup(ResourcePool(2, backend="ray", mesh=mesh), CriticWorker, c, ModelConfig(path=model_dir),
+                        total_steps=4, seed=0, max_new_tokens=6)
+    try:
+        metrics = group.update_critic(rollout_batch()).get()
+        group.save_checkpoint(str(tmp_path / "two"))
+    finally:
+        group.shutdown()
+    assert_same(one, (load_file(str(tmp_path / "two" / "model.safetensors")), metrics[0]))
+
+
 def test_clip_fraction_is_exact_and_zero_without_clipping(model_dir):
     """Unclipped (value_clip=None): no token counts as clipped. With V_old = V (values from the
     critic itself) nothing is clipped on the first pass either: the fraction is exactly 0."""
