@@ -174,6 +174,10 @@ class RemoteEngine:
             body["seed"] = params.seed
         out = self._post("/v1/completions", body)
         choices = sorted(out["choices"], key=lambda c: c["index"])  # index = prompt * n + sample
+        # baton's server names its weight version in the fingerprint ("baton-v3"); others: ours
+        fingerprint = str(out.get("system_fingerprint") or "")
+        served = fingerprint.removeprefix("baton-v")
+        version = int(served) if fingerprint.startswith("baton-v") and served.isdigit() else self.version
         if len(choices) != len(prompts) * params.n:
             raise RemoteEngineError(f"expected {len(prompts) * params.n} choices, got {len(choices)}")
         comps = []
@@ -185,7 +189,7 @@ class RemoteEngine:
             comps.append(Completion(prompt_index=i // params.n, token_ids=[int(t) for t in ids],
                                     logprobs=[float(x) for x in lp.get("token_logprobs") or []],
                                     finish_reason="length" if ch.get("finish_reason") == "length" else "stop",
-                                    version=self.version))
+                                    version=version))
         return comps
 
     # --- weights -----------------------------------------------------------------------

@@ -148,3 +148,17 @@ def test_atropos_shaped_env_feeds_the_trainer(api_url, tmp_path):
         thread.join(10)
     steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2] and all("actor/loss" in r or "actor/pg_loss" in r for r in steps)
+
+
+def test_env_over_openai_completions_keeps_logprobs_and_the_server_version(served):
+    """`baton env --dialect vllm`: OpenAI /v1/completions with token-id prompts (here against
+    baton's server, which names its weight version in `system_fingerprint`)."""
+    server_url, engine = served
+    engine.version = 5
+    tok = load_tokenizer(MODEL)
+    env = make_environment("arithmetic", tok, group_size=3, max_new_tokens=4)
+    env.setup()
+    g = env.collect(env.next_item(), RemoteEngine(server_url, dialect="vllm"))
+    assert g.policy_version == 5 and len(g.tokens) == 3
+    assert all(len(lp) == len(t) and all(x <= 0 for x, m in zip(lp, mk) if m != -100)
+               for lp, t, mk in zip(g.inference_logprobs, g.tokens, g.masks))
