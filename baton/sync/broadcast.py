@@ -11,6 +11,12 @@ exposes over HTTP and which any engine host, e.g. a Ray actor, can embed):
      engine to confirm it loaded them.
 gloo on CPU, NCCL on GPU. With `bucket_mb=0` tensors go one per broadcast, which is what a
 real SGLang server expects.
+
+A sharded trainer (fsdp2 / tp: DTensor parameters) pushes its parameters as they are
+(`module.named_parameters()`): the specs come from their global shapes, and each bucket's
+tensors are gathered just before it is sent, so no full copy of the model is ever built;
+the trainer's other ranks call `BroadcastSync.participate(named_params, bucket_mb)` at the
+same time to take part in those gathers.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, parse_dtype,
-                              plan_buckets, receive_buckets, send_buckets)
+from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
+                              parse_dtype, plan_buckets, receive_buckets, send_buckets)
 
 
 class WeightReceiver:
@@ -141,6 +147,16 @@ class BroadcastSync:
             if f.exception() is not None:
                 self._broken = repr(f.exception())
                 raise RuntimeError(f"weight broadcast (version {version}) failed: {f.exception()}") from f.exception()
+
+    @staticmethod
+    @torch.no_grad()
+    def participate(named_params: Iterable[tuple[str, torch.Tensor]], bucket_mb: float = 64.0,
+                    cast_dtype: torch.dtype | None = None) -> None:
+        """On a sharded trainer's ranks other than 0, while rank 0 runs `push` with the same
+        tensors and settings: the per-bucket gathers, in the same order (nothing is sent)."""
+        named = [(n, t if cast_dtype is None else t.to(cast_dtype)) for n, t in named_params]
+        specs = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in named]
+        gather_buckets([t for _, t in named], plan_buckets(specs, int(bucket_mb * 2**20) or None))
 
     def close(self) -> None:
         for e in self.engines:

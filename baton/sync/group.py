@@ -147,15 +147,34 @@ def plan_buckets(specs: Sequence[Spec], bucket_bytes: int | None) -> list[list[i
     return buckets
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter's full value - an all-gather over its mesh, which every
+    trainer rank must run in the same order - or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def send_buckets(group: WeightUpdateGroup, tensors: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
-    """Trainer side: broadcast `tensors` (from rank 0) bucket by bucket."""
+    """Trainer side: broadcast `tensors` (from rank 0) bucket by bucket. Sharded (DTensor)
+    tensors are gathered bucket by bucket as they are sent, so at most one bucket of full
+    tensors exists at a time; the trainer's other ranks run `gather_buckets` alongside."""
     for bucket in plan:
         if len(bucket) == 1:
-            t = tensors[bucket[0]].detach()
+            t = full_tensor(tensors[bucket[0]].detach())
             buf = t.to(group.device).contiguous()  # no copy when already there and contiguous
         else:
-            buf = torch.cat([tensors[i].detach().to(group.device).reshape(-1) for i in bucket])  # [sum numel]
+            buf = torch.cat([full_tensor(tensors[i].detach()).to(group.device).reshape(-1)
+                             for i in bucket])  # [sum numel]
         group.broadcast(buf, src=0)
+
+
+def gather_buckets(tensors: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
+    """A sharded trainer's ranks other than 0: the gathers `send_buckets` runs on rank 0, in
+    the same order, with nothing sent (their results are dropped at once)."""
+    for bucket in plan:
+        for i in bucket:
+            full_tensor(tensors[i].detach())
 
 
 def receive_buckets(group: WeightUpdateGroup, specs: Sequence[Spec], plan: list[list[int]],

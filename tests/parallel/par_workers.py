@@ -41,3 +41,23 @@ def rollout_batch(rows=8, P=5, R=6, vocab=50, seed=0) -> Batch:
     return Batch({F.PROMPT_IDS: prompt_ids, F.PROMPT_MASK: prompt_mask,
                   F.RESPONSE_IDS: torch.randint(4, vocab, (rows, R), generator=g), F.RESPONSE_MASK: resp_mask,
                   F.OLD_LOGPROBS: logp, F.ADVANTAGES: torch.randn(rows, 1, generator=g).expand(rows, R).clone()})
+
+
+class BroadcastingActor(ProbeActor):
+    """The actor plus a broadcast of its (sharded) parameters into a server (rank 0 sends,
+    the others take part in the per-bucket gathers)."""
+
+    @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)
+    def broadcast_to(self, url: str, version: int, bucket_mb: float) -> None:
+        from baton.rollout.remote import RemoteEngine
+        from baton.sync import BroadcastSync
+
+        named = list(self.model.named_parameters())  # DTensors: gathered bucket by bucket
+        if self.rank != 0:
+            BroadcastSync.participate(named, bucket_mb=bucket_mb)
+            return
+        sync = BroadcastSync([RemoteEngine(url)], bucket_mb=bucket_mb)
+        try:
+            sync.push(named, version)
+        finally:
+            sync.close()

@@ -220,3 +220,39 @@ def test_sharded_reference_gives_the_same_logprobs_and_weights(model_dir):
         finally:
             ref.shutdown()
     assert (out["ddp"] - out["fsdp2"]).abs().max() < TOL
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a 2-rank pool and a server
+def test_sharded_actor_broadcasts_into_a_server(model_dir):
+    """fsdp2 on 2 ranks -> BroadcastSync into a baton server whose weights start elsewhere:
+    the specs come from the DTensors' global shapes, tensors are gathered per bucket (several
+    buckets here), and the server then samples with the trainer's weights."""
+    from par_workers import BroadcastingActor
+
+    from baton.models.tiny import build_tiny_model
+    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.remote import RemoteEngine
+    from baton.rollout.server import ServerThread, build_app
+    from baton.sync import check_logprob_parity
+
+    plain = load_model(model_dir)
+    served = EmbeddedEngine(build_tiny_model("0.75m", seed=7).eval(), eos_token_ids=[2], pad_token_id=0)
+    cfg = load_config(GRPOConfig, overrides=[f"model.path={model_dir}", "data.prompts_per_step=4", "rollout.n=2",
+                                             "actor.lr=1e-4", "actor.strategy=fsdp2"])
+    pool = ResourcePool(2, backend="ray", threads_per_worker=1)
+    actor = colocated_groups(pool, {"actor": (BroadcastingActor, (cfg.model, cfg.actor, cfg.algo),
+                                              dict(temperature=1.0, max_new_tokens=6, total_steps=2,
+                                                   seed=0))})["actor"]
+    with ServerThread(build_app(served, None, "tiny")) as srv:
+        try:
+            actor.update(rollout_batch())
+            actor.broadcast_to(srv.url, 1, 0.05)
+            weights = actor.full_weights()
+        finally:
+            actor.shutdown()
+        with torch.no_grad():
+            for name, p in plain.named_parameters():
+                p.copy_(weights[name])
+        assert served.version == 1
+        assert check_logprob_parity(RemoteEngine(srv.url), plain, [5, 9, 11, 4], 6) < 1e-5
