@@ -173,6 +173,15 @@ def save(roles: dict[str, Any], run: Any, cfg: PPOConfig, step: int, driver_stat
             shutil.rmtree(trash, ignore_errors=True)
 
 
+def kl_controller(algo: Any) -> Any:
+    """The KL-in-reward coefficient's controller (None when the KL is not in the reward)."""
+    if not algo.kl_in_reward:
+        return None
+    if algo.kl_controller == "adaptive":
+        return KL_CONTROLLERS["adaptive"](algo.kl_reward_coef, algo.kl_target, algo.kl_horizon)
+    return KL_CONTROLLERS[algo.kl_controller](algo.kl_reward_coef)
+
+
 # --- the loop ----------------------------------------------------------------------------
 def train(cfg: PPOConfig) -> dict[str, float]:
     t, algo, n = cfg.trainer, cfg.algo, cfg.rollout.n
@@ -184,10 +193,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
         roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
         actor, rollout, ref, critic = roles["actor"], roles["rollout"], roles.get("reference"), roles.get("critic")
         warmup = cfg.critic.warmup_steps if critic is not None else 0
-        kl_ctl = None
-        if algo.kl_in_reward:
-            kl_ctl = (KL_CONTROLLERS["adaptive"](algo.kl_reward_coef, algo.kl_target, algo.kl_horizon)
-                      if algo.kl_controller == "adaptive" else KL_CONTROLLERS[algo.kl_controller](algo.kl_reward_coef))
+        kl_ctl = kl_controller(algo)
         hyper = {k: v for k, v in {"gamma": algo.gamma, "lam": algo.lam, "whiten": algo.whiten_advantages}.items()
                  if estimator_reads(algo.advantage, k)}  # GAE / REINFORCE++ hyper-parameters
         timeline_path = run.path / timeline.TIMELINE_FILE
