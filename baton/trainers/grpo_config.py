@@ -122,6 +122,10 @@ class GRPOConfig:
                              "placement.backend=ray, or a trainer.mode that overlaps (one_step_off, async)")
         if mode == "sync":
             return
+        if getattr(self.data, "source", "rollout") != "rollout":
+            raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
+                             f"data.source={self.data.source} the rows come from elsewhere (the API bounds their "
+                             f"staleness): use trainer.mode=sync")
         if "rollout" not in p.roles:
             p.pools.setdefault(GEN_POOL, 1)
             p.roles["rollout"] = GEN_POOL

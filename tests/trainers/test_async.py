@@ -53,6 +53,8 @@ def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
         config("m", tmp_path, "trainer.mode=one_step_off", "trainer.max_staleness=2")
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         config("m", tmp_path, "trainer.mode=async", "trainer.max_staleness=-1")
+    with pytest.raises(ConfigError, match="with data.source=api the rows come from elsewhere"):
+        config("m", tmp_path, "trainer.mode=one_step_off", "data.source=api")
     with pytest.raises(ConfigError, match="weight_sync=broadcast needs the generator in a process of its own"):
         config("m", tmp_path, "placement.roles.rollout=gen", "placement.pools.gen=1", "trainer.weight_sync=broadcast")
 
