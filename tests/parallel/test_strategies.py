@@ -116,7 +116,7 @@ def test_fsdp2_on_one_rank_is_ddp_and_resumes(model_dir, tmp_path, ddp_one):
     assert max((w_straight[k] - w_resumed[k]).abs().max().item() for k in w_straight) < TOL
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_activation_checkpointing_and_offload_change_no_number(model_dir, tmp_path, ddp_one, strategy):
     """Recomputing layers in backward (no shared prompt forward then) and freeing grads /
     moving the optimizer state between phases give the same update; a second update after
