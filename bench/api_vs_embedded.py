@@ -60,19 +60,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--sync", default="broadcast", choices=["broadcast", "checkpoint"])
+    ap.add_argument("--api-first", action="store_true", help="run the API path first (load drifts)")
     args = ap.parse_args()
     common = [f"trainer.steps={args.steps}", "data.eval_size=20", "trainer.eval_every=0", "trainer.progress=false"]
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-"))
     out = []
-    wall, rows = run([sys.executable, "-m", "baton.cli", "train", "recipes/grpo_arithmetic.yaml",
-                      f"trainer.run_dir={tmp / 'embedded'}", *common], tmp / "embedded")
-    out.append(summary("embedded (colocated rollout)", wall, rows))
-    api, srv = free_port(), free_port()
-    extra = [f"data.sync={args.sync}"] + ([f"data.weights_dir={tmp / 'weights'}"] if args.sync == "checkpoint" else [])
-    wall, rows = run([sys.executable, "-m", "baton.cli", "launch", "recipes/grpo_arithmetic_api.yaml",
-                      f"trainer.run_dir={tmp / 'api'}", f"data.api_url=http://127.0.0.1:{api}",
-                      f"data.servers=[http://127.0.0.1:{srv}]", *extra, *common], tmp / "api")
-    out.append(summary(f"API path ({args.sync} sync)", wall, rows))
+
+    def embedded() -> None:
+        wall, rows = run([sys.executable, "-m", "baton.cli", "train", "recipes/grpo_arithmetic.yaml",
+                          f"trainer.run_dir={tmp / 'embedded'}", *common], tmp / "embedded")
+        out.append(summary("embedded (colocated rollout)", wall, rows))
+
+    def api_path() -> None:
+        api, srv = free_port(), free_port()
+        extra = [f"data.sync={args.sync}"] + ([f"data.weights_dir={tmp / 'weights'}"] if args.sync == "checkpoint"
+                                              else [])
+        wall, rows = run([sys.executable, "-m", "baton.cli", "launch", "recipes/grpo_arithmetic_api.yaml",
+                          f"trainer.run_dir={tmp / 'api'}", f"data.api_url=http://127.0.0.1:{api}",
+                          f"data.servers=[http://127.0.0.1:{srv}]", *extra, *common], tmp / "api")
+        out.append(summary(f"API path ({args.sync} sync)", wall, rows))
+
+    for fn in ((api_path, embedded) if args.api_first else (embedded, api_path)):
+        fn()
     print(f"load average before/after: {os.getloadavg()}")
     print("| path | step (s) | rollout / wait (s) | update (s) | sync (s) | policy age | wall (s) |")
     print("|---|---|---|---|---|---|---|")

@@ -30,7 +30,7 @@ def test_plan_from_the_recipe():
     assert api[:5] == ["api", "--host", "127.0.0.1", "--port", "8730"] and api[-1].endswith("api.sqlite")
     assert serve[:2] == ["serve", "checkpoints/arith-sft"] and serve[-2:] == ["--weights-dir", "/tmp/w"]
     assert env[:2] == ["env", "arithmetic"] and env[env.index("--group-size") + 1] == "8"
-    assert env[env.index("--server") + 1] == "http://127.0.0.1:8731" and env[-2:] == ["--concurrency", "64"]
+    assert env[env.index("--server") + 1] == "http://127.0.0.1:8731" and env[-2:] == ["--concurrency", "32"]
     assert trainer == ["train", "recipes/grpo_arithmetic_api.yaml", "trainer.steps=3"]
     assert specs[0].health == "http://127.0.0.1:8730/health" and not specs[2].service
 
