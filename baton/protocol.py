@@ -19,9 +19,10 @@ ratio of an unchanged policy is exactly 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: tasks and reward worker processes import this without torch
+    import torch
 
 
 @dataclass

@@ -12,6 +12,7 @@ README = Path(__file__).parents[1] / "README.md"
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # ~17 s: a Ray of its own in a subprocess (the controller on Ray: tests/controller)
 def test_readme_controller_example(tmp_path):
     text = README.read_text()
     code = re.search(r"## The single controller in a few lines\n\n```python\n(.*?)```", text, re.S).group(1)

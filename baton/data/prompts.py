@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 Row = dict[str, Any]
 
 
@@ -82,6 +80,8 @@ class PromptSampler:
     def _permutation(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.rows)))
+        import torch  # here, not at the top: reward worker processes import the tasks' modules (2 s of torch)
+
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(len(self.rows), generator=g).tolist()
 

@@ -58,10 +58,6 @@ class ServerSyncWorker(Worker):
         self.version: int | None = None  # last version every server confirmed
         self.repushes = 0
 
-    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        named = getattr(self.policy, "named_weights", None)
-        return named() if named is not None else iter(self.policy.module.named_parameters())
-
     def _connect(self) -> None:
         if self.sync is not None:
             return
@@ -103,13 +99,13 @@ class ServerSyncWorker(Worker):
                 self._reset()
                 self.repushes += 1
                 time.sleep(1.0)
-                weights = iter(list(self._weights()))  # unsharded: cheap to read again
+                weights = iter(list(self.policy.named_weights()))  # unsharded: cheap to read again
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def push(self, version: int, check: bool = False) -> list[float] | None:
         """Make every server serve the actor's weights as `version`; with check, the max
         |server - trainer| logprob on the probe prompt per server."""
-        weights = self._weights()
+        weights = self.policy.named_weights()
         if self.rank != 0:
             for _ in weights:  # take part in the gather (sharded actors); rank 0 sends
                 pass
@@ -141,7 +137,7 @@ class ServerSyncWorker(Worker):
                         [u for u, _ in stale], [v for _, v in stale], version)
             self._reset()
             self.repushes += 1
-            self._push_rank0(version, iter(list(self._weights())))
+            self._push_rank0(version, iter(list(self.policy.named_weights())))
         return len(stale)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -87,6 +87,7 @@ def test_resume_gives_identical_next_step(model_dir, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # ~17 s (Ray actors); split pools in the default run: tests/trainers/test_ppo_e2e.py
 def test_ray_with_the_reference_on_its_own_pool(model_dir, tmp_path):
     # the reward is a registered name a Ray worker can import: use the shipped warm start,
     # whose samples are right often enough to make pairs with arithmetic/correct

@@ -77,6 +77,7 @@ def test_a_second_run_in_a_locked_run_dir_is_refused(model_dir, tmp_path):
     train(config(model_dir, tmp_path, "trainer.steps=1"))  # the dead holder's lock does not block
 
 
+@pytest.mark.slow  # ~20 s; a SIGKILL during saves in the default run: tests/runs/test_checkpoints.py
 def test_sigkill_while_saving_then_resume_loses_nothing(model_dir, tmp_path):
     """SIGKILL the driver at a random point of a run that saves every step; resume=auto
     continues from the newest complete checkpoint, and metrics.jsonl has each step once."""

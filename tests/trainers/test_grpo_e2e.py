@@ -64,6 +64,7 @@ def test_a_raising_reward_function_is_counted_not_fatal(model_dir, tmp_path):
     assert step["reward/test/always_raises"] == 0.0
 
 
+@pytest.mark.slow  # ~17 s; split pools in the default run: test_ppo_e2e.py, tests/controller/test_controller_ray.py
 @pytest.mark.ray  # the session's Ray instance (tests/conftest.py), which the run leaves up
 def test_split_placement_on_ray_scores_on_its_own_pool(model_dir, tmp_path):
     """Two steps on Ray: actor+rollout on 'main' (2 data-parallel ranks), reward+reference on

@@ -73,6 +73,7 @@ def test_ppo_with_critic_kl_in_reward_and_tis(model_dir, tmp_path):
             ("reference", "compute_ref_logprobs"), ("actor", "compute_logprobs")} <= s2_calls
 
 
+@pytest.mark.slow  # ~7 s; exact resume in the default run: GRPO, DPO, the critic (tests/workers/test_critic.py)
 def test_resume_gives_identical_next_step(model_dir, tmp_path):
     extra = ["critic.warmup_steps=1", "algo.kl_in_reward=true", "algo.kl_controller=adaptive",
              "algo.kl_target=0.001", "algo.kl_horizon=16"]
