@@ -125,3 +125,16 @@ def test_a_killed_generator_is_an_error_within_seconds(model_dir, tmp_path, monk
     assert rows[1]["rollout/policy_age"] == 0 and rows[1]["off_policy/mismatch_kl"] < 1e-6
     assert rows[2]["rollout/policy_age"] == 1 and rows[2]["off_policy/mismatch_kl"] > 1e-6
     assert 0 <= rows[2]["off_policy/capped_frac"] < 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # ~40 s: two fsdp2 actor ranks and a generator, per transport
+@pytest.mark.parametrize("weight_sync", ["object_store", "broadcast"])
+def test_a_sharded_actor_feeds_the_generator(model_dir, tmp_path, weight_sync):
+    """fsdp2 on two Ray ranks: every rank takes part in gathering the full tensors (rank 0
+    alone would wait forever), and the generator then samples with exactly the trainer's
+    weights (the parity check after every push)."""
+    grpo.train(config(model_dir, tmp_path, "trainer.steps=2", "trainer.mode=async", "trainer.max_staleness=0",
+                      "placement.backend=ray", "placement.world_size=2", "actor.strategy=fsdp2",
+                      "trainer.check_weight_sync=true", f"trainer.weight_sync={weight_sync}"))
+    assert [r["step"] for r in steps(tmp_path)] == [0, 1, 2]
