@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.padding import position_ids
+
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
 
 
@@ -203,7 +205,7 @@ class LlamaRunner:
         H, Hk, D, S = self.n_heads, self.n_kv, self.head_dim, self.cache[0][0].shape[2]
         device = ids.device
         maskb = mask.bool()
-        pos = (maskb.long().cumsum(-1) - 1).clamp(min=0)  # [b, L] position ids of real tokens
+        pos = position_ids(maskb)  # [b, L] position ids of real tokens (left padding: 0)
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [b, L, 1, D]
         causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
         # pad queries may see themselves: defensive, as SDPA backends have differed on fully

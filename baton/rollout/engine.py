@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from baton.padding import pad_left
 from baton.rollout import _llama
 from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
@@ -156,12 +157,8 @@ class EmbeddedEngine:
         if should_stop is not None and should_stop():  # before this group's prefill
             raise GenerationCancelled("generation cancelled before prefill")
         device, n, max_new = self.device, params.n, params.max_new_tokens
-        B, P = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, P), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
-        mask = torch.zeros(B, P, dtype=torch.long)  # [B, P]
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[b, P - len(p):] = 1
+        B = len(prompts)
+        ids, mask = pad_left(prompts, self.pad_token_id)  # [B, P] left-padded, [B, P]
         ids, mask = ids.to(device), mask.to(device)
 
         logits = self.runner.start(ids, mask, max_new, n)  # [B, V]
