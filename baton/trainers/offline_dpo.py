@@ -126,7 +126,7 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
                     rollout.sync_weights(step)  # colocated: tags the engine with the new version
                 metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
                 state.step = step
-                guard.check(step, metrics)  # raises, naming the step, after K non-finite steps
+                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
                 last = step == t.steps
                 if is_due(step, t.eval_every, last):
                     with timer("eval"):
@@ -134,6 +134,8 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
                 metrics.update(timer.pop())
                 metrics["timing/step_s"] = time.perf_counter() - t0
                 log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+                if stop:
+                    raise stop
                 final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
                 carry = {}
                 if is_due(step, t.save_every, last):

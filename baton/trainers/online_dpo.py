@@ -94,7 +94,7 @@ def train(cfg: DPOConfig) -> dict[str, float]:
                 state.step = step
                 metrics = {**carry, **step_metrics(rows, update, version=step - 1),
                            **pair_metrics(pairs, len(prompts)), "dpo/ref_refreshed": int(refreshed)}
-                guard.check(step, metrics)  # raises, naming the step, after K non-finite steps
+                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
                 last = step == t.steps
                 if is_due(step, t.eval_every, last):
                     with timer("eval"):
@@ -102,6 +102,8 @@ def train(cfg: DPOConfig) -> dict[str, float]:
                 metrics.update(timer.pop())
                 metrics["timing/step_s"] = time.perf_counter() - t0
                 log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+                if stop:
+                    raise stop
                 final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
                 carry = {}
                 if is_due(step, t.save_every, last):

@@ -141,3 +141,29 @@ def test_offline_dpo_from_pairs_raises_preference_accuracy(model_dir, tmp_path):
     train_steps = [r for r in rows if "rewards/accuracies" in r]
     assert train_steps[-1]["rewards/margins"] > train_steps[0]["rewards/margins"]
     assert (tmp_path / "run" / "checkpoints" / "step_12" / "model.safetensors").exists()
+
+
+def test_non_finite_training_stops_naming_the_step(tmp_path):
+    """A beta that overflows float32 (1e39 = inf) makes every pair's loss non-finite: the
+    actor skips those optimizer steps, and the K-th such step stops the run with an error
+    naming it, after that step's metrics line (the weights stay the warm start's)."""
+    from baton.trainers.run import NonFiniteError
+
+    sft = str(Path(__file__).resolve().parents[2] / "checkpoints/arith-sft")
+    with pytest.raises(NonFiniteError, match=r"step \d+: non-finite"):
+        run(sft, tmp_path, "dpo.beta=1e39", "trainer.steps=30", "trainer.max_nonfinite_steps=2",
+            "data.prompts_per_step=16")
+    rows = [r for r in read_metrics(tmp_path) if r["step"] > 0]
+    assert len(rows) < 30 and rows[-1]["trainer/nonfinite_steps"] == 2
+
+
+def test_offline_dpo_stops_on_non_finite_training_naming_the_step(model_dir, tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    write_pairs(pairs, 32, seed=0)
+    code = main(["dpo", "recipes/offline_dpo_arithmetic.yaml", f"model.path={model_dir}", f"data.path={pairs}",
+                 f"trainer.run_dir={tmp_path / 'run'}", "data.task=", "trainer.steps=12", "trainer.eval_every=0",
+                 "data.pairs_per_step=16", "actor.micro_batch_size=32", "dpo.beta=1e39",
+                 "trainer.max_nonfinite_steps=2", "trainer.progress=false"])
+    assert code != 0 and "step 2: non-finite" in capsys.readouterr().err
+    rows = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["trainer/nonfinite_steps"] == 2
