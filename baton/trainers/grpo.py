@@ -31,7 +31,7 @@ from baton.batch import Batch
 from baton.metrics import Timer, write_report
 from baton.trainers.grpo_config import GRPOConfig
 from baton.trainers.placement import build_roles
-from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
+from baton.trainers.run import (NonFiniteGuard, StepEnd, close_run, evaluate, metrics_logger, open_run,
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
 from baton.trainers.async_source import rollout_source
@@ -83,7 +83,7 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
             source.load_state_dict(state.source)
             source.weights_updated(state.step)
         log = metrics_logger(run, t, start_step=state.step)
-        guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        end = StepEnd(t, log, NonFiniteGuard(t.max_nonfinite_steps), lambda: evaluate(rollout, state.eval_rows))
         # the trainer's own (proximal) logprobs: PPO's "old" ones, and what off-policy rows'
         # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
         proximal = cfg.algo.recompute_old_logprobs or cfg.algo.off_policy != "none"
@@ -124,29 +124,16 @@ def train(cfg: GRPOConfig) -> dict[str, float]:
                 if t.check_weight_sync:
                     check_sync(parity, step)
                 state.step = step
-                metrics = {**carry, **correction, **step_metrics(batch, update, version=step - 1)}
-                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
-                last = step == t.steps
-                if is_due(step, t.eval_every, last):
-                    with timer("eval"):
-                        metrics.update(evaluate(rollout, state.eval_rows))
-                metrics.update(timer.pop())
-                metrics["timing/step_s"] = time.perf_counter() - t0
-                metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
-                log.log(step, metrics)  # before the checkpoint: a resume never loses this line
-                if stop:
-                    raise stop
-                final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-                carry = {}
-                if is_due(step, t.save_every, last):
-                    with timer("save"):
-                        state.source = source.state_dict()
-                        save_checkpoint(actor, run, t, step, state.to_dict())
-                    carry = timer.pop()  # logged with the next step
+
+                def save() -> None:  # the source's staleness state (rows sampled ahead) too
+                    state.source = source.state_dict()
+                    save_checkpoint(actor, run, t, step, state.to_dict())
+
+                end(step, {**correction, **step_metrics(batch, update, version=step - 1)}, timer, t0, save=save)
         finally:
             log.close()
             source.close()
     finally:
         close_run(run, roles, cfg.placement.backend)
     write_report(run.path)
-    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}
+    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **end.final_eval}

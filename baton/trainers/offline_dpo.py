@@ -39,7 +39,7 @@ from baton.models.load import load_tokenizer
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
-from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
+from baton.trainers.run import (NonFiniteGuard, StepEnd, close_run, evaluate, metrics_logger, open_run,
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
 from baton.workers.dpo_actor import pair_rows
@@ -109,7 +109,7 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
             if rollout is not None:
                 rollout.sync_weights(state.step)
         log = metrics_logger(run, t, start_step=state.step)
-        guard, carry, final_eval = NonFiniteGuard(t.max_nonfinite_steps), {}, {}
+        end = StepEnd(t, log, NonFiniteGuard(t.max_nonfinite_steps), evaluation)
         try:
             if state.step == 0:
                 state.first_eval = evaluation()
@@ -121,31 +121,16 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
                 with timer("reference"):
                     batch = with_ref_logprobs(ref, batch)
                 with timer("update"):  # skips optimizer steps whose loss/grad is not finite
-                    metrics = {**carry, **actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
+                    metrics = {**actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
                 if rollout is not None:
                     rollout.sync_weights(step)  # colocated: tags the engine with the new version
                 metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
                 state.step = step
-                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
-                last = step == t.steps
-                if is_due(step, t.eval_every, last):
-                    with timer("eval"):
-                        metrics.update(evaluation())
-                metrics.update(timer.pop())
-                metrics["timing/step_s"] = time.perf_counter() - t0
-                log.log(step, metrics)  # before the checkpoint: a resume never loses this line
-                if stop:
-                    raise stop
-                final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-                carry = {}
-                if is_due(step, t.save_every, last):
-                    with timer("save"):
-                        save_checkpoint(actor, run, t, step,
-                                        {**state.to_dict(), **reference_state(roles, d.ref_refresh_every, step)})
-                    carry = timer.pop()  # logged with the next step
+                end(step, metrics, timer, t0, save=lambda: save_checkpoint(
+                    actor, run, t, step, {**state.to_dict(), **reference_state(roles, d.ref_refresh_every, step)}))
         finally:
             log.close()
     finally:
         close_run(run, roles, cfg.placement.backend)
     write_report(run.path)
-    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}
+    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **end.final_eval}

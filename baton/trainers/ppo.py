@@ -56,7 +56,7 @@ from baton.trainers import timeline
 from baton.trainers.grpo import check_sync, step_metrics
 from baton.trainers.placement import build_roles
 from baton.trainers.ppo_config import PPOConfig, estimator_reads
-from baton.trainers.run import (NonFiniteGuard, close_run, evaluate, is_due, metrics_logger, open_run,
+from baton.trainers.run import (NonFiniteGuard, StepEnd, close_run, evaluate, metrics_logger, open_run,
                                 save_checkpoint)
 from baton.trainers.run_state import RunState
 from baton.workers.reward_model import RM_SCORE
@@ -210,7 +210,13 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             timeline_path.unlink()
         timeline.take(roles)  # drop the records of set-up and resume calls
         log = metrics_logger(run, t, start_step=state.step)
-        guard, carry, final_eval = CriticAwareGuard(t.max_nonfinite_steps), {}, {}
+
+        def evaluate_and_forget() -> dict[str, float]:  # the evaluation's calls are no step's overlap
+            out = evaluate(rollout, state.eval_rows)
+            timeline.take(roles)
+            return out
+
+        end = StepEnd(t, log, CriticAwareGuard(t.max_nonfinite_steps), evaluate_and_forget)
         try:
             if state.step == 0:
                 state.first_eval = evaluate(rollout, state.eval_rows)
@@ -273,35 +279,22 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     if t.check_weight_sync:
                         check_sync(parity, step)
                 state.step = step
-                metrics = {**carry, **metrics, **step_metrics(batch, update, version=version)}
+                metrics = {**metrics, **step_metrics(batch, update, version=version)}
                 records = timeline.take(roles)
                 timeline.append(timeline_path, step, records)
                 metrics.update(timeline.step_overlaps(records))
-                stop = guard.check(step, metrics)  # an error naming the step after K non-finite steps
-                last = step == t.steps
-                if is_due(step, t.eval_every, last):
-                    with timer("eval"):
-                        metrics.update(evaluate(rollout, state.eval_rows))
+
+                def save_step() -> None:
+                    driver = state.to_dict()
+                    if kl_ctl is not None:
+                        driver["kl_controller"] = kl_ctl.state_dict()
+                    save(roles, run, cfg, step, driver)
                     timeline.take(roles)
-                metrics.update(timer.pop())
-                metrics["timing/step_s"] = time.perf_counter() - t0
-                metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
-                log.log(step, metrics)  # before the checkpoint: a resume never loses this line
-                if stop:
-                    raise stop
-                final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-                carry = {}
-                if is_due(step, t.save_every, last):
-                    with timer("save"):
-                        driver = state.to_dict()
-                        if kl_ctl is not None:
-                            driver["kl_controller"] = kl_ctl.state_dict()
-                        save(roles, run, cfg, step, driver)
-                    timeline.take(roles)
-                    carry = timer.pop()  # logged with the next step
+
+                end(step, metrics, timer, t0, save=save_step)
         finally:
             log.close()
     finally:
         close_run(run, roles, cfg.placement.backend)
     write_report(run.path)
-    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **final_eval}
+    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **end.final_eval}

@@ -4,9 +4,8 @@
     ...build roles...
     state_dict = resume_from(run)       the checkpoint to load (None: fresh)
     log = metrics_logger(run, cfg.trainer, start_step)
-    guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
-    ... per step: stop = guard.check(step, metrics); log.log(step, metrics); raise stop if any;
-        save_checkpoint(...)
+    end = StepEnd(cfg.trainer, log, NonFiniteGuard(...), evaluate=lambda: evaluate(rollout, rows))
+    ... per step, after the update: end(step, metrics, timer, t0, save=lambda: save_checkpoint(...))
     close_run(run, roles, backend)
 
 Functions a driver calls, not a base class it inherits: the loop itself stays in the driver,
@@ -23,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+import time
+from typing import Any, Callable
 
 from baton.config import save_config
 from baton.controller import shutdown_ray
@@ -110,6 +110,43 @@ class NonFiniteGuard:
                                  f"{self.count} step(s) (trainer.max_nonfinite_steps={self.limit}); the "
                                  f"weights were not updated by those steps and no checkpoint of them was "
                               f"written. Lower actor.lr or check the rewards.")
+
+
+class StepEnd:
+    """The end of every driver's step, in one place (`end(step, metrics, timer, t0, save=)`):
+    count non-finite training (`guard`), evaluate when due, log the step's line (with the
+    previous step's save time, its timings, and tokens/s where rows were sampled), then
+    raise the guard's error if it has one, and save when due (timed into the next line).
+    The line is written before the checkpoint, so a resume never loses it. `final_eval`:
+    the last evaluation's metrics."""
+
+    def __init__(self, t: TrainerConfig, log: MetricsLogger, guard: NonFiniteGuard,
+                 evaluate: Callable[[], dict[str, float]]) -> None:
+        self.t, self.log, self.guard, self.evaluate = t, log, guard, evaluate
+        self.carry: dict[str, float] = {}  # the save's timing, logged with the next step
+        self.final_eval: dict[str, float] = {}
+
+    def __call__(self, step: int, metrics: dict[str, Any], timer: Any, t0: float,
+                 save: Callable[[], None]) -> None:
+        metrics = {**self.carry, **metrics}
+        stop = self.guard.check(step, metrics)  # an error naming the step after K non-finite steps
+        last = step == self.t.steps
+        if is_due(step, self.t.eval_every, last):
+            with timer("eval"):
+                metrics.update(self.evaluate())
+        metrics.update(timer.pop())
+        metrics["timing/step_s"] = time.perf_counter() - t0
+        if "rollout/tokens" in metrics:
+            metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["timing/step_s"]
+        self.log.log(step, metrics)  # before the checkpoint: a resume never loses this line
+        if stop:
+            raise stop
+        self.final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        self.carry = {}
+        if is_due(step, self.t.save_every, last):
+            with timer("save"):
+                save()
+            self.carry = timer.pop()
 
 
 def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
