@@ -115,6 +115,8 @@ def test_micro_batches_do_not_change_the_update(model_dir, tmp_path, agg):
     assert max((one[0][k] - before[k]).abs().max().item() for k in before if k in one[0]) > 1e-3
 
 
+@pytest.mark.slow  # ~9 s on Ray; default run: the in-process micro-batch invariance above, and the
+# GRPO actor's two Ray ranks (tests/workers/test_actor_invariance.py) for the data-parallel reduction
 @pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     one = updated(model_dir, tmp_path, "local", 1, micro=8)

@@ -177,6 +177,8 @@ def test_reference_takes_the_actor_weights(model_dir):
         actor.shutdown()
 
 
+@pytest.mark.slow  # ~9 s on Ray; default run: the in-process micro-batch invariance above, and the
+# GRPO actor's two Ray ranks (tests/workers/test_actor_invariance.py) for the data-parallel reduction
 @pytest.mark.ray
 def test_two_data_parallel_ranks_equal_one(model_dir, tmp_path):
     """1 rank x 8 pairs == 2 Ray ranks x 4 pairs (micro-batches of 1 pair per rank)."""
