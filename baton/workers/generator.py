@@ -42,7 +42,7 @@ from baton.models.load import load_model, load_tokenizer
 from baton.protocol import SamplingParams
 from baton.rollout.engine import EmbeddedEngine
 from baton.sync import WeightReceiver
-from baton.sync.group import WeightUpdateGroup, dtype_name, plan_buckets, send_buckets
+from baton.sync.group import WeightUpdateGroup, dtype_name, gather_buckets, plan_buckets, send_buckets
 from baton.workers.policy import Policy
 from baton.workers.rollout import RolloutConfig, RolloutWorker
 
@@ -136,15 +136,20 @@ class WeightsWorker(Worker):
         out = {name: to_wire(t.detach().clone()) for name, t in self.policy.named_weights()}
         return out if self.rank == 0 else None
 
+    def _params(self) -> tuple[list[torch.Tensor], list[tuple[str, str, list[int]]]]:
+        """The actor's parameters as they are (DTensors when sharded: nothing gathered) and
+        their specs (name, dtype, global shape), in module order."""
+        named = list(self.policy.module.named_parameters())
+        return [t for _, t in named], [(n, dtype_name(t.dtype), list(t.shape)) for n, t in named]
+
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def open_weight_group(self) -> tuple[str, int, tuple[list, list, list]]:
         """Bind the broadcast group's port (rank 0): (address, port, (names, dtypes, shapes)).
         The specs come from the parameters themselves (a sharded DTensor's shape is its global
         shape): rank 0 alone gathers nothing, which would wait forever for the other ranks."""
         self._listen = socket.create_server(("127.0.0.1", 0), backlog=128)
-        named = list(self.policy.module.named_parameters())
-        specs = ([n for n, _ in named], [dtype_name(t.dtype) for _, t in named], [list(t.shape) for _, t in named])
-        return "127.0.0.1", self._listen.getsockname()[1], specs
+        names, dtypes, shapes = zip(*self._params()[1])
+        return "127.0.0.1", self._listen.getsockname()[1], (list(names), list(dtypes), list(shapes))
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def join_weight_group(self, world_size: int, backend: str) -> None:
@@ -156,12 +161,14 @@ class WeightsWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
     def send_weights(self) -> None:
-        """Broadcast the current weights in buckets (every rank gathers, rank 0 sends)."""
-        tensors = [t for _, t in self.policy.named_weights()]
-        if self.rank != 0:
-            return
-        specs = [(str(i), dtype_name(t.dtype), list(t.shape)) for i, t in enumerate(tensors)]
-        send_buckets(self.group, tensors, plan_buckets(specs, BUCKET_BYTES))
+        """Broadcast the current weights bucket by bucket: sharded tensors are gathered one
+        bucket at a time (every rank takes part, rank 0 sends), never the whole model."""
+        tensors, specs = self._params()
+        plan = plan_buckets(specs, BUCKET_BYTES)
+        if self.rank == 0:
+            send_buckets(self.group, tensors, plan)
+        else:
+            gather_buckets(tensors, plan)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
