@@ -6,14 +6,20 @@
     baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
     baton online-dpo RECIPE.yaml [dotted.key=value ...]  online DPO (own samples, scored, paired)
     baton dpo RECIPE.yaml [dotted.key=value ...]     offline DPO from a jsonl of pairs
-    baton eval MODEL_DIR [--task arithmetic] [--n 200]  held-out accuracy of a checkpoint
+    baton config RECIPE.yaml [dotted.key=value ...]  print the resolved config (every key)
+    baton eval MODEL_DIR [--task arithmetic] [--data F] held-out accuracy of a checkpoint (LoRA too)
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
     baton api [--port 8000 --db FILE ...]            the trajectory API (Atropos-compatible)
     baton env NAME --api URL --server URL [...]      an environment service feeding the API
     baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
 
-A config error (unknown key, wrong type) prints one line naming the key and exits with 2.
+A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
+one line naming the key and exits with 2, before anything is written. Ctrl-C prints one line
+naming the step reached and `trainer.resume=auto` (exit 130). `trainer.resume=auto` on a run
+that already reached trainer.steps prints one line and exits 0 (nothing to do). The working
+directory is importable by user modules (rewards, tasks, environments) in every process of a
+run (`baton.user_modules`). `baton train --help` (and sft, rm, dpo, ...) lists every key.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import argparse
 import sys
 
 from baton.config import ConfigError, load_config
-from baton.runs.rundir import RunDirError
+from baton.models.load import ModelLoadError
+from baton.runs.rundir import RunDirError, RunFinished
 
 
 def _algorithm(recipe: str, overrides: list[str]) -> str:
@@ -57,10 +64,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_save_path(save_path: str | None) -> None:
+    """A model trainer's `trainer.save_path` must not already hold a model (e.g. a shipped
+    checkpoint): nothing baton runs overwrites a model it did not write in this run."""
+    from pathlib import Path
+
+    if save_path and any((Path(save_path) / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise ConfigError(f"trainer.save_path={save_path} already holds a model, which this run would "
+                          f"overwrite: choose another trainer.save_path (or delete that one first)")
+
+
 def _rm(args: argparse.Namespace) -> int:
     from baton.trainers.reward_model import RMConfig, run_rm
 
-    run_rm(load_config(RMConfig, args.recipe, args.overrides))
+    cfg = load_config(RMConfig, args.recipe, args.overrides)
+    _check_save_path(cfg.trainer.save_path)
+    run_rm(cfg)
     return 0
 
 
@@ -107,7 +126,9 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
 def _sft(args: argparse.Namespace) -> int:
     from baton.trainers.sft import SFTConfig, run_sft
 
-    run_sft(load_config(SFTConfig, args.recipe, args.overrides))
+    cfg = load_config(SFTConfig, args.recipe, args.overrides)
+    _check_save_path(cfg.trainer.save_path)
+    run_sft(cfg)
     return 0
 
 
@@ -116,10 +137,17 @@ def _eval(args: argparse.Namespace) -> int:
     from baton.envs.evaluate import MODES, evaluate_modes
     from baton.models.load import load_model, load_tokenizer
     from baton.rollout.engine import EmbeddedEngine
+    from baton.trainers.run_config import DataConfig
+    from baton.trainers.run_state import task_rows
 
+    try:
+        task = get_task(args.task)
+        rows = (task_rows(DataConfig(task=args.task, path=args.data, eval_path=args.eval_data, eval_size=args.n))[1]
+                if args.data or args.eval_data else task.eval_rows(args.n))
+    except (KeyError, ValueError, OSError) as e:  # unknown task, a file-backed task without --data
+        raise ConfigError(str(e).replace("data.path / ", "")) from None
     model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
-    engine, task = EmbeddedEngine(model, tokenizer), get_task(args.task)
-    rows = task.eval_rows(args.n)
+    engine = EmbeddedEngine(model, tokenizer)
     result = evaluate_modes(engine, tokenizer, task, rows, n=4, max_new_tokens=args.max_new_tokens, seed=args.seed)
     for mode in MODES:
         print(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
@@ -171,9 +199,39 @@ def _export(args: argparse.Namespace) -> int:
 
 def _make_tiny(args: argparse.Namespace) -> int:
     from baton.models.make import make_tiny_checkpoint
+    from baton.models.tiny import PRESETS
+
+    if args.preset not in PRESETS:
+        print(f"baton make-tiny: unknown preset {args.preset!r}; presets: {', '.join(PRESETS)} "
+              f"(tiny models for tests and demos; a real model is a local HF dir for model.path)", file=sys.stderr)
+        return 2
 
     make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)
     return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from baton.config import to_dict
+    from baton.cli_help import config_class
+
+    cfg = load_config(config_class(_algorithm(args.recipe, args.overrides)), args.recipe, args.overrides)
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    return 0
+
+
+def _with_keys_help(parser: argparse.ArgumentParser, command: str) -> None:
+    """`baton COMMAND --help` ends with every config key and its one-line help (built only
+    when printed: it imports the trainer's config)."""
+    plain = parser.format_help
+
+    def format_help() -> str:
+        from baton.cli_help import command_keys_help
+
+        return plain() + "\n" + command_keys_help(command) + "\n"
+
+    parser.format_help = format_help  # type: ignore[method-assign]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,13 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
                             ("online-dpo", _online_dpo, "online DPO from a recipe"),
                             ("dpo", _dpo, "offline DPO from a recipe with a jsonl of pairs")):
         p = sub.add_parser(name, help=help_)
+        _with_keys_help(p, name)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotted.key=value")
         p.set_defaults(fn=fn)
-    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint")
+    p = sub.add_parser("config", help="print a recipe's resolved config (every key, defaults filled in)")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value")
+    p.set_defaults(fn=_config)
+    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint (a LoRA adapter dir loads onto its base)")
     p.add_argument("model_dir")
-    p.add_argument("--task", default="arithmetic")
-    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--task", default="arithmetic", help="a task name, or a user task module:Class")
+    p.add_argument("--data", default="", help="rows from a local file (gsm8k: GSM8K jsonl or verl parquet); "
+                                              "held out: every 10th row, or --eval-data")
+    p.add_argument("--eval-data", default="", help="held-out rows from a local file")
+    p.add_argument("--n", type=int, default=200, help="held-out prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.set_defaults(fn=_eval)
@@ -220,16 +286,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(argv: list[str]) -> str:
+    """The one line Ctrl-C prints: the step the run reached and how to continue it."""
+    from baton.cli_help import run_dir_of
+    from baton.runs.checkpoints import checkpoint_step, latest_complete_checkpoint
+    from baton.runs.rundir import last_step
+
+    run_dir = run_dir_of(argv)
+    if run_dir is None:
+        return "baton: interrupted"
+    step = last_step(run_dir)
+    ckpt, _ = latest_complete_checkpoint(run_dir)
+    where = f"newest checkpoint {ckpt.name}" if ckpt is not None else "no checkpoint yet: it starts over"
+    return (f"baton: interrupted at step {step if step is not None else 0} of {run_dir} ({where}); to continue, "
+            f"run the same command with trainer.resume=auto" + ("" if ckpt is None else
+                                                             f" (resumes after step {checkpoint_step(ckpt)})"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from baton.user_modules import add_user_path
+
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "serve":
-        return _serve(argv[1:])
-    if argv and argv[0] in ("api", "env"):
-        return _service(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+    add_user_path()  # user modules in the working directory: here, in Ray workers, in reward workers
     try:
+        if argv and argv[0] == "serve":
+            return _serve(argv[1:])
+        if argv and argv[0] in ("api", "env"):
+            return _service(argv[0], argv[1:])
+        args = build_parser().parse_args(argv)
         return args.fn(args)
-    except ConfigError as e:
+    except KeyboardInterrupt:
+        print(_interrupted(argv), file=sys.stderr)
+        return 130
+    except RunFinished as e:  # resume=auto on a finished run: nothing to do is not a failure
+        print(f"baton: {e}", file=sys.stderr)
+        return 0
+    except (ConfigError, ModelLoadError) as e:
         print(f"baton: config error: {e}", file=sys.stderr)
         return 2
     except (RunDirError, FloatingPointError) as e:  # a busy/finished run dir; training went non-finite

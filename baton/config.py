@@ -56,6 +56,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) == 1:  # `X | None`: X's own error (e.g. an unknown key inside the section)
+            raise ConfigError(errors[0])
         raise ConfigError(f"config key {key!r} expects {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in typing.get_args(tp):
@@ -93,7 +95,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     for k in data:
         if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
+            close = difflib.get_close_matches(str(k), names, n=1) or [  # peft's r, lora_alpha: rank, alpha
+                n for n in names if n.startswith(str(k)) or str(k).endswith("_" + n)][:1]
             hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown config key {prefix + str(k)!r}{hint}; "
                               f"{cls.__name__} has {names}")

@@ -21,6 +21,19 @@ from baton.runs.metrics_log import read_metrics as _read_metrics
 from baton.runs.metrics_log import truncate_after
 
 SINKS = ("tensorboard", "wandb")  # optional metric sinks, beside metrics.jsonl and the console
+_SINK_MODULES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}  # module, pip name
+
+
+def check_sinks(sinks: list[str]) -> None:
+    """ValueError (one line, naming the package to install) for a sink whose package is not
+    importable: checked with the config, before a run writes anything."""
+    import importlib.util
+
+    for sink in sinks:
+        module, package = _SINK_MODULES.get(sink, (sink, sink))
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"trainer.sinks: {sink!r} needs the {package!r} package, which is not installed "
+                             f"(pip install {package}, or drop {sink!r} from trainer.sinks)")
 
 
 class Timer:

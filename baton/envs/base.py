@@ -7,7 +7,10 @@ but the prompt reaches the reward functions as keyword arguments, TRL-style:
 (`reward.functions: {"arithmetic/correct": 1.0}`).
 
 `TASKS` (a `baton.registry.Registry`) maps a task name to a ready instance; `register_task`
-adds one.
+adds one. A user's task needs no registration: `data.task: my_tasks:MyTask` (a Task class,
+a factory, or an instance in an importable module; the working directory of `baton` is
+importable in every process, `baton.user_modules`) is imported and registered under that
+name by `get_task` in whichever process asks first (driver, Ray worker, service).
 """
 
 from __future__ import annotations
@@ -52,8 +55,18 @@ def register_task(task: Task) -> Task:
 
 
 def get_task(name: str) -> Task:
-    """The task called `name` (UnknownName, listing the known tasks, if there is none)."""
-    return TASKS[name]
+    """The task called `name` (UnknownName, listing the known tasks, if there is none), or
+    the user task `module:attr` (imported and registered under that name on first use)."""
+    from baton.user_modules import is_spec, load_object
+
+    if name in TASKS or not is_spec(name):
+        return TASKS[name]
+    obj = load_object(name, "task")
+    task = obj() if callable(obj) else obj  # a class or factory; else an instance
+    for attr in ("name", "train_rows", "eval_rows", "is_correct"):
+        if not hasattr(task, attr):
+            raise ValueError(f"task {name!r}: {type(task).__name__} has no {attr!r} (see baton.envs.base.Task)")
+    return TASKS.add(name, task) if name not in TASKS else TASKS[name]
 
 
 def row_kwargs(row: Row) -> Row:

@@ -155,7 +155,12 @@ def register_environment(name: str):
 
 
 def make_environment(name: str, tokenizer: Any, **options: Any) -> Environment:
-    return ENVIRONMENTS[name](tokenizer, **options)
+    """A registered environment, or a user's `module:Factory` (a class or function called as
+    `factory(tokenizer, **options)`, imported by `baton.user_modules.load_object`)."""
+    from baton.user_modules import is_spec, load_object
+
+    factory = ENVIRONMENTS[name] if name in ENVIRONMENTS or not is_spec(name) else load_object(name, "environment")
+    return factory(tokenizer, **options)
 
 
 @register_environment("arithmetic")

@@ -4,10 +4,16 @@
 a temp dir beside the target, fsynced, renamed into place), so a crash mid-save leaves
 either the old checkpoint or the new one, never a half-written directory that a resumed run
 would try to load.
+
+A LoRA run's checkpoint (a PEFT adapter dir: adapter_config.json + adapter_model.safetensors,
+no config.json) loads as its base model (the adapter config's `base_model_name_or_path`)
+with the adapter merged in, so `baton eval` and `baton serve` take it as they take a full
+checkpoint; if the base is not there, `ModelLoadError` says to merge it with `baton export`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -18,16 +24,45 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from baton.runs.checkpoints import atomic_dir
 
 
+class ModelLoadError(FileNotFoundError):
+    """A model directory that cannot be loaded; the message says why and what to do."""
+
+
 def _check_dir(path: str | os.PathLike, what: str) -> Path:
     p = Path(path)
     if not p.is_dir():
-        raise FileNotFoundError(f"{what} directory not found: {str(p)!r} (baton only loads local checkpoints)")
+        raise ModelLoadError(f"{what} directory not found: {str(p)!r} (baton only loads local checkpoints)")
     return p
 
 
+def adapter_base(path: str | os.PathLike) -> Path | None:
+    """The base model dir of a PEFT adapter dir (no config.json, an adapter_config.json), or
+    None if `path` is not an adapter dir. ModelLoadError if the base is not found; a relative
+    base path is tried from the working directory, then from the adapter dir."""
+    p = Path(path)
+    if (p / "config.json").is_file() or not (p / "adapter_config.json").is_file():
+        return None
+    base = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    for cand in ([Path(base)] + ([p / base] if not Path(base).is_absolute() else [])) if base else []:
+        if (cand / "config.json").is_file():
+            return cand
+    raise ModelLoadError(f"{str(p)!r} is a LoRA adapter whose base model {base!r} is not found here: run "
+                         f"`baton export {p} OUT_DIR --merge --base BASE_DIR` and use OUT_DIR")
+
+
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> PreTrainedModel:
-    """Load a causal LM from a local HF directory, in `dtype`, on `device`, in eval mode."""
+    """Load a causal LM from a local HF directory, in `dtype`, on `device`, in eval mode. A
+    LoRA adapter dir loads as its base with the adapter merged in (`adapter_base`)."""
     p = _check_dir(path, "model")
+    base = adapter_base(p)
+    if base is not None:
+        from peft import PeftModel
+
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype, local_files_only=True)
+        model = PeftModel.from_pretrained(model, str(p)).merge_and_unload()
+        return model.to(device).eval()
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"{str(p)!r} holds no config.json: not a HF model directory")
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
     return model.to(device).eval()
 
@@ -44,6 +79,8 @@ def build_like(model: torch.nn.Module, device: str | torch.device = "cpu") -> Pr
 def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer from a local HF directory; make sure it has a pad token."""
     p = _check_dir(path, "tokenizer")
+    if not (p / "tokenizer_config.json").is_file() and (base := adapter_base(p)) is not None:
+        p = base  # an adapter saved without its tokenizer: the base's
     tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     if tok.pad_token_id is None:  # batching needs a pad id; EOS is the usual stand-in
         tok.pad_token = tok.eos_token

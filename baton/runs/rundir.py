@@ -20,6 +20,15 @@ restarts before its first checkpoint must start over rather than fail forever. T
 risk is covered by the notice (printed first thing), by the refusal of a dir holding
 checkpoints none of which is loadable, and by files of an attempt that saved no checkpoint
 being moved to `previous_attempts/`, not deleted.
+
+A dir whose run never trained a step (config.yaml, metrics lines of step 0 at most, no
+checkpoint: a run that failed at start) is reused by the next fresh run without
+`trainer.overwrite` (its files move to `previous_attempts/`). `resume="auto"` on a run whose
+newest checkpoint is already at `trainer.steps` raises `RunFinished` (the CLI prints one line
+and exits 0: nothing to do is not a failure for a job that passes auto on every start).
+`check_resume_changes` compares a resumed run's config.yaml with the new config and refuses
+changed hyperparameters unless `trainer.resume_changes=allow`. `last_step` is the step a
+run dir reached (for the Ctrl-C line).
 """
 
 from __future__ import annotations
@@ -50,8 +59,9 @@ from baton.runs.metrics_log import METRICS_FILE
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ARTIFACTS", "LOCK_FILE", "MARKERS", "OWNER_FILE", "RAY_TEMP_PREFIX", "PreparedRun", "RunDirBusy",
-    "RunDirError", "RunDirLock", "cleanup_interrupted", "find_stale_ray_temp_dirs", "prepare_run_dir",
+    "ARTIFACTS", "LOCK_FILE", "MARKERS", "OWNER_FILE", "RAY_TEMP_PREFIX", "RESUMABLE_CHANGES", "PreparedRun",
+    "RunDirBusy", "RunDirError", "RunDirLock", "RunFinished", "check_resume_changes", "cleanup_interrupted",
+    "last_step", "find_stale_ray_temp_dirs", "prepare_run_dir",
     "record_temp_dir_owner", "remove_stale_ray_temp_dirs",
 ]
 
@@ -72,6 +82,10 @@ class RunDirError(RuntimeError):
 
 class RunDirBusy(RunDirError):
     """Another process holds the run dir's lock."""
+
+
+class RunFinished(RunDirError):
+    """resume=auto on a run that already reached its trainer.steps: nothing to do."""
 
 
 # --- the lock -----------------------------------------------------------------------------
@@ -259,6 +273,77 @@ def _holds_run(d: Path) -> bool:
     return False
 
 
+def _metric_steps(d: Path) -> list[int]:
+    """The steps of metrics.jsonl's lines (unreadable lines skipped: this only describes)."""
+    steps = []
+    try:
+        raw = (d / METRICS_FILE).read_bytes()
+    except OSError:
+        return steps
+    for ln in raw.splitlines():
+        try:
+            steps.append(int(json.loads(ln)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return steps
+
+
+def _never_trained(d: Path) -> bool:
+    """The dir's run failed before training a step: no checkpoint (an empty checkpoints/
+    aside), no metrics line beyond step 0 (the start's evaluation)."""
+    ck = d / CHECKPOINTS_DIR
+    if ck.is_dir() and any(ck.iterdir()):
+        return False
+    if os.path.lexists(ck) and not ck.is_dir():
+        return False
+    return all(s <= 0 for s in _metric_steps(d))
+
+
+def last_step(run_dir: str | os.PathLike) -> int | None:
+    """The last step a run dir shows: its newest metrics line, else its newest checkpoint."""
+    d = Path(run_dir)
+    steps = _metric_steps(d) + [s for s in map(checkpoint_step, list_checkpoints(d)) if s is not None]
+    return max(steps) if steps else None
+
+
+# Keys a resume may change without trainer.resume_changes=allow: how the run is driven and
+# watched, not what it computes.
+RESUMABLE_CHANGES = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.overwrite",
+                     "trainer.resume_changes", "trainer.sinks")
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str, Any], allow: bool) -> list[str]:
+    """What differs between RUN/config.yaml (the run being resumed) and `new_config_dict`,
+    as "key: old -> new" lines (keys in RESUMABLE_CHANGES ignored). Raises RunDirError, one
+    line listing them, unless `allow`; no config.yaml: nothing to compare ([])."""
+    import yaml
+
+    path = Path(run_path) / CONFIG_FILE
+    try:
+        old = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        return []
+    new = yaml.safe_load(yaml.safe_dump(new_config_dict, sort_keys=False))  # tuples -> lists, as saved
+    a, b = _flatten(old), _flatten(new)
+    changes = [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
+               for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k))
+               if k not in RESUMABLE_CHANGES and a.get(k, "(absent)") != b.get(k, "(absent)")]
+    if changes and not allow:
+        raise RunDirError(f"resuming {Path(run_path)} with a config that differs from its {CONFIG_FILE}: "
+                          f"{'; '.join(changes)}. Set trainer.resume_changes=allow to resume with these "
+                          f"changes, or put them back")
+    return changes
+
+
 def _remove_artifacts(d: Path) -> list[str]:
     """Remove what baton wrote into `d` (ARTIFACTS), leaving anything else. First every
     artifact is renamed into one trash dir (the run dir then looks fresh at once; a crash
@@ -298,12 +383,14 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwrite: bool = False,
-                    required: Sequence[Requirement] = DEFAULT_REQUIRED, wait_s: float = 0.0) -> PreparedRun:
+                    required: Sequence[Requirement] = DEFAULT_REQUIRED, wait_s: float = 0.0,
+                    steps: int | None = None) -> PreparedRun:
     """Lock the run dir `path` (creating it), clean up after crashed runs, and decide how the
     run starts:
 
     * resume="" (fresh): a dir that holds a run (metrics.jsonl, config.yaml or a non-empty
-      checkpoints/) is refused with RunDirError naming its contents and both switches.
+      checkpoints/) is refused with RunDirError naming its contents and both switches,
+      unless that run never trained a step (its files move to previous_attempts/).
     * resume="auto": the newest complete `checkpoints/step_N` (newer incomplete ones are
       skipped, with a notice each). Checkpoints present but none complete: RunDirError. No
       checkpoints at all: a notice "nothing to resume in DIR: starting fresh", and files of
@@ -311,6 +398,8 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
     * resume=PATH: that checkpoint, which must be complete (RunDirError with the reason
       otherwise). A checkpoint outside this run dir into a dir that holds another run needs
       overwrite.
+    * steps: the run's trainer.steps; resume="auto" from a checkpoint at or past it raises
+      RunFinished.
     * overwrite=True: baton's files in the dir (ARTIFACTS) are removed (others are left);
       cannot be combined with resume="auto" or a checkpoint inside this dir.
 
@@ -332,6 +421,9 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
             removed = _remove_artifacts(d)
             if removed:
                 run.notices.append(f"trainer.overwrite=true: removed {', '.join(removed)} from {d}")
+        elif _holds_run(d) and resume == "" and _never_trained(d):
+            moved = _move_to_previous(d)
+            run.notices.append(f"{d} held a run that never trained a step: reusing it (its files moved to {moved})")
         elif _holds_run(d) and resume == "":
             raise RunDirError(
                 f"run dir {d} already holds a run: {_describe_contents(d)}. To continue it set "
@@ -344,6 +436,11 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
                 run.notices.append(f"skipping incomplete checkpoint {p}: {reason}")
             if ckpt is not None:
                 run.resume_from, run.resume_step = ckpt, checkpoint_step(ckpt)
+                if steps is not None and run.resume_step is not None and run.resume_step >= steps:
+                    raise RunFinished(
+                        f"the run in {d} already finished: its checkpoint {ckpt.name} is at trainer.steps="
+                        f"{steps}; nothing to do (raise trainer.steps to train further, or set "
+                        f"trainer.overwrite=true to start over)")
             elif skipped:
                 raise RunDirError(
                     f"trainer.resume=auto: no checkpoint in {d / CHECKPOINTS_DIR} is complete ("

@@ -222,7 +222,8 @@ class EnvRunner:
 
 def parse_env_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="baton env", description="Run an environment against servers and the API.")
-    ap.add_argument("name", help="environment name (baton.envs.ENVIRONMENTS: arithmetic, gsm8k, ...)")
+    ap.add_argument("name", nargs="?", help="environment name (baton.envs.ENVIRONMENTS: arithmetic, gsm8k, ...)")
+    ap.add_argument("--env", default=None, help="a user environment module:Class (or give it as NAME)")
     ap.add_argument("--api", required=True, help="trajectory API URL (baton api, or Atropos's)")
     ap.add_argument("--server", action="append", required=True, help="inference server URL; repeatable")
     ap.add_argument("--dialect", default="baton", choices=["baton", "sglang", "vllm"],
@@ -242,7 +243,11 @@ def parse_env_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, how long in-flight groups may finish")
     ap.add_argument("--log-every-s", type=float, default=30.0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tokenizer only; no model here)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if bool(args.name) == bool(args.env):
+        ap.error("give an environment: NAME or --env module:Class (one of them)")
+    args.name = args.name or args.env
+    return args
 
 
 def _tokenizer_path(args: argparse.Namespace, api_key: str | None, stop: threading.Event) -> str:

@@ -25,12 +25,12 @@ import math
 import time
 from typing import Any, Callable
 
-from baton.config import save_config
+from baton.config import save_config, to_dict
 from baton.controller import shutdown_ray
 from baton.metrics import MetricsLogger
 from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
-from baton.runs.rundir import PreparedRun, prepare_run_dir
+from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
 from baton.trainers.run_config import TrainerConfig
 
 log = logging.getLogger("baton")
@@ -45,8 +45,12 @@ def open_run(cfg: Any) -> PreparedRun:
     `trainer.resume` or `trainer.overwrite`), then write config.yaml atomically. `cfg` has
     already been validated by its dataclass, so nothing is written for a bad config."""
     t: TrainerConfig = cfg.trainer
-    run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite)
+    cfg.model.check()  # the model dir exists and holds a config.json: before anything is written
+    run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
+        if not run.fresh:
+            changes = check_resume_changes(run.path, to_dict(cfg), allow=t.resume_changes == "allow")
+            run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         for notice in run.notices:
             log.warning("%s", notice)
             print(f"baton: {notice}")

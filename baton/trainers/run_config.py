@@ -4,9 +4,11 @@ is driven, logged, saved and resumed (`trainer:`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from baton.envs import TASKS
-from baton.metrics import SINKS
+from baton.envs import TASKS, get_task
+from baton.metrics import SINKS, check_sinks
+from baton.user_modules import is_spec
 
 
 DATA_SOURCES = ("rollout", "api")
@@ -34,7 +36,9 @@ class DataConfig:
     envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
     def check(self) -> None:
-        if self.task not in TASKS:
+        if self.task not in TASKS and is_spec(self.task):
+            get_task(self.task)  # a user's module:Class: importable and a Task, or a one-line error
+        elif self.task not in TASKS:
             raise ValueError(f"data.task={self.task!r} is not one of {sorted(TASKS)}")
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
@@ -63,6 +67,7 @@ class TrainerConfig:
     save_every: int = 0  # steps between checkpoints (0 = only at the end)
     resume: str = ""  # "" = fresh, "auto" = latest complete checkpoint in run_dir, or a checkpoint path
     overwrite: bool = False  # start fresh in a run dir that holds a run (baton's files there are removed)
+    resume_changes: Literal["refuse", "allow"] = "refuse"  # resume with a config that differs from the run's
     keep_checkpoints: int = 0  # keep the last K checkpoints (0 = all)
     max_nonfinite_steps: int = 3  # stop after this many steps with a non-finite loss/gradient
     sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb
@@ -81,3 +86,4 @@ class TrainerConfig:
         bad = [s for s in self.sinks if s not in SINKS]
         if bad:
             raise ValueError(f"trainer.sinks: {bad[0]!r} is not one of {list(SINKS)}")
+        check_sinks(self.sinks)
