@@ -1,4 +1,11 @@
-"""The `baton` command: config errors are one clear line and exit code 2."""
+"""The `baton` command: config errors are one clear line and exit code 2, checked before
+anything is written; what a user asks of the command line (key help, the resolved config,
+eval on a file or a LoRA checkpoint, Ctrl-C) answers in a line or a listing."""
+
+import json
+
+import pytest
+import yaml
 
 from baton.cli import main
 
@@ -58,7 +65,139 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys):
 
 
 def test_a_finished_run_dir_is_one_line_and_exit_1(tmp_path, capsys):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 1
     err = capsys.readouterr().err
     assert "already holds a run" in err and "trainer.resume=auto" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from baton.models.make import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=0)
+
+
+def _one_line_exit_2(argv, capsys, *needles):
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+def test_start_failures_are_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """A missing model dir, a dir that is no HF model, a metric sink whose package is missing:
+    exit 2, one line, no run dir (the corrected rerun into it is not refused)."""
+    import baton.metrics
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setitem(baton.metrics._SINK_MODULES, "wandb", ("baton_no_such_module", "wandb"))
+    for override, needle in [("model.path=/nonexistent", "model.path=/nonexistent: no such directory"),
+                             (f"model.path={tmp_path / 'empty'}", "holds no config.json"),
+                             ("trainer.sinks=[wandb]", "needs the 'wandb' package, which is not installed")]:
+        for command, recipe in [("train", "grpo_arithmetic"), ("train", "ppo_arithmetic"),
+                                ("online-dpo", "online_dpo_arithmetic")]:
+            run_dir = tmp_path / "run"
+            _one_line_exit_2([command, f"recipes/{recipe}.yaml", override, f"trainer.run_dir={run_dir}"],
+                             capsys, needle)
+            assert not run_dir.exists(), (override, recipe)
+
+
+def test_unknown_keys_suggest_the_close_one(capsys):
+    _one_line_exit_2(["config", "recipes/grpo_arithmetic.yaml", "model.lora.r=8"], capsys,
+                     "unknown config key 'model.lora.r' (did you mean 'model.lora.rank'?)")
+    _one_line_exit_2(["config", "recipes/grpo_arithmetic.yaml", "model.lora.lora_alpha=8"], capsys,
+                     "did you mean 'model.lora.alpha'?")
+
+
+def test_make_tiny_unknown_preset_lists_the_presets(tmp_path, capsys):
+    _one_line_exit_2(["make-tiny", str(tmp_path / "m"), "--preset", "7b"], capsys, "'7b'", "0.75m, 2m, 5m, 25m")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "rm", "online-dpo", "dpo"])
+def test_help_lists_every_section_and_key(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "trainer.steps = " in out and "config keys of `baton " + command in out
+    if command == "train":
+        assert "  trainer.resume = ''" in out and "steps between checkpoints" in out  # with its one-line help
+        assert "model.lora:" in out and "  model.lora.rank = 8" in out
+        assert "critic" in out  # algorithm: ppo's sections
+
+
+def test_config_prints_the_resolved_recipe(capsys):
+    assert main(["config", "recipes/ppo_arithmetic.yaml", "trainer.steps=7"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["trainer"]["steps"] == 7 and cfg["algorithm"] == "ppo" and "critic" in cfg
+    assert cfg["trainer"]["resume_changes"] == "refuse"  # defaults filled in
+
+
+def test_eval_reads_a_data_file(tiny, tmp_path, capsys):
+    _one_line_exit_2(["eval", str(tiny), "--task", "gsm8k", "--n", "2"], capsys, "give its path (--data")
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i}+1?", "answer": f"{i}+1={i + 1}\n#### {i + 1}"}) + "\n"
+                            for i in range(20)))
+    assert main(["eval", str(tiny), "--task", "gsm8k", "--data", str(data), "--n", "2", "--max-new-tokens", "2"]) == 0
+    assert "on 1 held-out prompts" in capsys.readouterr().out  # 1 in 10 of the file's rows is held out
+    assert main(["eval", str(tiny), "--task", "gsm8k", "--data", str(data), "--eval-data", str(data),
+                 "--n", "3", "--max-new-tokens", "2"]) == 0
+    assert "on 3 held-out prompts" in capsys.readouterr().out
+
+
+def test_eval_on_a_lora_checkpoint(tiny, tmp_path, capsys):
+    """A LoRA run's checkpoint (a PEFT adapter dir) evaluates on its base; without the base,
+    one line says to merge it."""
+    from baton.models.load import load_model
+    from baton.models.lora import LoraSection, adapter_config, adapter_tensors, apply_lora, save_adapter
+
+    model = apply_lora(load_model(tiny), LoraSection(rank=2), seed=0)
+    ckpt = tmp_path / "step_1"
+    ckpt.mkdir()
+    save_adapter(adapter_tensors(model), adapter_config(model, base_path=tiny), ckpt)
+    assert main(["eval", str(ckpt), "--n", "2", "--max-new-tokens", "2"]) == 0
+    assert "greedy   accuracy" in capsys.readouterr().out
+    cfg = json.loads((ckpt / "adapter_config.json").read_text())
+    (ckpt / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "/gone/base"}))
+    _one_line_exit_2(["eval", str(ckpt), "--n", "2"], capsys, "LoRA adapter", "baton export", "--merge")
+
+
+def test_sft_never_overwrites_a_model(tmp_path, capsys):
+    """The recipe's default output is its run dir, never the shipped checkpoint; a save_path
+    that already holds a model (the shipped one, say) is refused before anything runs."""
+    from baton.config import load_config
+    from baton.trainers.sft import SFTConfig
+
+    cfg = load_config(SFTConfig, "recipes/sft_arithmetic.yaml")
+    assert not cfg.trainer.save_path.startswith("checkpoints/") and cfg.trainer.save_path.startswith(cfg.trainer.run_dir)
+    before = {p.name: p.stat().st_mtime_ns for p in __import__("pathlib").Path("checkpoints/arith-sft").iterdir()}
+    _one_line_exit_2(["sft", "recipes/sft_arithmetic.yaml", "trainer.save_path=checkpoints/arith-sft",
+                      f"trainer.run_dir={tmp_path / 'run'}"], capsys, "already holds a model")
+    after = {p.name: p.stat().st_mtime_ns for p in __import__("pathlib").Path("checkpoints/arith-sft").iterdir()}
+    assert before == after and not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_is_one_line_naming_the_step_and_resume(tiny, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import torch
+
+    import baton.cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny, run_dir / "checkpoints" / "step_2")
+    torch.save({}, run_dir / "checkpoints" / "step_2" / "trainer_state.pt")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(4)))
+
+    def interrupted(args):  # the trainer, at the moment the user presses Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(baton.cli, "_sft", interrupted)
+    assert main(["sft", "recipes/sft_arithmetic.yaml", f"trainer.run_dir={run_dir}"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted at step 3" in err and "trainer.resume=auto" in err, err
+    assert "newest checkpoint step_2" in err

@@ -113,12 +113,13 @@ def test_fresh_dir(tmp_path):
     assert not run.lock.held
 
 
-@pytest.mark.parametrize("marker", ["metrics.jsonl", "config.yaml", "checkpoints"])
+@pytest.mark.parametrize("marker", ["metrics.jsonl", "checkpoints"])
 def test_refuses_a_dir_that_holds_a_run(tmp_path, marker):
+    (tmp_path / "config.yaml").write_text("a: 1\n")
     if marker == "checkpoints":
         write_checkpoint(tmp_path / "checkpoints" / "step_3")
     else:
-        (tmp_path / marker).write_text('{"step": 0}\n')
+        (tmp_path / marker).write_text('{"step": 0}\n{"step": 1}\n')
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(RunDirError) as err:
         prepare_run_dir(tmp_path, resume="", overwrite=False)
@@ -133,6 +134,54 @@ def test_refusal_describes_the_run(tmp_path):
     with pytest.raises(RunDirError, match=r"metrics.jsonl \(11 lines, last step 10\), config.yaml, "
                                           r"checkpoints/ \(step_5, step_10\)"):
         prepare_run_dir(tmp_path, resume="")
+
+
+def test_a_run_that_never_trained_a_step_is_reused(tmp_path):
+    """A run that failed at start (config.yaml, the start's step-0 line, no checkpoint) does
+    not block the corrected rerun; its files are kept in previous_attempts/."""
+    (tmp_path / "config.yaml").write_text("a: 1\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy_greedy": 0.5}\n')
+    (tmp_path / "checkpoints").mkdir()
+    with prepare_run_dir(tmp_path, resume="") as run:
+        assert run.fresh and "never trained a step" in run.notices[0]
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "metrics.jsonl").exists()
+    (moved,) = (tmp_path / "previous_attempts").iterdir()
+    assert (moved / "config.yaml").read_text() == "a: 1\n"
+
+
+def test_resume_auto_on_a_finished_run_says_so(tmp_path):
+    _finished_run(tmp_path)
+    with pytest.raises(rundir.RunFinished, match=r"already finished.*step_10.*trainer.steps=10"):
+        prepare_run_dir(tmp_path, resume="auto", steps=10)
+    with prepare_run_dir(tmp_path, resume="auto", steps=12) as run:  # more steps: it continues
+        assert run.resume_step == 10
+    RunDirLock(tmp_path).acquire().release()
+
+
+def test_last_step(tmp_path):
+    assert rundir.last_step(tmp_path) is None
+    write_checkpoint(tmp_path / "checkpoints" / "step_4")
+    assert rundir.last_step(tmp_path) == 4
+    (tmp_path / "metrics.jsonl").write_text('{"step": 5}\n{"step": 6, "x": 1}\n{"step": 7, "to')  # torn line
+    assert rundir.last_step(tmp_path) == 6
+
+
+def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "actor:\n  lr: 0.001\n  betas: [0.9, 0.99]\ntrainer:\n  steps: 10\n  resume: ''\n  progress: true\n")
+    same = {"actor": {"lr": 0.001, "betas": (0.9, 0.99)},
+            "trainer": {"steps": 20, "resume": "auto", "progress": False}}  # may change on resume
+    assert rundir.check_resume_changes(tmp_path, same, allow=False) == []
+    changed = {"actor": {"lr": 0.01, "betas": (0.9, 0.99)}, "algo": {"kl_coef": 0.1},
+               "trainer": {"steps": 10, "resume": "auto", "progress": True}}
+    with pytest.raises(RunDirError) as err:
+        rundir.check_resume_changes(tmp_path, changed, allow=False)
+    msg = str(err.value)
+    assert "actor.lr: 0.001 -> 0.01" in msg and "algo.kl_coef: '(absent)' -> 0.1" in msg
+    assert "trainer.resume_changes=allow" in msg and "\n" not in msg and "trainer.steps" not in msg
+    assert rundir.check_resume_changes(tmp_path, changed, allow=True) == [
+        "actor.lr: 0.001 -> 0.01", "algo.kl_coef: '(absent)' -> 0.1"]
+    assert rundir.check_resume_changes(tmp_path / "none", changed, allow=False) == []  # no config.yaml
 
 
 def test_other_files_and_an_empty_checkpoints_dir_do_not_count(tmp_path):

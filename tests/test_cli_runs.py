@@ -1,0 +1,71 @@
+"""`baton train` on a real tiny run, as a user drives it: resuming with changed
+hyperparameters is refused listing them (unless trainer.resume_changes=allow), resume=auto
+on a finished run says so and exits 0, Ctrl-C (a real SIGINT) is one line naming the step."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from baton.cli import main
+from baton.metrics import read_metrics
+from baton.models.make import make_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["data.prompts_per_step=4", "data.eval_size=4", "rollout.n=4", "rollout.max_new_tokens=4",
+        "actor.micro_batch_size=8", "actor.mini_batch_size=8", "actor.lr=1e-3", "trainer.progress=false",
+        "placement.threads_per_worker=1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=0))
+
+
+def train(model_dir, run_dir, *extra):
+    return main(["train", "recipes/grpo_arithmetic.yaml", f"model.path={model_dir}", f"trainer.run_dir={run_dir}",
+                 *TINY, *extra])
+
+
+def test_resume_changes_and_a_finished_run(model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(model_dir, run, "trainer.steps=1") == 0
+    capsys.readouterr()
+    assert train(model_dir, run, "trainer.steps=1", "trainer.resume=auto") == 0  # nothing to do
+    err = capsys.readouterr().err
+    assert "already finished" in err and "raise trainer.steps" in err and err.count("\n") == 1, err
+    assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01") == 1
+    err = capsys.readouterr().err
+    assert "actor.lr: 0.001 -> 0.01" in err and "trainer.resume_changes=allow" in err and err.count("\n") == 1, err
+    assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["lr"] == 0.001  # not overwritten
+    assert [r["step"] for r in read_metrics(run)] == [0, 1]
+    assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01",
+                 "trainer.resume_changes=allow") == 0
+    assert "trainer.resume_changes=allow: actor.lr: 0.001 -> 0.01" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
+    assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["lr"] == 0.01
+
+
+@pytest.mark.slow  # ~15 s: a real run interrupted by SIGINT (the CLI's line itself: tests/test_cli.py)
+def test_sigint_is_one_line_naming_the_step(model_dir, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", str(REPO / "recipes/grpo_arithmetic.yaml"),
+                             f"model.path={model_dir}", f"trainer.run_dir={run}", *TINY, "trainer.steps=400",
+                             "trainer.save_every=2"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "step_2").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("baton:") and "interrupted" in ln]
+    assert "interrupted at step" in line and "trainer.resume=auto" in line and "newest checkpoint step_" in line
