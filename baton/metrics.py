@@ -2,9 +2,13 @@
 
 `MetricsLogger` fans one dict of numbers per step out to
   * `metrics.jsonl` in the run directory (always; one JSON object per line, with `step`),
-  * a rich progress bar on the console (step, reward, step time),
-  * tensorboard / wandb when asked for (optional extras, imported only then).
-`write_report(run_dir)` plots reward and accuracy over steps into `report.png`.
+  * the console: a rich progress bar on a terminal; without one (nohup, SLURM, CI logs,
+    where a bar shows nothing until the end) a plain line every few steps (`progress_line`),
+  * tensorboard / wandb when asked for (optional extras, imported only then; `check_sinks`
+    tells a missing package at config time).
+`write_report(run_dir)` plots into `report.png` one panel per kind of metric the run has
+(`REPORT_PANELS`: reward, held-out accuracy, loss, KL, entropy, response length, DPO margins
+and accuracies, critic explained variance); a panel with no data is left out.
 `Timer` collects per-phase wall times as `timing/<phase>_s`.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,9 +69,33 @@ def _clean(value: Any) -> Any:
     return value
 
 
+# What a plain progress line shows, when the step has it: (key, label, format).
+_LINE_FIELDS = (("reward/mean", "reward", ".3f"), ("actor/loss", "loss", ".4f"), ("rewards/margins", "margin", ".3f"),
+                ("rewards/accuracies", "pref_acc", ".3f"), ("actor/approx_kl", "kl", ".4f"),
+                ("eval/accuracy_greedy", "eval", ".3f"), ("timing/step_s", "step", ".2f"))
+
+
+def progress_line(step: int, total: int, record: dict[str, Any], elapsed_s: float) -> str:
+    """`step 20/300  reward 0.412  loss 0.0123  kl 0.0004  step 0.52s  eta 2m26s`."""
+    parts = [f"step {step}/{total}"]
+    for key, label, fmt in _LINE_FIELDS:
+        v = record.get(key)
+        if isinstance(v, (int, float)):
+            parts.append(f"{label} {v:{fmt}}" + ("s" if key == "timing/step_s" else ""))
+    if 0 < step < total and elapsed_s > 0:
+        eta = elapsed_s / step * (total - step)
+        parts.append(f"eta {int(eta // 60)}m{int(eta % 60):02d}s")
+    return "  ".join(parts)
+
+
 class MetricsLogger:
+    """See the module docstring. console: show progress at all; lines: plain lines instead of
+    the rich bar (None: when stdout is not a terminal), one every `line_every` steps (0: about
+    20 over the run) and on the first and last step."""
+
     def __init__(self, run_dir: str | Path, total_steps: int, *, console: bool = True,
-                 sinks: list[str] | None = None, start_step: int = 0) -> None:
+                 sinks: list[str] | None = None, start_step: int = 0, lines: bool | None = None,
+                 line_every: int = 0) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if start_step == 0 and self.path.exists():
@@ -84,7 +113,10 @@ class MetricsLogger:
             else:
                 raise ValueError(f"unknown metric sink {sink!r}; use one of {list(SINKS)}")
         self._progress = None
-        if console:
+        self.total_steps, self._start_step, self._t0 = total_steps, start_step, time.perf_counter()
+        self._lines = console and (not sys.stdout.isatty() if lines is None else lines)
+        self._line_every = line_every or max(1, total_steps // 20)
+        if console and not self._lines:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeRemainingColumn)
             self._progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
@@ -109,6 +141,10 @@ class MetricsLogger:
                     writer.add_scalar(k, v, step)
             else:
                 writer.log(numbers, step=step)
+        if self._lines and step > self._start_step and (
+                step % self._line_every == 0 or step == self.total_steps or step == self._start_step + 1):
+            print(progress_line(step, self.total_steps, record,
+                                (time.perf_counter() - self._t0) * step / max(1, step - self._start_step)), flush=True)
         if self._progress is not None:
             info = (f"reward {record.get('reward/mean', float('nan')):.3f}  "
                     f"step {record.get('timing/step_s', float('nan')):.2f}s")
@@ -128,31 +164,54 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return _read_metrics(Path(run_dir) / "metrics.jsonl")
 
 
+# One panel per kind of metric: (title, keys, y range or None). A panel whose keys no line
+# has is left out (offline DPO has no reward, GRPO no DPO margins, only PPO a critic).
+REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ...] = (
+    ("training reward", ("reward/mean", "reward/accuracy"), None),
+    ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies"), (0.0, 1.0)),
+    ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll"), None),
+    ("KL", ("actor/approx_kl", "actor/kl", "dpo/kl", "rollout/logprob_mismatch_kl"), None),
+    ("entropy", ("actor/entropy",), None),
+    ("response length", ("response/length_mean",), None),
+    ("DPO margins", ("rewards/margins", "rewards/chosen", "rewards/rejected", "eval/rewards/margins"), None),
+    ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
+    ("critic explained variance", ("critic/explained_var",), None),
+)
+
+
+def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tuple[float, float] | None]]:
+    """The panels of REPORT_PANELS that `rows` have data for, each with the keys it plots."""
+    out = []
+    for title, keys, ylim in REPORT_PANELS:
+        present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
+        if present:
+            out.append((title, present, ylim))
+    return out
+
+
 def write_report(run_dir: str | Path) -> Path:
-    """Plot reward (and held-out accuracy where evaluated) over steps into report.png."""
+    """Plot every metric kind the run has (`report_panels`) over steps into report.png."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    steps = [r["step"] for r in rows if "reward/mean" in r]
-    axes[0].plot(steps, [r["reward/mean"] for r in rows if "reward/mean" in r], label="reward/mean")
-    if any("reward/accuracy" in r for r in rows):
-        axes[0].plot(steps, [r.get("reward/accuracy", float("nan")) for r in rows if "reward/mean" in r],
-                     label="train accuracy (sampled)")
-    axes[0].set_xlabel("step")
-    axes[0].set_title("training reward")
-    axes[0].legend()
-    for key in ("eval/accuracy_greedy", "eval/accuracy_sampled"):
-        pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            axes[1].plot(*zip(*pts), marker="o", label=key)
-    axes[1].set_xlabel("step")
-    axes[1].set_title("held-out accuracy")
-    axes[1].set_ylim(0, 1)
-    if axes[1].lines:
-        axes[1].legend()
+    panels = report_panels(rows) or [("no metrics yet", [], None)]
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.3 * nrows), squeeze=False)
+    for ax, (title, keys, ylim) in zip(axes.flat, panels):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            ax.plot(*zip(*pts), marker="o" if len(pts) < 12 else None, markersize=3, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ylim:
+            ax.set_ylim(*ylim)
+        if keys:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.remove()  # no empty panels
     fig.tight_layout()
     out = Path(run_dir) / "report.png"
     fig.savefig(out, dpi=100)
