@@ -164,6 +164,11 @@ def test_eval_on_a_lora_checkpoint(tiny, tmp_path, capsys):
     cfg = json.loads((ckpt / "adapter_config.json").read_text())
     (ckpt / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "/gone/base"}))
     _one_line_exit_2(["eval", str(ckpt), "--n", "2"], capsys, "LoRA adapter", "baton export", "--merge")
+    _one_line_exit_2(["serve", str(ckpt), "--port", "0"], capsys, "LoRA adapter", "baton export", "--merge")
+    from baton.models.load import load_model as load
+
+    with pytest.raises(FileNotFoundError, match="holds no config.json"):
+        load(tmp_path)  # neither a model nor an adapter
 
 
 def test_sft_never_overwrites_a_model(tmp_path, capsys):
