@@ -69,10 +69,16 @@ def test_eval_on_a_user_task(user_dir, model_dir):
     assert "greedy   accuracy" in run.stdout and "on 4 held-out prompts" in run.stdout
 
 
-def test_a_missing_user_module_is_one_line(user_dir, model_dir):
+def test_a_missing_user_module_is_one_line(user_dir, model_dir, capsys):
     run = baton(user_dir, "eval", model_dir, "--task", "nosuchmod:Task", "--n", "4")
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert "no module 'nosuchmod'" in run.stderr
+    from baton.cli import main
+
+    for override in ('reward.functions={"nosuchmod:fn": 1.0}', "data.task=nosuchmod:Task"):
+        assert main(["train", "recipes/grpo_arithmetic.yaml", override, f"trainer.run_dir={user_dir / 'run'}"]) == 2
+        err = capsys.readouterr().err
+        assert "no module 'nosuchmod'" in err and err.count("\n") == 1, err
 
 
 def test_a_user_environment_collects_a_group(user_dir, model_dir, monkeypatch):

@@ -53,7 +53,6 @@ runner lives on the main thread, and a watchdog thread).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -86,8 +85,10 @@ def resolve_reward(name: str) -> RewardFn:
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if ":" in name:
+        from baton.user_modules import load_object  # a one-line error for a missing module
+
         module, _, attr = name.partition(":")
-        fn = getattr(importlib.import_module(module), attr, None)
+        fn = load_object(name, "reward function")
         if callable(fn):
             return fn
         raise ValueError(f"reward function {name!r}: {module} has no callable {attr!r}")
