@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _interrupted(argv: list[str]) -> str:
     """The one line Ctrl-C prints: the step the run reached and how to continue it."""
     from baton.cli_help import run_dir_of
-    from baton.runs.checkpoints import checkpoint_step, latest_complete_checkpoint
+    from baton.runs.checkpoints import latest_complete_checkpoint
     from baton.runs.rundir import last_step
 
     run_dir = run_dir_of(argv)
@@ -297,10 +297,10 @@ def _interrupted(argv: list[str]) -> str:
         return "baton: interrupted"
     step = last_step(run_dir)
     ckpt, _ = latest_complete_checkpoint(run_dir)
-    where = f"newest checkpoint {ckpt.name}" if ckpt is not None else "no checkpoint yet: it starts over"
-    return (f"baton: interrupted at step {step if step is not None else 0} of {run_dir} ({where}); to continue, "
-            f"run the same command with trainer.resume=auto" + ("" if ckpt is None else
-                                                             f" (resumes after step {checkpoint_step(ckpt)})"))
+    where = (f"newest checkpoint {ckpt.name}: to continue from it" if ckpt is not None
+             else "no checkpoint yet: to start it over")
+    return (f"baton: interrupted at step {step if step is not None else 0} of {run_dir}; {where}, run the same "
+            f"command with trainer.resume=auto")
 
 
 def main(argv: list[str] | None = None) -> int:
