@@ -34,7 +34,7 @@ BAD = [  # (override, what the one-line error must name)
     ("placement.world_size=2", "placement.backend=ray"),
     ("placement.roles.critic=main", "unknown role(s) ['critic']"),
     ("rollout.n=0", "n must be >= 1"),
-    ("rollout.n=1", "rollout.n=1 gives every advantage 0"),
+    ("rollout.n=1", "rollout.n=1 gives every group one sample"),
     ("rollout.temperature=0", "samples of a prompt identical"),
     ("rollout.max_new_tokens=0", "max_new_tokens >= 1"),
     ("rollout.top_p=0", "top_p must be in (0, 1]"),

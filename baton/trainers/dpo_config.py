@@ -1,5 +1,5 @@
 """The typed configs of DPO runs, assembled from the sections that live next to what they
-configure (as `GRPOConfig` is):
+configure (as `PPOConfig` is):
 
     model      baton.models.config.ModelConfig           actor, reference
     data       baton.trainers.run_config.DataConfig      online: the prompt sampler
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from baton.algos.dpo_config import DPOSection
 from baton.controller.placement import PlacementConfig
@@ -52,6 +53,7 @@ def _roles(dpo: DPOSection, *roles: str) -> list[str]:
 @dataclass
 class DPOConfig:
     """Online DPO: generate -> score -> pair -> reference -> update (baton/trainers/online_dpo.py)."""
+    algorithm: Literal["online_dpo"] = "online_dpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -107,6 +109,7 @@ class PairDataConfig:
 @dataclass
 class OfflineDPOConfig:
     """Offline DPO from pairs: `baton dpo RECIPE` (baton/trainers/offline_dpo.py)."""
+    algorithm: Literal["dpo"] = "dpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PairDataConfig = field(default_factory=PairDataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # evaluation on data.task only

@@ -90,6 +90,7 @@ class RMTrainerSection:
 
 @dataclass
 class RMConfig:
+    algorithm: Literal["rm"] = "rm"
     model: RMModelSection = field(default_factory=RMModelSection)
     data: RMDataSection = field(default_factory=RMDataSection)
     optim: RMOptimSection = field(default_factory=RMOptimSection)

@@ -1,21 +1,25 @@
-"""What every driver does around its step: the pieces GRPO, PPO and DPO loops call.
+"""The run session every driver runs inside: open, lock, resume, log, evaluate, end of step,
+checkpoint, close, report — written once.
 
-    run = open_run(cfg)                 lock + prepare the run dir, write config.yaml
-    ...build roles...
-    state_dict = resume_from(run)       the checkpoint to load (None: fresh)
-    log = metrics_logger(run, cfg.trainer, start_step)
-    end = StepEnd(cfg.trainer, log, NonFiniteGuard(...), evaluate=lambda: evaluate(rollout, rows))
-    ... per step, after the update: end(step, metrics, timer, t0, save=lambda: save_checkpoint(...))
-    close_run(run, roles, backend)
+    with RunSession(cfg) as run:                        seed; lock + prepare the run dir; config.yaml
+        run.roles = build_roles(...)                    closed by the session, whatever happens
+        run.start(state, restore=..., evaluate=...)     resume (restore(checkpoint path)), metrics log,
+                                                        first evaluation of a fresh run
+        for step, timed in run.steps():                 the loop header; `timed("update")` times a phase
+            ...the algorithm's lines...
+            run.end_step(step, metrics, save=...)       guard, evaluation when due, the metrics line,
+                                                        the checkpoint when due, the timeline
+    return run.result()                                 start/eval/* and the last eval/*
 
-Functions a driver calls, not a base class it inherits: the loop itself stays in the driver,
-readable top to bottom. Guarantees (see docs/RELIABILITY.md): one run per run dir at a time
-(a lock); a non-empty run dir is refused unless resumed or overwritten; config.yaml is
-written only after the config validated, atomically; a step's metrics line is written
-before its checkpoint, so a crash between them resumes from the previous checkpoint and
-re-runs the step instead of losing its line; a torn last metrics line is skipped; the
-newest *complete* checkpoint is resumed (incomplete ones are named and skipped); the last
-`trainer.keep_checkpoints` are kept; non-finite updates stop the run naming the step.
+The loop itself stays in the driver, readable top to bottom; the session is a helper it
+calls, not a base class it inherits. Guarantees (see docs/RELIABILITY.md): one run per run
+dir at a time (a lock); a non-empty run dir is refused unless resumed or overwritten;
+config.yaml is written only after the config validated, atomically; a step's metrics line
+is written before its checkpoint, so a crash between them resumes from the previous
+checkpoint and re-runs the step instead of losing its line; a torn last metrics line is
+skipped; the newest *complete* checkpoint is resumed (incomplete ones are named and
+skipped); the last `trainer.keep_checkpoints` are kept; non-finite updates stop the run
+naming the step; `report.png` is written when the run ends without an error.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import math
 import time
 from typing import Any, Callable
 
+import torch
+
 from baton.config import save_config
 from baton.controller import shutdown_ray
-from baton.metrics import MetricsLogger
+from baton.metrics import MetricsLogger, Timer, write_report
 from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
 from baton.runs.rundir import PreparedRun, prepare_run_dir
@@ -163,3 +169,92 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
     finally:
         run.close()
 
+
+
+class RunSession:
+    """One run of any driver, from the lock to the report (see the module docstring).
+
+    `roles`: {role: WorkerGroup}, set by the driver once built; every group is shut down
+    (and Ray, if the run started it) when the session closes. `closing`: objects whose
+    `close()` runs first (row sources). `timeline`: a `baton.trainers.timeline.Timeline`
+    the session feeds (the records of evaluation and saving are no step's)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg, self.t = cfg, cfg.trainer
+        torch.manual_seed(self.t.seed)
+        self.run = open_run(cfg)  # locked; refuses a finished run's dir; config.yaml written
+        self.roles: dict[str, Any] = {}
+        self.closing: list[Any] = []
+        self.timeline: Any = None
+        self.state: Any = None
+        self.log: MetricsLogger | None = None
+        self.end: StepEnd | None = None
+
+    @property
+    def path(self):
+        return self.run.path
+
+    def __enter__(self) -> "RunSession":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        try:
+            for thing in [*self.closing, self.log]:
+                if thing is not None:
+                    thing.close()
+        finally:
+            close_run(self.run, self.roles, getattr(self.cfg.placement, "backend", "local"))
+        if error is None:
+            write_report(self.run.path)
+
+    def start(self, state: Any, *, restore: Callable[[str], None] | None = None,
+              evaluate: Callable[[], dict[str, float]] | None = None,
+              guard: NonFiniteGuard | None = None) -> None:
+        """Resume (`restore(checkpoint path)` loads the roles and `state`), open the metrics
+        log, and evaluate a fresh run's starting model (logged as step 0)."""
+        self.state = state
+        if self.run.resume_from and restore is not None:
+            restore(str(self.run.resume_from))
+        self.log = metrics_logger(self.run, self.t, start_step=state.step)
+        evaluation = None
+        if evaluate is not None:
+            def evaluation() -> dict[str, float]:
+                out = evaluate()
+                self._forget()
+                return out
+        self.end = StepEnd(self.t, self.log, guard or NonFiniteGuard(self.t.max_nonfinite_steps),
+                           evaluation or dict)
+        if self.timeline is not None:
+            self.timeline.start(state.step)
+        if state.step == 0 and evaluation is not None:
+            state.first_eval = evaluation()
+            self.log.log(0, state.first_eval)
+        self._forget()
+
+    def steps(self):
+        """(step, timed) for every step left; `timed(name)` is a context timing a phase."""
+        while self.state.step < self.t.steps:
+            self._timer, self._t0 = Timer(), time.perf_counter()
+            yield self.state.step + 1, self._timer
+
+    def end_step(self, step: int, metrics: dict[str, Any], save: Callable[[], None]) -> None:
+        """The step is done: its timeline, then `StepEnd` (guard, evaluation, the line, the
+        checkpoint when due: `save()`)."""
+        self.state.step = step
+        if self.timeline is not None:
+            metrics = {**metrics, **self.timeline.record(step)}
+
+        def saving() -> None:
+            save()
+            self._forget()
+
+        self.end(step, metrics, self._timer, self._t0, save=saving)
+
+    def _forget(self) -> None:
+        if self.timeline is not None:
+            self.timeline.forget()
+
+    def result(self) -> dict[str, float]:
+        """The starting model's evaluation (start/eval/...) and the last one (eval/...)."""
+        first = (self.state.first_eval or {}) if self.state is not None else {}
+        return {**{f"start/{k}": v for k, v in first.items()}, **(self.end.final_eval if self.end else {})}

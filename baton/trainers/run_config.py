@@ -29,7 +29,6 @@ class DataConfig:
     sync: str = "broadcast"  # how weights reach the servers: broadcast | checkpoint
     sync_every: int = 1  # push weights to the servers every K steps
     weights_dir: str = ""  # sync=checkpoint: where the weight files go (the servers' --weights-dir)
-    max_staleness: int = -1  # serve no group sampled more than this many versions ago (-1: no bound)
     api_wait_s: float = 0.0  # give up when no batch comes for this long (0: wait for ever, saying why)
     envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
@@ -46,9 +45,9 @@ class DataConfig:
             raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
         if self.sync not in SERVER_SYNCS:
             raise ValueError(f"data.sync={self.sync!r} is not one of {list(SERVER_SYNCS)}")
-        if self.sync_every < 1 or self.max_staleness < -1 or self.api_wait_s < 0:
-            raise ValueError(f"data.sync_every must be >= 1, data.max_staleness >= -1 and data.api_wait_s >= 0 "
-                             f"(got {self.sync_every}, {self.max_staleness}, {self.api_wait_s})")
+        if self.sync_every < 1 or self.api_wait_s < 0:
+            raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
+                             f"(got {self.sync_every}, {self.api_wait_s})")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
         if self.source == "api" and bad:
             raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")

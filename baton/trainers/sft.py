@@ -79,6 +79,7 @@ class TrainerSection:
 
 @dataclass
 class SFTConfig:
+    algorithm: Literal["sft"] = "sft"
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)

@@ -60,7 +60,7 @@ class CriticConfig:
     lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     min_lr_ratio: float = 0.0
-    warmup_steps: int = 0  # trainer steps in which the critic trains alone (the actor waits)
+    pretrain_steps: int = 0  # trainer steps in which the critic trains alone (the actor waits)
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
     micro_batch_size: int = 32  # rows per forward/backward
     epochs: int = 1  # passes over each rollout batch
@@ -75,8 +75,8 @@ class CriticConfig:
             raise ValueError("critic: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
                              f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
-        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or self.warmup_steps < 0:
-            raise ValueError("critic: grad_clip must be > 0, lr_warmup_steps and warmup_steps >= 0")
+        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or self.pretrain_steps < 0:
+            raise ValueError("critic: grad_clip must be > 0, lr_warmup_steps and pretrain_steps >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"critic.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.value_clip is not None and self.value_clip <= 0:

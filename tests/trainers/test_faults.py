@@ -18,8 +18,8 @@ from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
 from baton.runs.rundir import RunDirError, RunDirLock
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.run import NonFiniteError
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -34,7 +34,7 @@ def model_dir(tmp_path_factory):
 
 
 def config(model_dir, run_dir, *extra):
-    return load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
+    return load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
                        [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
 
 

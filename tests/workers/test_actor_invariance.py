@@ -14,7 +14,7 @@ from baton.batch import Batch
 from baton.config import load_config
 from baton.controller import ResourcePool, WorkerGroup
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 
 
@@ -37,7 +37,7 @@ def rollout_batch(rows=8, P=5, R=6, vocab=50) -> Batch:
 
 
 def updated_weights(model_dir, tmp_path, backend, world_size, micro, agg):
-    cfg = load_config(GRPOConfig, overrides=[
+    cfg = load_config(PPOConfig, overrides=[
         f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.n=4", "actor.lr=1e-2",
         f"actor.micro_batch_size={micro}", f"algo.loss_agg={agg}", "rollout.max_new_tokens=6",
         f"placement.backend={backend}", f"placement.world_size={world_size}", "actor.grad_clip=1e9"])
