@@ -203,15 +203,15 @@ class RunSession:
                 if thing is not None:
                     thing.close()
         finally:
-            close_run(self.run, self.roles, getattr(self.cfg.placement, "backend", "local"))
+            close_run(self.run, self.roles, getattr(getattr(self.cfg, "placement", None), "backend", "local"))
         if error is None:
             write_report(self.run.path)
 
     def start(self, state: Any, *, restore: Callable[[str], None] | None = None,
               evaluate: Callable[[], dict[str, float]] | None = None,
-              guard: NonFiniteGuard | None = None) -> None:
+              guard: NonFiniteGuard | None = None, evaluate_at_start: bool = True) -> None:
         """Resume (`restore(checkpoint path)` loads the roles and `state`), open the metrics
-        log, and evaluate a fresh run's starting model (logged as step 0)."""
+        log, and evaluate a fresh run's starting model (logged as step 0) unless told not to."""
         self.state = state
         if self.run.resume_from and restore is not None:
             restore(str(self.run.resume_from))
@@ -226,7 +226,7 @@ class RunSession:
                            evaluation or dict)
         if self.timeline is not None:
             self.timeline.start(state.step)
-        if state.step == 0 and evaluation is not None:
+        if state.step == 0 and evaluation is not None and evaluate_at_start:
             state.first_eval = evaluation()
             self.log.log(0, state.first_eval)
         self._forget()
