@@ -104,6 +104,41 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
             raise ValueError(message)
 
 
+# Keys read only when another key switches them on: (key, read when, "the switch" for the message).
+DEPENDENT_KEYS = (
+    ("kl_estimator", lambda a: a.kl_coef > 0, "algo.kl_coef > 0"),
+    ("kl_reward_coef", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_reward_estimator", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_controller", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_target", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
+    ("kl_horizon", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
+    ("clip_low", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("clip_high", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("dual_clip", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
+    ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
+    ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),
+    ("gamma", lambda a: _reads(a.advantage, "gamma"), "an estimator that discounts (gae, reinforce_pp, ...)"),
+    ("lam", lambda a: _reads(a.advantage, "lam"), "algo.advantage=gae"),
+    ("whiten_advantages", lambda a: _reads(a.advantage, "whiten"), "an estimator that whitens (gae, reinforce_pp)"),
+)
+
+
+def _reads(name: str, param: str) -> bool:
+    return name in ADVANTAGES and param in inspect.signature(ADVANTAGES[name]).parameters
+
+
+def check_algo_dependencies(algo: AlgoConfig) -> None:
+    """Raise ValueError for a key set to a non-default value that nothing would read, because
+    the key that switches it on is off (e.g. algo.gamma=0.9 with algo.advantage=grpo)."""
+    defaults = AlgoConfig()
+    for key, read, switch in DEPENDENT_KEYS:
+        value = getattr(algo, key)
+        if value != getattr(defaults, key) and not read(algo):
+            raise ValueError(f"algo.{key}={value} is read only with {switch}, which this run does not set "
+                             f"(algo.advantage={algo.advantage!r}): remove it or switch it on")
+
+
 def check_advantage_inputs(name: str, available: set[str]) -> None:
     """Raise ValueError if estimator `name` needs an input the trainer does not produce
     (e.g. `gae` needs values, which only a critic makes)."""

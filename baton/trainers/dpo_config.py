@@ -31,7 +31,7 @@ from baton.algos.dpo_config import DPOSection
 from baton.controller.placement import PlacementConfig
 from baton.envs import TASKS
 from baton.models.config import ModelConfig
-from baton.trainers.run_config import DataConfig, TrainerConfig
+from baton.trainers.run_config import DataConfig, RolloutTrainerConfig, TrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.reward import RewardConfig
 from baton.workers.rollout import RolloutConfig
@@ -61,7 +61,7 @@ class DPOConfig:
     dpo: DPOSection = field(default_factory=DPOSection)
     actor: ActorConfig = field(default_factory=ActorConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(run_dir="runs/online_dpo"))
+    trainer: RolloutTrainerConfig = field(default_factory=lambda: RolloutTrainerConfig(run_dir="runs/online_dpo"))
 
     @property
     def roles(self) -> list[str]:
@@ -70,6 +70,8 @@ class DPOConfig:
     def __post_init__(self) -> None:
         for section in (self.data, self.rollout, self.reward, self.dpo, self.actor, self.trainer):
             section.check()
+        if self.data.source != "rollout":
+            raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source=rollout)")
         if self.rollout.n < 2:
             raise ValueError(f"online DPO pairs the samples of a prompt: rollout.n={self.rollout.n} "
                              f"makes no pair (use rollout.n >= 2)")
@@ -128,6 +130,12 @@ class OfflineDPOConfig:
         if self.dpo.pairing != "best_worst" or self.dpo.min_margin:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
+        # the rollout only evaluates data.task (greedy, and 4 samples at rollout.temperature)
+        read = ("max_new_tokens", "temperature") if self.data.task else ()
+        for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens"):
+            if key not in read and getattr(self.rollout, key) != getattr(RolloutConfig(), key):
+                raise ValueError(f"rollout.{key} is not read by offline DPO "
+                                 f"({'its rollout only evaluates data.task' if read else 'data.task is empty: no rollout'})")
         self.placement.check(self.roles, same_pool=("actor", "rollout") if self.data.task else ())
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:

@@ -35,7 +35,7 @@ from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, 
 from baton.trainers.run import RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import row_source
-from baton.trainers.step_metrics import step_metrics
+from baton.trainers.step_metrics import check_sync, step_metrics
 from baton.workers.dpo_actor import pair_rows
 
 
@@ -79,7 +79,9 @@ def train(cfg: DPOConfig) -> dict[str, float]:
                 with timed("update"):  # skips optimizer steps whose loss/grad is not finite
                     update = [{**actor.update_dpo(batch)[0], "dpo/skipped_update": 0}]
             with timed("sync"):
-                source.weights_updated(step)
+                parity = source.weights_updated(step, check=run.t.check_weight_sync)
+            if run.t.check_weight_sync:
+                check_sync(parity, step)
             refreshed = maybe_refresh_reference(roles, d.ref_refresh_every, step)
             metrics = {**step_metrics(rows, update, version=step - 1),
                        **pair_metrics(pairs, cfg.data.prompts_per_step), "dpo/ref_refreshed": int(refreshed)}

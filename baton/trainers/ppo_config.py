@@ -15,7 +15,7 @@ next to what they configure:
     actor         baton.workers.actor.ActorConfig            actor
     critic        baton.workers.critic.CriticConfig | null   critic (present = on)
     placement     baton.controller.placement.PlacementConfig
-    trainer       RLTrainerConfig: TrainerConfig + mode / max_staleness
+    trainer       RLTrainerConfig: TrainerConfig + check_weight_sync, mode, max_staleness
 
 Roles are switched on by config, and every combination that makes sense runs: any
 estimator with any row source (this run's rollout colocated, a generator running ahead,
@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from baton.algos import ADVANTAGES
-from baton.algos.config import AlgoConfig, check_advantage_inputs, check_algo_names, check_algo_ranges
+from baton.algos.config import (AlgoConfig, check_advantage_inputs, check_algo_dependencies, check_algo_names,
+                                check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
-from baton.trainers.run_config import DataConfig, TrainerConfig
+from baton.trainers.run_config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
 from baton.workers.reward import RewardConfig
@@ -65,7 +66,7 @@ def estimator_reads(name: str, what: str) -> bool:
 
 
 @dataclass
-class RLTrainerConfig(TrainerConfig):
+class RLTrainerConfig(RolloutTrainerConfig):
     """The `trainer:` section of a PPO-family run: TrainerConfig plus how generation and the
     update overlap (see baton.trainers.async_source):
 
@@ -116,7 +117,7 @@ class PPOConfig:
     def roles(self) -> list[str]:
         """The roles this run builds (placement may name only these)."""
         out = ["actor", "rollout"]
-        if self.reward.functions:
+        if self.reward.functions and self.data.source != "api":
             out.append("reward")
         if self.reward_model is not None:
             out.append("reward_model")
@@ -159,6 +160,7 @@ class PPOConfig:
         a, n = self.algo, self.rollout.n
         check_algo_names(a)
         check_algo_ranges(a)
+        check_algo_dependencies(a)
         check_advantage_inputs(a.advantage, BASE_INPUTS | ({"values"} if self.critic is not None else set()))
         if self.critic is not None and not estimator_reads(a.advantage, "values"):
             raise ValueError(f"critic: section given but algo.advantage={a.advantage!r} does not use values; "
@@ -192,6 +194,16 @@ class PPOConfig:
             if self.remax:
                 raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
                                  f"run's colocated rollout; {where} does not sample one")
+        if d.source == "api":  # the environments sample and score: this run's sampling and reward keys rest
+            r, defaults = self.rollout, RolloutConfig()
+            for key in ("top_p", "top_k"):
+                if getattr(r, key) != getattr(defaults, key):
+                    raise ValueError(f"rollout.{key} is not read with data.source=api: the environments sample "
+                                     f"(their own settings); remove it")
+            set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
+            if set_keys:
+                raise ValueError(f"{', '.join(set_keys)}: not read with data.source=api (the environments score the "
+                                 f"groups they push); remove the reward section (a reward_model still adds its score)")
         if d.source == "api" and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
                              f"data.source=api the rows come from the environments (trainer.max_staleness bounds "

@@ -10,6 +10,7 @@ from baton.metrics import SINKS
 
 
 DATA_SOURCES = ("rollout", "api")
+API_ONLY = ("api_url", "servers", "sync", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 SERVER_SYNCS = ("broadcast", "checkpoint")
 
 
@@ -48,6 +49,12 @@ class DataConfig:
         if self.sync_every < 1 or self.api_wait_s < 0:
             raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
                              f"(got {self.sync_every}, {self.api_wait_s})")
+        if self.source != "api":
+            defaults = DataConfig()
+            for key in API_ONLY:
+                if getattr(self, key) != getattr(defaults, key):
+                    raise ValueError(f"data.{key} is read only with data.source=api (this run's rows come from "
+                                     f"data.source={self.source}): remove it, or set data.source=api")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
         if self.source == "api" and bad:
             raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")
@@ -66,7 +73,6 @@ class TrainerConfig:
     max_nonfinite_steps: int = 3  # stop after this many steps with a non-finite loss/gradient
     sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb
     progress: bool = True
-    check_weight_sync: bool = False  # assert engine/trainer logprob parity after each sync
 
     def check(self) -> None:
         if self.steps < 1:
@@ -80,3 +86,10 @@ class TrainerConfig:
         bad = [s for s in self.sinks if s not in SINKS]
         if bad:
             raise ValueError(f"trainer.sinks: {bad[0]!r} is not one of {list(SINKS)}")
+
+
+@dataclass
+class RolloutTrainerConfig(TrainerConfig):
+    """The `trainer:` section of a run that samples with a rollout engine (online DPO; the
+    PPO family extends it): TrainerConfig plus the weight-sync parity check."""
+    check_weight_sync: bool = False  # after each sync, engine logprobs = trainer logprobs on a probe, or stop
