@@ -130,12 +130,11 @@ class OfflineDPOConfig:
         if self.dpo.pairing != "best_worst" or self.dpo.min_margin:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
-        # the rollout only evaluates data.task (greedy, and 4 samples at rollout.temperature)
-        read = ("max_new_tokens", "temperature") if self.data.task else ()
-        for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens"):
-            if key not in read and getattr(self.rollout, key) != getattr(RolloutConfig(), key):
-                raise ValueError(f"rollout.{key} is not read by offline DPO "
-                                 f"({'its rollout only evaluates data.task' if read else 'data.task is empty: no rollout'})")
+        # the rollout only evaluates data.task: greedy, and 4 samples at rollout.temperature
+        for key in ("n", "top_p", "top_k"):
+            if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
+                raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
+                                 f"greedy, and 4 samples at rollout.temperature)")
         self.placement.check(self.roles, same_pool=("actor", "rollout") if self.data.task else ())
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:
