@@ -207,12 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("api", "env"):
         return _service(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    from baton.trainers.run import Preempted, RewardFailureError
+
     try:
         return args.fn(args)
     except ConfigError as e:
         print(f"baton: config error: {e}", file=sys.stderr)
         return 2
-    except (RunDirError, FloatingPointError) as e:  # a busy/finished run dir; training went non-finite
+    except Preempted as e:  # SIGTERM: the last step saved, exit as a terminated process does
+        print(f"baton: {e}", file=sys.stderr)
+        return 143
+    except (RunDirError, FloatingPointError, RewardFailureError) as e:  # busy/finished run dir; bad training
         print(f"baton: error: {e}", file=sys.stderr)
         return 1
 

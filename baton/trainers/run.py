@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -118,6 +120,32 @@ class NonFiniteGuard:
                               f"written. Lower actor.lr or check the rewards.")
 
 
+class RewardFailureError(RuntimeError):
+    """Every reward call failed (raised, hung, or was not finite) for too many steps in a row."""
+
+
+class RewardFailureGuard:
+    """Counts steps in a row where every reward call failed (`reward/calls` calls, all of them
+    `reward/errors` + `reward/timeouts` + `reward/nonfinite`): such a step trains on rewards of
+    0 that no function gave. `check` returns the error to raise (after the step's line) at
+    `limit` steps in a row; a step with one call that worked resets the count."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.count = limit, 0
+
+    def check(self, step: int, metrics: dict[str, Any]) -> RewardFailureError | None:
+        calls = metrics.get("reward/calls", 0)
+        failed = sum(metrics.get(f"reward/{k}", 0) for k in ("errors", "timeouts", "nonfinite"))
+        self.count = self.count + 1 if calls and failed >= calls else 0
+        if self.count < self.limit:
+            return None
+        return RewardFailureError(
+            f"step {step}: every reward call failed in {self.count} steps in a row ({failed:g} of {calls:g} calls "
+            f"this step: errors {metrics.get('reward/errors', 0):g}, timeouts {metrics.get('reward/timeouts', 0):g}, "
+            f"not finite {metrics.get('reward/nonfinite', 0):g}; reward.max_failed_steps={self.limit}): the run "
+            f"would train on rewards of 0. Check the reward function (run it on one row by hand).")
+
+
 class StepEnd:
     """The end of every driver's step, in one place (`end(step, metrics, timer, t0, save=)`):
     count non-finite training (`guard`), evaluate when due, log the step's line (with the
@@ -127,15 +155,16 @@ class StepEnd:
     the last evaluation's metrics."""
 
     def __init__(self, t: TrainerConfig, log: MetricsLogger, guard: NonFiniteGuard,
-                 evaluate: Callable[[], dict[str, float]]) -> None:
-        self.t, self.log, self.guard, self.evaluate = t, log, guard, evaluate
+                 evaluate: Callable[[], dict[str, float]], *more_guards: Any) -> None:
+        self.t, self.log, self.guards, self.evaluate = t, log, [guard, *more_guards], evaluate
         self.carry: dict[str, float] = {}  # the save's timing, logged with the next step
         self.final_eval: dict[str, float] = {}
 
     def __call__(self, step: int, metrics: dict[str, Any], timer: Any, t0: float,
                  save: Callable[[], None]) -> None:
         metrics = {**self.carry, **metrics}
-        stop = self.guard.check(step, metrics)  # an error naming the step after K non-finite steps
+        stops = [g.check(step, metrics) for g in self.guards]  # an error naming the step after K bad steps
+        stop = next((e for e in stops if e is not None), None)
         last = step == self.t.steps
         if is_due(step, self.t.eval_every, last):
             with timer("eval"):
@@ -171,6 +200,11 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
 
 
 
+class Preempted(RuntimeError):
+    """The run got SIGTERM (a preemptible node or SLURM giving notice) and stopped after
+    saving its last finished step."""
+
+
 class RunSession:
     """One run of any driver, from the lock to the report (see the module docstring).
 
@@ -189,6 +223,11 @@ class RunSession:
         self.state: Any = None
         self.log: MetricsLogger | None = None
         self.end: StepEnd | None = None
+        self._term: int | None = None  # the signal number once SIGTERM arrived
+        self._saved_step = self._unsaved = None  # the last step saved / the save of the last step
+        self._old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     @property
     def path(self):
@@ -197,7 +236,17 @@ class RunSession:
     def __enter__(self) -> "RunSession":
         return self
 
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """First SIGTERM: finish the step, save it, stop (see `steps`). A second one: stop now."""
+        if self._term is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            raise Preempted("a second SIGTERM: stopped at once, without saving the step in progress")
+        self._term = signum
+        log.warning("SIGTERM: finishing the step in progress, saving it, then stopping")
+
     def __exit__(self, kind, error, tb) -> None:
+        if self._old_handler is not None:
+            signal.signal(signal.SIGTERM, self._old_handler)
         try:
             for thing in [*self.closing, self.log]:
                 if thing is not None:
@@ -222,8 +271,9 @@ class RunSession:
                 out = evaluate()
                 self._forget()
                 return out
-        self.end = StepEnd(self.t, self.log, guard or NonFiniteGuard(self.t.max_nonfinite_steps),
-                           evaluation or dict)
+        reward = getattr(self.cfg, "reward", None)
+        self.end = StepEnd(self.t, self.log, guard or NonFiniteGuard(self.t.max_nonfinite_steps), evaluation or dict,
+                           *([RewardFailureGuard(reward.max_failed_steps)] if reward is not None else []))
         if self.timeline is not None:
             self.timeline.start(state.step)
         if state.step == 0 and evaluation is not None and evaluate_at_start:
@@ -234,8 +284,19 @@ class RunSession:
     def steps(self):
         """(step, timed) for every step left; `timed(name)` is a context timing a phase."""
         while self.state.step < self.t.steps:
+            self._stop_if_preempted()
             self._timer, self._t0 = Timer(), time.perf_counter()
             yield self.state.step + 1, self._timer
+        self._stop_if_preempted()
+
+    def _stop_if_preempted(self) -> None:
+        if self._term is None:
+            return
+        step = self.state.step
+        if self._unsaved is not None and self._saved_step != step:
+            self._unsaved()
+        raise Preempted(f"stopped by SIGTERM after step {step} of {self.t.steps}"
+                        + (f"; checkpoint step_{step} saved: continue with trainer.resume=auto" if step else ""))
 
     def end_step(self, step: int, metrics: dict[str, Any], save: Callable[[], None]) -> None:
         """The step is done: its timeline, then `StepEnd` (guard, evaluation, the line, the
@@ -247,7 +308,9 @@ class RunSession:
         def saving() -> None:
             save()
             self._forget()
+            self._saved_step = step
 
+        self._unsaved = saving
         self.end(step, metrics, self._timer, self._t0, save=saving)
 
     def _forget(self) -> None:
