@@ -1,7 +1,7 @@
 """The offline DPO driver: preference pairs from a jsonl file, the same loss, config pieces,
 metrics and checkpoints as online DPO.
 
-    baton dpo recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
+    baton train recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
 
 Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
 is tokenized as the rollout engine tokenizes prompts, each completion as plain text followed

@@ -1,6 +1,6 @@
 """The online DPO driver: the policy's own samples, scored, sorted into preference pairs.
 
-    baton online-dpo recipes/online_dpo_arithmetic.yaml [trainer.steps=20 ...]
+    baton train recipes/online_dpo_arithmetic.yaml [trainer.steps=20 ...]
 
 One step, top to bottom, as the controller sees it:
     prompts --rollout.generate-->          rows (rollout.n per prompt, the policy's weights)

@@ -1,6 +1,6 @@
 """`baton rm RECIPE`: train a Bradley-Terry reward model from preference pairs.
 
-    baton rm recipes/rm_arithmetic.yaml [dotted.key=value ...]
+    baton train recipes/rm_arithmetic.yaml [dotted.key=value ...]
 
 Data: a jsonl of {"prompt", "chosen", "rejected"} (`data.path`), or, with `data.path: ""`,
 pairs made from a task's rows (`data.task`): chosen = the task's target answer, rejected = a
