@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
 from baton.algos.masked import masked_sum
 from baton.algos.registry import Registry
@@ -51,7 +51,7 @@ def dpo_sigmoid_loss(*, chosen_logratios: torch.Tensor, rejected_logratios: torc
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
     z = beta * (chosen_logratios - rejected_logratios)  # [P]
-    return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    return -(1 - label_smoothing) * functional.logsigmoid(z) - label_smoothing * functional.logsigmoid(-z)
 
 
 @register_dpo_loss("ipo")
