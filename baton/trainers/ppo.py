@@ -55,7 +55,7 @@ from baton.trainers.placement import build_roles
 from baton.trainers.ppo_config import PPOConfig, estimator_reads
 from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
-from baton.trainers.sources import row_source
+from baton.trainers.choose_source import row_source
 from baton.trainers.step_metrics import check_sync, step_metrics
 from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE

@@ -10,7 +10,7 @@ weights reach a new version:
     parity = source.weights_updated(version, check)   # push the new weights to the generator(s)
 
 The driver does not care which source it has, beyond staleness accounting (policy age is
-logged from `policy_version`). `row_source(cfg, roles, state)` picks one:
+logged from `policy_version`). `choose_source.row_source(cfg, roles, state)` picks one:
 
     RolloutSource    this run's rollout role, colocated with the actor (its engine reads the
                      actor's weights in place: an update is a version bump); it alone can
@@ -75,18 +75,3 @@ class RolloutSource:
     def close(self) -> None:
         pass
 
-
-def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
-    """The source `cfg` asks for: `data.source` (rollout | api), and for this run's own
-    rollout whether it sits beside the actor (`RolloutSource`) or on a pool of its own
-    (`GeneratorSource`, as far ahead as `trainer.mode` allows)."""
-    from baton.trainers.api_source import ApiSource
-    from baton.trainers.async_source import rollout_source
-    from baton.trainers.placement import apart
-
-    probe = state.eval_rows[0]["prompt"]
-    if cfg.data.source == "api":
-        return ApiSource(cfg, roles["actor"], state, probe_prompt=probe)
-    if apart(cfg):
-        return rollout_source(cfg, roles, state)
-    return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step, greedy_baseline=getattr(cfg, "remax", False))
