@@ -28,7 +28,7 @@ Departures: truncated IS multiplies the advantages by w_t = min(pi_old/mu, cap) 
 the per-token loss: every policy loss here (ppo_clip with or without dual clip, vanilla,
 gspo) is positively homogeneous in the advantage (loss(wA) = w loss(A) for w > 0), so this
 is the same loss and gradient, and it leaves the KL and entropy terms unweighted as verl
-does. The critic trains alone for `critic.warmup_steps` steps (the actor and the engine keep
+does. The critic trains alone for `critic.pretrain_steps` steps (the actor and the engine keep
 their weights, so those steps' rollouts come from the initial policy). DAPO's dynamic
 sampling fills a batch it could not fill within the cap with dropped (zero-signal) groups,
 so every step has the configured size.
@@ -192,7 +192,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
         state = RunState.fresh(cfg.data)
         roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
         actor, rollout, ref, critic = roles["actor"], roles["rollout"], roles.get("reference"), roles.get("critic")
-        warmup = cfg.critic.warmup_steps if critic is not None else 0
+        warmup = cfg.critic.pretrain_steps if critic is not None else 0
         kl_ctl = kl_controller(algo)
         hyper = {k: v for k, v in {"gamma": algo.gamma, "lam": algo.lam, "whiten": algo.whiten_advantages}.items()
                  if estimator_reads(algo.advantage, k)}  # GAE / REINFORCE++ hyper-parameters

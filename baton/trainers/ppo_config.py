@@ -114,8 +114,8 @@ class PPOConfig:
         if a.overlong_buffer > self.rollout.max_new_tokens:
             raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds rollout.max_new_tokens="
                              f"{self.rollout.max_new_tokens}")
-        if self.critic is not None and self.critic.warmup_steps >= self.trainer.steps:
-            raise ValueError(f"critic.warmup_steps={self.critic.warmup_steps} leaves the actor no step of "
+        if self.critic is not None and self.critic.pretrain_steps >= self.trainer.steps:
+            raise ValueError(f"critic.pretrain_steps={self.critic.pretrain_steps} leaves the actor no step of "
                              f"trainer.steps={self.trainer.steps}")
         self.placement.check(self.roles, same_pool=("actor", "rollout"))
         rows, ws = self.data.prompts_per_step * n, self.placement.world_size

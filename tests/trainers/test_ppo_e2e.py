@@ -50,7 +50,7 @@ def steps_of(run_dir):
 
 
 def test_ppo_with_critic_kl_in_reward_and_tis(model_dir, tmp_path):
-    result = run(model_dir, tmp_path, "trainer.steps=3", "critic.warmup_steps=1", "algo.kl_in_reward=true",
+    result = run(model_dir, tmp_path, "trainer.steps=3", "critic.pretrain_steps=1", "algo.kl_in_reward=true",
                  "algo.kl_controller=adaptive", "algo.kl_reward_coef=0.05", "algo.kl_target=0.001",
                  "algo.kl_horizon=16", "algo.recompute_old_logprobs=true", "algo.tis_cap=2.0",
                  "trainer.check_weight_sync=true")
@@ -75,7 +75,7 @@ def test_ppo_with_critic_kl_in_reward_and_tis(model_dir, tmp_path):
 
 @pytest.mark.slow  # ~7 s; exact resume in the default run: GRPO, DPO, the critic (tests/workers/test_critic.py)
 def test_resume_gives_identical_next_step(model_dir, tmp_path):
-    extra = ["critic.warmup_steps=1", "algo.kl_in_reward=true", "algo.kl_controller=adaptive",
+    extra = ["critic.pretrain_steps=1", "algo.kl_in_reward=true", "algo.kl_controller=adaptive",
              "algo.kl_target=0.001", "algo.kl_horizon=16"]
     full, part = tmp_path / "full", tmp_path / "part"
     run(model_dir, full, "trainer.steps=3", "trainer.save_every=2", *extra)
@@ -131,7 +131,7 @@ def test_config_errors_are_one_line(model_dir, tmp_path, capsys):
 def test_split_placement_runs_the_two_updates_at_once(model_dir, rm_dir, tmp_path):
     """actor + rollout + reward on 'main'; critic + reward model on 'critic': values, reference
     and rewards are scored concurrently, and update_actor || update_critic overlap."""
-    run(model_dir, tmp_path, "trainer.steps=3", "critic.warmup_steps=0", "placement.backend=ray",
+    run(model_dir, tmp_path, "trainer.steps=3", "critic.pretrain_steps=0", "placement.backend=ray",
         "placement.threads_per_worker=1",
         "placement.pools.critic=1", "placement.roles.critic=critic", "placement.roles.reward_model=critic",
         f"reward_model.path={rm_dir}", "reward_model.weight=0.1", "algo.kl_in_reward=true",
