@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from baton import fields as F
 from baton.algos import LOSS_AGG, critic_loss, loss_normalisers
+from baton.algos.logprobs import upcast
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
@@ -130,7 +131,7 @@ def prefix_values(model: torch.nn.Module, batch: Batch, share_prompts: bool = Tr
         pieces = [(torch.arange(len(batch)), model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1])]
     order, vals = [], []
     for rows, scores in pieces:  # scores [b, L, 1]
-        vals.append(torch.nn.functional.pad(scores[..., 0].float(), (0, R - scores.shape[1])))  # [b, R]
+        vals.append(torch.nn.functional.pad(upcast(scores[..., 0]), (0, R - scores.shape[1])))  # [b, R]
         order.append(rows)
     values = torch.cat(vals)[torch.argsort(torch.cat(order)).to(device)]  # [B, R] batch order
     return torch.where(batch[F.RESPONSE_MASK].to(device).bool(), values, 0.0)

@@ -31,6 +31,7 @@ from baton import fields as F
 from baton.algos import dpo_loss, sequence_logprobs
 from baton.algos.config import AlgoConfig
 from baton.algos.dpo_config import DPOSection
+from baton.algos.logprobs import upcast
 from baton.algos.rpo import chosen_nll
 from baton.batch import Batch
 from baton.controller import Dispatch, register
@@ -80,7 +81,7 @@ class DPOActorWorker(ActorWorker):
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             logp, _ = response_logprobs(self.model, micro, self.temperature,
                                         share_prompts=self.par.share_prompts)  # [2p, R]
-        seq = sequence_logprobs(logp.float(), mask.to(logp.device))  # [2p]
+        seq = sequence_logprobs(upcast(logp), mask.to(logp.device))  # [2p]
         real = ~micro[PAIR_PAD][0::2].to(seq.device)  # [p]
         n_real = int(real.sum())
         if n_real == 0:  # padding only: a zero loss that still gives every parameter a gradient
@@ -88,7 +89,7 @@ class DPOActorWorker(ActorWorker):
         lengths = mask.sum(-1).to(seq.device)  # [2p]
         ref = {}
         if not d.reference_free:
-            ref_seq = sequence_logprobs(micro[F.REF_LOGPROBS].float(), mask).to(seq.device)  # [2p]
+            ref_seq = sequence_logprobs(upcast(micro[F.REF_LOGPROBS]), mask).to(seq.device)  # [2p]
             ref = {"ref_chosen_logps": ref_seq[0::2][real], "ref_rejected_logps": ref_seq[1::2][real]}
         loss, stats = dpo_loss(
             d.loss, chosen_logps=seq[0::2][real], rejected_logps=seq[1::2][real], **ref,

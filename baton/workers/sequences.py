@@ -11,6 +11,7 @@ import torch
 
 from baton import fields as F
 from baton.algos import entropy_from_logits, logprobs_from_logits
+from baton.algos.logprobs import upcast
 from baton.batch import Batch
 from baton.padding import position_ids
 
@@ -121,7 +122,7 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     R = batch[F.RESPONSE_IDS].shape[1]
     order, logps, ents = [], [], []
     for rows, logits in pieces:
-        logits = logits.float()  # [b, L, V]
+        logits = upcast(logits)  # [b, L, V]
         L = logits.shape[1]
         labels = batch[F.RESPONSE_IDS][rows, :L].to(device)  # [b, L]
         logps.append(torch.nn.functional.pad(logprobs_from_logits(logits, labels, temperature=t), (0, R - L)))
