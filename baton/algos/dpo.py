@@ -28,10 +28,9 @@ from __future__ import annotations
 import inspect
 
 import torch
-
-from baton.algos.logprobs import upcast
 import torch.nn.functional as F
 
+from baton.algos.logprobs import upcast
 from baton.algos.masked import masked_sum
 from baton.algos.registry import Registry
 
