@@ -92,13 +92,12 @@ def child(args) -> None:
 
 
 def tiny_timing(iters: int) -> None:
-    """Median ms of a step at the unit tests' shape (0.75m, vocab 260; 8 rows x (8 + 16)), both paths."""
+    """Median ms of a step at the unit tests' shapes (0.75m, vocab 260), both paths."""
     from baton.models.tiny import build_tiny_model
     sys.path.insert(0, os.path.dirname(__file__))
     from _timing import median_ms
 
     model = build_tiny_model(**SMOKE, seed=0).train()
-    batch = batch_of(8, 8, 16, 260)
     for rows, prompt, response in ((8, 8, 16), (32, 16, 32)):
         batch = batch_of(rows, prompt, response, 260)
         res = {p: median_ms(lambda: step(model, batch, p == "fused"), iters, warmup=3) for p in ("plain", "fused")}

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from baton import fields as F
-from baton.algos import actor_loss, loss_normalisers
+from baton.algos import actor_loss
 from baton.algos.config import AlgoConfig
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
@@ -166,9 +166,8 @@ class ActorWorker(Worker):
         rows_global = len(batch) * self.dp_size
         sums: dict[str, float] = {}
 
-        def prepare(mb: Batch) -> tuple[float, float, int]:  # global token / sequence counts
-            counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
-            return counts[0].item(), counts[1].item(), len(mb)
+        def prepare(mb: Batch) -> tuple[float, float, int]:
+            return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb))
 
         def loss(mc: Batch, ctx: tuple[float, float, int]) -> torch.Tensor:
             value, stats = self._loss(mc, ctx[0], ctx[1])

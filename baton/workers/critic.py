@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from baton import fields as F
-from baton.algos import LOSS_AGG, critic_loss, loss_normalisers
+from baton.algos import LOSS_AGG, critic_loss
 from baton.algos.logprobs import upcast
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
@@ -163,7 +163,8 @@ class CriticWorker(Worker):
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         c = critic
-        self.par = wrap(self.model, self.mesh, c.strategy, cpu_offload=c.offload)  # in place; before the optimizer sees it
+        # in place; before the optimizer sees it
+        self.par = wrap(self.model, self.mesh, c.strategy, cpu_offload=c.offload)
         # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root
         self.share_prompts = self.par.share_prompts and c.strategy != "fsdp2"
         self.optim, self.sched = build_optimizer(
@@ -206,9 +207,8 @@ class CriticWorker(Worker):
         rows_global = len(batch) * self.dp_size
         tok = torch.zeros(3, dtype=torch.float64)  # [clipped, value sum, tokens], all-reduced at the end
 
-        def prepare(mb: Batch) -> tuple[float, float]:  # global token / sequence counts
-            counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
-            return counts[0].item(), counts[1].item()
+        def prepare(mb: Batch) -> tuple[float, float]:
+            return self.steps.global_counts(mb[F.RESPONSE_MASK])
 
         def loss(mc: Batch, counts: tuple[float, float]) -> torch.Tensor:
             nonlocal tok

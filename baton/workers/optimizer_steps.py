@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from baton.algos import loss_normalisers
 from baton.batch import Batch
 from baton.models.parallel import move_optimizer_state
 
@@ -54,6 +55,12 @@ class OptimizerSteps:
     offload: bool = False
     prefix: str = "actor"
     loss_key: str = "loss"
+
+    def global_counts(self, response_mask: torch.Tensor) -> tuple[float, float]:
+        """(tokens, sequences) of a mini-batch over all data ranks: the normalisers of a
+        token- or sequence-averaged loss (`baton.algos.loss_normalisers`)."""
+        counts = self.par.all_reduce(torch.stack(loss_normalisers(response_mask)).double())
+        return counts[0].item(), counts[1].item()
 
     def run(self, batch: Batch, *, epochs: int, mini: int, micro: int, seed: int, version: int,
             shuffle: Callable[[Batch, int], Batch], prepare: Callable[[Batch], Any],
