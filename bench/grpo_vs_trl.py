@@ -48,7 +48,7 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
           "algo.kl_coef=0.0", "algo.loss_agg=token-mean", "algo.advantage=grpo",
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
-          "actor.warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
+          "actor.lr_warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
           "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}"]
     if a.lr is not None:
         ov.append(f"actor.lr={a.lr}")

@@ -23,7 +23,7 @@ def test_lora_grpo_raises_the_reward(tmp_path):
     cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [
         f"model.path={REPO / 'checkpoints/arith-sft'}", f"trainer.run_dir={tmp_path}", "trainer.steps=15",
         "data.task=arithmetic-16", "data.prompts_per_step=16", "data.eval_size=4", "actor.lr=2e-3",
-        "actor.mini_batch_size=32", "actor.micro_batch_size=128", "actor.warmup_steps=0",
+        "actor.mini_batch_size=32", "actor.micro_batch_size=128", "actor.lr_warmup_steps=0",
         "model.lora.rank=8", "model.lora.alpha=16", "trainer.progress=false"])
     train(cfg)
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path) if r["step"] > 0]
