@@ -1,11 +1,9 @@
 """The `baton` command.
 
-    baton train RECIPE.yaml [dotted.key=value ...]   RL training (GRPO; `algorithm: ppo` in
-                                                     the recipe: the PPO-family driver)
-    baton rm RECIPE.yaml [dotted.key=value ...]      Bradley-Terry reward model from pairs
-    baton sft RECIPE.yaml [dotted.key=value ...]     supervised warm start
-    baton online-dpo RECIPE.yaml [dotted.key=value ...]  online DPO (own samples, scored, paired)
-    baton dpo RECIPE.yaml [dotted.key=value ...]     offline DPO from a jsonl of pairs
+    baton train RECIPE.yaml [dotted.key=value ...]   the driver the recipe's `algorithm:` names:
+                                                     grpo | ppo (the PPO family), online_dpo, dpo,
+                                                     sft, rm (baton/trainers/algorithms.py)
+    baton rm | sft | online-dpo | dpo RECIPE.yaml    aliases of `baton train` for one algorithm
     baton config RECIPE.yaml [dotted.key=value ...]  print the resolved config (every key)
     baton eval MODEL_DIR [--task arithmetic] [--data F] held-out accuracy of a checkpoint (LoRA too)
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
@@ -32,18 +30,18 @@ from baton.models.load import ModelLoadError
 from baton.runs.rundir import RunDirError, RunFinished
 
 
-def _algorithm(recipe: str, overrides: list[str]) -> str:
-    """The recipe's top-level `algorithm:` (an `algorithm=...` override wins); "grpo" if absent."""
+def _algorithm(recipe: str, overrides: list[str], default: str | None = "grpo") -> str | None:
+    """The recipe's top-level `algorithm:` (an `algorithm=...` override wins); `default` if absent."""
     import yaml
 
-    name = "grpo"
+    name = default
     try:
         with open(recipe) as f:
             data = yaml.safe_load(f) or {}
-        if isinstance(data, dict):
-            name = str(data.get("algorithm", name))
-    except OSError:
-        pass  # load_config names the missing recipe
+        if isinstance(data, dict) and "algorithm" in data:
+            name = str(data["algorithm"])
+    except (OSError, yaml.YAMLError):
+        pass  # load_config names the missing or malformed recipe
     for text in overrides:
         if text.split("=", 1)[0].strip() == "algorithm":
             name = text.split("=", 1)[1].strip()
@@ -51,59 +49,34 @@ def _algorithm(recipe: str, overrides: list[str]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if _algorithm(args.recipe, args.overrides) == "ppo":  # PPO with a critic, ReMax, DAPO, ...
-        from baton.trainers.ppo import train
-        from baton.trainers.ppo_config import PPOConfig as config_cls
-    else:
-        from baton.trainers.grpo import train
-        from baton.trainers.grpo_config import GRPOConfig as config_cls
+    """`baton train RECIPE`: the driver the recipe's `algorithm:` names. The per-algorithm
+    commands (`baton sft`, `rm`, `online-dpo`, `dpo`) are aliases that also check the name."""
+    from baton.trainers.algorithms import DEFAULT, config_class, driver
 
-    cfg = load_config(config_cls, args.recipe, args.overrides)
-    result = train(cfg)
-    _print_accuracy(result, cfg.trainer.run_dir)
+    declared, expected = _algorithm(args.recipe, args.overrides, default=None), args.algorithm
+    if expected and declared not in (None, expected):
+        raise ConfigError(f"baton {args.command} runs algorithm {expected!r}, but the recipe says algorithm: "
+                          f"{declared}; run `baton train {args.recipe}`")
+    name = expected or declared or DEFAULT
+    try:
+        cls = config_class(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    overrides = [o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"]
+    cfg = load_config(cls, args.recipe, [*overrides, f"algorithm={name}"])
+    result = driver(name)(cfg)
+    if name == "dpo":
+        _print_preferences(result)
+    if name not in ("sft", "rm"):
+        _print_accuracy(result, cfg.trainer.run_dir)
     return 0
 
 
-def _check_save_path(save_path: str | None) -> None:
-    """A model trainer's `trainer.save_path` must not already hold a model (e.g. a shipped
-    checkpoint): nothing baton runs overwrites a model it did not write in this run."""
-    from pathlib import Path
-
-    if save_path and any((Path(save_path) / f).exists() for f in ("config.json", "adapter_config.json")):
-        raise ConfigError(f"trainer.save_path={save_path} already holds a model, which this run would "
-                          f"overwrite: choose another trainer.save_path (or delete that one first)")
-
-
-def _rm(args: argparse.Namespace) -> int:
-    from baton.trainers.reward_model import RMConfig, run_rm
-
-    cfg = load_config(RMConfig, args.recipe, args.overrides)
-    _check_save_path(cfg.trainer.save_path)
-    run_rm(cfg)
-    return 0
-
-
-def _online_dpo(args: argparse.Namespace) -> int:
-    from baton.trainers.dpo_config import DPOConfig
-    from baton.trainers.online_dpo import train
-
-    cfg = load_config(DPOConfig, args.recipe, args.overrides)
-    _print_accuracy(train(cfg), cfg.trainer.run_dir)
-    return 0
-
-
-def _dpo(args: argparse.Namespace) -> int:
-    from baton.trainers.dpo_config import OfflineDPOConfig
-    from baton.trainers.offline_dpo import train
-
-    cfg = load_config(OfflineDPOConfig, args.recipe, args.overrides)
-    result = train(cfg)
-    _print_accuracy(result, cfg.trainer.run_dir)
+def _print_preferences(result: dict[str, float]) -> None:
     for prefix in ("start/eval/", "eval/"):
         if f"{prefix}rewards/accuracies" in result:
             print(f"{'start' if prefix.startswith('start') else 'trained':8s} held-out preference accuracy "
                   f"{result[prefix + 'rewards/accuracies']:.3f}, margin {result[prefix + 'rewards/margins']:.3f}")
-    return 0
 
 
 def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
@@ -121,15 +94,6 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     console = Console()
     console.print(table)
     console.print(f"run dir: {run_dir} (metrics.jsonl, report.png, checkpoints/)")
-
-
-def _sft(args: argparse.Namespace) -> int:
-    from baton.trainers.sft import SFTConfig, run_sft
-
-    cfg = load_config(SFTConfig, args.recipe, args.overrides)
-    _check_save_path(cfg.trainer.save_path)
-    run_sft(cfg)
-    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -177,9 +141,9 @@ def _service(name: str, argv: list[str]) -> int:
 def _launch(args: argparse.Namespace) -> int:
     from baton.config import to_dict
     from baton.services.launch import launch
-    from baton.trainers.grpo_config import GRPOConfig
+    from baton.trainers.ppo_config import PPOConfig
 
-    cfg = load_config(GRPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
     return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
 
 
@@ -213,10 +177,12 @@ def _make_tiny(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     import yaml
 
-    from baton.config import to_dict
     from baton.cli_help import config_class
+    from baton.config import to_dict
 
-    cfg = load_config(config_class(_algorithm(args.recipe, args.overrides)), args.recipe, args.overrides)
+    name = _algorithm(args.recipe, args.overrides)
+    cfg = load_config(config_class(name), args.recipe,
+                      [*(o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"), f"algorithm={name}"])
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
 
@@ -237,16 +203,18 @@ def _with_keys_help(parser: argparse.ArgumentParser, command: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, help_ in (("train", _train, "RL training from a recipe"),
-                            ("sft", _sft, "supervised fine-tuning from a recipe"),
-                            ("rm", _rm, "train a Bradley-Terry reward model from a recipe"),
-                            ("online-dpo", _online_dpo, "online DPO from a recipe"),
-                            ("dpo", _dpo, "offline DPO from a recipe with a jsonl of pairs")):
+    for name, algorithm, help_ in (
+            ("train", None, "train from a recipe: the driver its `algorithm:` names (grpo | ppo | online_dpo | "
+                            "dpo | sft | rm; grpo if absent)"),
+            ("sft", "sft", "= baton train with algorithm sft: supervised fine-tuning"),
+            ("rm", "rm", "= baton train with algorithm rm: a Bradley-Terry reward model"),
+            ("online-dpo", "online_dpo", "= baton train with algorithm online_dpo"),
+            ("dpo", "dpo", "= baton train with algorithm dpo: offline DPO from a jsonl of pairs")):
         p = sub.add_parser(name, help=help_)
-        _with_keys_help(p, name)
         p.add_argument("recipe")
         p.add_argument("overrides", nargs="*", help="dotted.key=value")
-        p.set_defaults(fn=fn)
+        p.set_defaults(fn=_train, algorithm=algorithm)
+        _with_keys_help(p, name)
     p = sub.add_parser("config", help="print a recipe's resolved config (every key, defaults filled in)")
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*", help="dotted.key=value")
@@ -304,6 +272,7 @@ def _interrupted(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from baton.trainers.run import Preempted, RewardFailureError
     from baton.user_modules import add_user_path
 
     argv = sys.argv[1:] if argv is None else argv
@@ -321,10 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunFinished as e:  # resume=auto on a finished run: nothing to do is not a failure
         print(f"baton: {e}", file=sys.stderr)
         return 0
-    except (ConfigError, ModelLoadError) as e:
+    except ModelLoadError as e:
         print(f"baton: config error: {e}", file=sys.stderr)
         return 2
-    except (RunDirError, FloatingPointError) as e:  # a busy/finished run dir; training went non-finite
+    except ConfigError as e:
+        print(f"baton: config error: {e}", file=sys.stderr)
+        return 2
+    except Preempted as e:  # SIGTERM: the last step saved, exit as a terminated process does
+        print(f"baton: {e}", file=sys.stderr)
+        return 143
+    except (RunDirError, FloatingPointError, RewardFailureError) as e:  # busy/finished run dir; bad training
         print(f"baton: error: {e}", file=sys.stderr)
         return 1
 

@@ -14,29 +14,21 @@ import re
 import typing
 from typing import Any
 
-# Which config class `baton COMMAND` loads (train: by the recipe's `algorithm:`).
+# Which algorithm's keys `baton COMMAND --help` lists (train: the default; a recipe's own
+# `algorithm:` picks its class, see `baton config`).
 COMMAND_ALGORITHMS = {"train": "grpo", "sft": "sft", "rm": "rm", "online-dpo": "online_dpo", "dpo": "dpo"}
 
 
 def config_class(algorithm: str) -> type:
-    """The config dataclass of `algorithm` (a recipe's `algorithm:`, or COMMAND_ALGORITHMS)."""
-    if algorithm == "ppo":
-        from baton.trainers.ppo_config import PPOConfig
-        return PPOConfig
-    if algorithm == "online_dpo":
-        from baton.trainers.dpo_config import DPOConfig
-        return DPOConfig
-    if algorithm in ("dpo", "offline_dpo"):
-        from baton.trainers.dpo_config import OfflineDPOConfig
-        return OfflineDPOConfig
-    if algorithm == "sft":
-        from baton.trainers.sft import SFTConfig
-        return SFTConfig
-    if algorithm == "rm":
-        from baton.trainers.reward_model import RMConfig
-        return RMConfig
-    from baton.trainers.grpo_config import GRPOConfig
-    return GRPOConfig
+    """The config dataclass of `algorithm` (baton.trainers.algorithms; ConfigError, one line,
+    for an unknown name)."""
+    from baton.config import ConfigError
+    from baton.trainers.algorithms import config_class as registered
+
+    try:
+        return registered(algorithm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 _FIELD_COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
@@ -101,13 +93,13 @@ def command_keys_help(command: str) -> str:
     head = (f"config keys of `baton {command}` ({cls.__name__}; set in the recipe or as dotted.key=value; "
             f"`baton config RECIPE` prints a recipe's resolved values):")
     text = "\n".join([head, *keys_help(cls)])
-    if command == "train":  # `algorithm: ppo` recipes load PPOConfig: its sections beyond GRPO's
-        from baton.trainers.grpo_config import GRPOConfig
+    if command == "train":
+        from baton.trainers.algorithms import ALGORITHMS
 
-        ppo = config_class("ppo")
-        extra = [f.name for f in dataclasses.fields(ppo) if f.name not in {g.name for g in dataclasses.fields(GRPOConfig)}]
-        text += (f"\n\nrecipes with `algorithm: ppo` load {ppo.__name__}, which adds: "
-                 f"{', '.join(extra)} (`baton config recipes/ppo_arithmetic.yaml` lists them)")
+        others = [n for n in ALGORITHMS if config_class(n) is not cls]
+        text += (f"\n\nthese are the keys of algorithm {algorithm} (and of those sharing {cls.__name__}); a recipe's "
+                 f"`algorithm:` may name {', '.join(others)} too: `baton config RECIPE` prints its keys, "
+                 f"`baton sft --help` (rm, online-dpo, dpo) lists them")
     return text
 
 

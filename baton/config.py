@@ -1,6 +1,6 @@
 """Typed configs: YAML recipes mapped onto nested dataclasses, with dotted overrides.
 
-    cfg = load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml", ["trainer.steps=5"])
+    cfg = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml", ["trainer.steps=5"])
 
 Each component defines its own dataclass next to its code; a recipe nests them. Loading
 checks every key and every value against the annotations, so `trainer.stpes=5` fails with

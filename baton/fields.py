@@ -23,6 +23,7 @@ TOKEN_REWARDS = "token_rewards"  # [B, R] reward placed on tokens (PPO/GAE)
 ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
 POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
+GROUP_INDEX = "group_index"  # [B] long, the row's group (prompt) when a source sets it; else n rows a group
 
 # --- per-sample non-tensor fields ----------------------------------------------------
 PROMPT_TEXT = "prompt"  # str, the prompt as text

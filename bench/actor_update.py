@@ -21,7 +21,7 @@ import baton.workers.actor as actor_mod
 from baton import fields as F
 from baton.batch import Batch
 from baton.config import load_config
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers import sequences
 from baton.workers.sequences import response_logprobs
@@ -51,7 +51,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     rows = a.prompts * a.G
-    cfg = load_config(GRPOConfig, overrides=[
+    cfg = load_config(PPOConfig, overrides=[
         f"model.path={a.model}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.G}",
         f"actor.micro_batch_size={rows}", "actor.mini_batch_size=0", f"rollout.max_new_tokens={a.R}"])
     worker = ActorWorker(cfg.model, cfg.actor, cfg.algo, temperature=cfg.rollout.temperature,

@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _latency_reward, in 
 
 from baton.config import load_config  # noqa: E402
 from baton.metrics import read_metrics  # noqa: E402
-from baton.trainers.grpo import train  # noqa: E402
-from baton.trainers.grpo_config import GRPOConfig  # noqa: E402
+from baton.trainers.ppo import train  # noqa: E402
+from baton.trainers.ppo_config import PPOConfig  # noqa: E402
 
 MODES = {
     "sync": [],
@@ -82,7 +82,7 @@ def load() -> str:
 
 def run(case: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
     run_dir = root / f"{case}-{mode}"
-    cfg = load_config(GRPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
+    cfg = load_config(PPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
         f"model.path={ROOT / 'checkpoints/arith-sft'}", f"trainer.run_dir={run_dir}", "trainer.progress=false",
         "placement.threads_per_worker=1", *case_overrides(case, args), *MODES[mode]])
     before = load()
@@ -117,7 +117,7 @@ def push_costs(args: argparse.Namespace, root: Path) -> None:
     print("|---|---|---|---|---|")
     for label, path in models.items():
         for transport in ("object_store", "broadcast"):
-            cfg = load_config(GRPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
+            cfg = load_config(PPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
                 f"model.path={path}", f"trainer.run_dir={root / 'push'}", "trainer.mode=one_step_off",
                 f"trainer.weight_sync={transport}", "placement.threads_per_worker=1", "data.eval_size=1"])
             state = RunState.fresh(cfg.data)

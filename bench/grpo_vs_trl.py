@@ -48,7 +48,7 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
           "algo.kl_coef=0.0", "algo.loss_agg=token-mean", "algo.advantage=grpo",
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
-          "actor.warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
+          "actor.lr_warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
           "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}"]
     if a.lr is not None:
         ov.append(f"actor.lr={a.lr}")
@@ -59,10 +59,10 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
 
 def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
     from baton.config import load_config
-    from baton.trainers.grpo import train
-    from baton.trainers.grpo_config import GRPOConfig
+    from baton.trainers.ppo import train
+    from baton.trainers.ppo_config import PPOConfig
 
-    cfg = load_config(GRPOConfig, str(RECIPE), spec["overrides"])
+    cfg = load_config(PPOConfig, str(RECIPE), spec["overrides"])
     train(cfg)
     records = []
     for line in open(Path(cfg.trainer.run_dir) / "metrics.jsonl"):
@@ -106,7 +106,7 @@ def child_main(side: str, spec_path: str, out_path: str) -> None:
 def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Resolve the model, load baton's config, and draw the prompts of every step."""
     from baton.config import load_config
-    from baton.trainers.grpo_config import GRPOConfig
+    from baton.trainers.ppo_config import PPOConfig
     from baton.trainers.run_state import RunState
 
     if a.model is None:
@@ -121,7 +121,7 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
     overrides = baton_overrides(a, str(work / "baton_run"))
-    cfg = load_config(GRPOConfig, str(RECIPE), overrides)
+    cfg = load_config(PPOConfig, str(RECIPE), overrides)
     state = RunState.fresh(cfg)  # the very sampler the baton trainer draws its prompts from
     step_rows = [state.sampler.next_batch(a.prompts) for _ in range(a.steps)]
     return {"overrides": overrides, "model": a.model, "step_rows": step_rows, "G": a.G,

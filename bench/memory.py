@@ -98,7 +98,7 @@ def rank_main(rank, world, mesh, strategy, extra, model_dir, steps, port, out):
     from baton.controller.dispatch import Topology, normalize_mesh
     from baton.controller.worker import HostCore
     from baton.envs import get_task
-    from baton.trainers.grpo_config import GRPOConfig
+    from baton.trainers.ppo_config import PPOConfig
     from baton.workers.actor import ActorWorker
     from baton.workers.rollout import RolloutWorker
 
@@ -110,7 +110,7 @@ def rank_main(rank, world, mesh, strategy, extra, model_dir, steps, port, out):
     host.setup(rank, False, 600.0, ("127.0.0.1", port) if world > 1 else None)
     rss = PeakRSS()
     base = rss.phase()
-    cfg = load_config(GRPOConfig, overrides=[
+    cfg = load_config(PPOConfig, overrides=[
         f"model.path={model_dir}", "data.prompts_per_step=8", "rollout.n=4", "rollout.max_new_tokens=8",
         "actor.micro_batch_size=32", f"actor.strategy={strategy}", *extra])
     host.create("actor", ActorWorker, (cfg.model, cfg.actor, cfg.algo),

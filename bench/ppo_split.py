@@ -41,7 +41,7 @@ def run(recipe: str, name: str, steps: int, extra: list[str], root: Path) -> dic
     run_dir = root / name
     cfg = load_config(PPOConfig, recipe, [
         f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_every=0",
-        "data.eval_size=8", "critic.warmup_steps=0", "placement.backend=ray", "placement.threads_per_worker=1",
+        "data.eval_size=8", "critic.pretrain_steps=0", "placement.backend=ray", "placement.threads_per_worker=1",
         *PLACEMENTS[name], *extra])
     t0 = time.perf_counter()
     train(cfg)

@@ -41,7 +41,7 @@ BAD = [  # (override, what the one-line error must name)
     ("placement.world_size=2", "placement.backend=ray"),
     ("placement.roles.critic=main", "unknown role(s) ['critic']"),
     ("rollout.n=0", "n must be >= 1"),
-    ("rollout.n=1", "rollout.n=1 gives every advantage 0"),
+    ("rollout.n=1", "rollout.n=1 gives every group one sample"),
     ("rollout.temperature=0", "samples of a prompt identical"),
     ("rollout.max_new_tokens=0", "max_new_tokens >= 1"),
     ("rollout.top_p=0", "top_p must be in (0, 1]"),
@@ -174,16 +174,19 @@ def test_eval_on_a_lora_checkpoint(tiny, tmp_path, capsys):
 def test_sft_never_overwrites_a_model(tmp_path, capsys):
     """The recipe's default output is its run dir, never the shipped checkpoint; a save_path
     that already holds a model (the shipped one, say) is refused before anything runs."""
+    from pathlib import Path
+
     from baton.config import load_config
     from baton.trainers.sft import SFTConfig
 
     cfg = load_config(SFTConfig, "recipes/sft_arithmetic.yaml")
-    assert not cfg.trainer.save_path.startswith("checkpoints/") and cfg.trainer.save_path.startswith(cfg.trainer.run_dir)
-    before = {p.name: p.stat().st_mtime_ns for p in __import__("pathlib").Path("checkpoints/arith-sft").iterdir()}
-    _one_line_exit_2(["sft", "recipes/sft_arithmetic.yaml", "trainer.save_path=checkpoints/arith-sft",
-                      f"trainer.run_dir={tmp_path / 'run'}"], capsys, "already holds a model")
-    after = {p.name: p.stat().st_mtime_ns for p in __import__("pathlib").Path("checkpoints/arith-sft").iterdir()}
-    assert before == after and not (tmp_path / "run").exists()
+    assert not (cfg.trainer.save_path or "").startswith("checkpoints/") and cfg.trainer.run_dir.startswith("runs/")
+    shipped = Path("checkpoints/arith-sft")
+    before = {p.name: p.stat().st_mtime_ns for p in shipped.iterdir()}
+    for command in ("sft", "train"):
+        _one_line_exit_2([command, "recipes/sft_arithmetic.yaml", f"trainer.save_path={shipped}",
+                          f"trainer.run_dir={tmp_path / 'run'}"], capsys, "already holds a model")
+    assert before == {p.name: p.stat().st_mtime_ns for p in shipped.iterdir()} and not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_is_one_line_naming_the_step_and_resume(tiny, tmp_path, capsys, monkeypatch):
@@ -201,7 +204,7 @@ def test_ctrl_c_is_one_line_naming_the_step_and_resume(tiny, tmp_path, capsys, m
     def interrupted(args):  # the trainer, at the moment the user presses Ctrl-C
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(baton.cli, "_sft", interrupted)
+    monkeypatch.setattr(baton.cli, "_train", interrupted)
     assert main(["sft", "recipes/sft_arithmetic.yaml", f"trainer.run_dir={run_dir}"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "interrupted at step 3" in err and "trainer.resume=auto" in err, err

@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 
 from baton.config import ConfigError, load_config, save_config
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 
 
 @dataclass
@@ -59,10 +59,10 @@ def test_missing_recipe_and_bad_override_syntax(tmp_path):
 
 def test_grpo_config_cross_checks_and_round_trip(tmp_path):
     with pytest.raises(ConfigError, match="mini_batch_size=24 must divide"):
-        load_config(GRPOConfig, overrides=["data.prompts_per_step=4", "rollout.n=8", "actor.mini_batch_size=24"])
-    cfg = load_config(GRPOConfig, overrides=["trainer.steps=7"])
+        load_config(PPOConfig, overrides=["data.prompts_per_step=4", "rollout.n=8", "actor.mini_batch_size=24"])
+    cfg = load_config(PPOConfig, overrides=["trainer.steps=7"])
     save_config(cfg, tmp_path / "c.yaml")
-    assert load_config(GRPOConfig, tmp_path / "c.yaml") == cfg
+    assert load_config(PPOConfig, tmp_path / "c.yaml") == cfg
 
 
 def test_shipped_recipes_load():
@@ -70,4 +70,4 @@ def test_shipped_recipes_load():
     recipes = sorted(Path(__file__).parents[1].joinpath("recipes").glob("grpo*.yaml"))
     assert recipes, "no GRPO recipe shipped"
     for r in recipes:
-        load_config(GRPOConfig, r)
+        load_config(PPOConfig, r)

@@ -18,8 +18,7 @@ Registries (name -> function; add a variant with the matching `register_*` decor
     PAIRINGS        best_worst, all (preference pairs from scored groups)
     DPO_LOSSES      sigmoid, ipo, hinge
 Modules without a registry: token_rewards (rewards on tokens, KL in the reward), value
-(critic loss, explained variance), dapo (dynamic sampling, overlong penalty), correction
-(truncated importance sampling against the engine's logprobs).
+(critic loss, explained variance), dapo (dynamic sampling, overlong penalty).
 This package imports only torch, the standard library and `baton.registry`.
 """
 
@@ -30,7 +29,6 @@ from baton.algos.advantages import (
     required_inputs, rloo_advantages,
 )
 from baton.algos.aggregate import LOSS_AGG, aggregate_loss, loss_normalisers, register_loss_agg
-from baton.algos.correction import truncated_is_weights
 from baton.algos.dapo import dynamic_sampling_filter, overlong_penalty
 from baton.algos.dpo import (
     DPO_LOSSES, dpo_loss, dpo_sigmoid_loss, hinge_loss, ipo_loss, register_dpo_loss,
@@ -67,6 +65,6 @@ __all__ = [
     "register_advantage", "register_dpo_loss", "register_kl", "register_kl_controller",
     "register_loss_agg", "register_off_policy", "register_pairing", "register_policy_loss", "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages", "remax_advantages", "required_inputs",
-    "rloo_advantages", "sequence_logprobs", "token_level_rewards", "truncated_is_weights",
+    "rloo_advantages", "sequence_logprobs", "token_level_rewards",
     "value_loss", "vanilla_pg_loss",
 ]

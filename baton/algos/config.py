@@ -4,7 +4,8 @@ The driver reads `advantage` and the data-side options (KL in the reward and its
 GAE's gamma / lambda, truncated IS, DAPO's dynamic sampling and overlong penalty); the actor
 reads the rest (its loss). Names are checked against the registries and values against
 their ranges when the run config is validated (`check_algo_names`, `check_algo_ranges`).
-The data-side options are read by the PPO driver (`baton.trainers.ppo`).
+The data-side options are read by the PPO-family driver (`baton.trainers.ppo`); online DPO
+reads none of them (its config refuses them).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from baton.algos.policy_loss import POLICY_LOSSES
 
 @dataclass
 class AlgoConfig:
-    advantage: str = "grpo"  # a name in baton.algos.ADVANTAGES ("grpo", "dr_grpo", "rloo", ...)
+    advantage: str = ""  # a name in baton.algos.ADVANTAGES ("grpo", "gae", "rloo", ...); "" = the algorithm's
     policy_loss: str = "ppo_clip"  # a name in baton.algos.POLICY_LOSSES
     clip_low: float = 0.2
     clip_high: float = 0.28  # DAPO clip-higher
@@ -34,7 +35,7 @@ class AlgoConfig:
     # Use the engine's behaviour logprobs as the PPO "old" logprobs (exact in fp32, saves a
     # forward pass); True recomputes them with the trainer, as verl does.
     recompute_old_logprobs: bool = False
-    # --- PPO family, read by the PPO driver -------------------------------------------
+    # --- data side, read by the PPO-family driver --------------------------------------
     # KL to the reference folded into the token rewards (InstructGPT) instead of the loss:
     # r_t -= beta * KL_t, beta from a controller in baton.algos.KL_CONTROLLERS.
     kl_in_reward: bool = False
@@ -46,9 +47,6 @@ class AlgoConfig:
     gamma: float = 1.0  # GAE / return discount
     lam: float = 1.0  # GAE lambda
     whiten_advantages: bool = True  # GAE: whiten over the batch (returns never are)
-    # Truncated IS against the engine's behaviour logprobs: min(pi_old / mu, cap) per token
-    # (needs recompute_old_logprobs, else pi_old is mu and every weight is 1). None = off.
-    tis_cap: float | None = None
     # DAPO dynamic sampling: drop prompt groups whose rewards are all equal and sample more
     # prompts, at most `dynamic_sampling_max_rounds` extra rounds, until the batch is full.
     dynamic_sampling: bool = False
@@ -57,10 +55,12 @@ class AlgoConfig:
     # max_new_tokens (0 = off), down to -overlong_penalty at the limit.
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
-    # --- off-policy rows (asynchronous training, engine mismatch), read by the GRPO driver ---
+    # --- off-policy rows (asynchronous training, train/inference mismatch) ---------------
     # A name in baton.algos.OFF_POLICY: "none" | "tis" | "decoupled_ppo". tis / decoupled_ppo
     # recompute the proximal (old) logprobs with the trainer and weigh each token's policy
-    # loss by pi_prox / mu: truncated at the cap (tis) or dropped above it (decoupled_ppo).
+    # loss by pi_prox / mu: truncated at the cap (tis, Yao et al. 2025's TIS against the
+    # engine) or dropped above it (decoupled_ppo). With recompute_old_logprobs and "none",
+    # the mismatch is measured (off_policy/mismatch_kl) but not corrected.
     off_policy: str = "none"
     off_policy_cap: float = 2.0
 
@@ -93,7 +93,6 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
         (a.kl_target > 0 and a.kl_horizon > 0,
          f"algo.kl_target and algo.kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})"),
         (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, f"algo.gamma and algo.lam must be in [0, 1] (got {a.gamma}, {a.lam})"),
-        (a.tis_cap is None or a.tis_cap >= 1, f"algo.tis_cap must be >= 1 or null (2 in the paper), got {a.tis_cap}"),
         (a.off_policy_cap >= 1, f"algo.off_policy_cap must be >= 1, got {a.off_policy_cap}"),
         (a.dynamic_sampling_max_rounds >= 0,
          f"algo.dynamic_sampling_max_rounds must be >= 0, got {a.dynamic_sampling_max_rounds}"),
@@ -103,6 +102,41 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+
+
+# Keys read only when another key switches them on: (key, read when, "the switch" for the message).
+DEPENDENT_KEYS = (
+    ("kl_estimator", lambda a: a.kl_coef > 0, "algo.kl_coef > 0"),
+    ("kl_reward_coef", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_reward_estimator", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_controller", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
+    ("kl_target", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
+    ("kl_horizon", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
+    ("clip_low", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("clip_high", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("dual_clip", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
+    ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
+    ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),
+    ("gamma", lambda a: _reads(a.advantage, "gamma"), "an estimator that discounts (gae, reinforce_pp, ...)"),
+    ("lam", lambda a: _reads(a.advantage, "lam"), "algo.advantage=gae"),
+    ("whiten_advantages", lambda a: _reads(a.advantage, "whiten"), "an estimator that whitens (gae, reinforce_pp)"),
+)
+
+
+def _reads(name: str, param: str) -> bool:
+    return name in ADVANTAGES and param in inspect.signature(ADVANTAGES[name]).parameters
+
+
+def check_algo_dependencies(algo: AlgoConfig) -> None:
+    """Raise ValueError for a key set to a non-default value that nothing would read, because
+    the key that switches it on is off (e.g. algo.gamma=0.9 with algo.advantage=grpo)."""
+    defaults = AlgoConfig()
+    for key, read, switch in DEPENDENT_KEYS:
+        value = getattr(algo, key)
+        if value != getattr(defaults, key) and not read(algo):
+            raise ValueError(f"algo.{key}={value} is read only with {switch}, which this run does not set "
+                             f"(algo.advantage={algo.advantage!r}): remove it or switch it on")
 
 
 def check_advantage_inputs(name: str, available: set[str]) -> None:

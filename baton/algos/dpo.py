@@ -28,8 +28,9 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
+from baton.algos.logprobs import upcast
 from baton.algos.masked import masked_sum
 from baton.algos.registry import Registry
 
@@ -51,7 +52,7 @@ def dpo_sigmoid_loss(*, chosen_logratios: torch.Tensor, rejected_logratios: torc
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
     z = beta * (chosen_logratios - rejected_logratios)  # [P]
-    return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    return -(1 - label_smoothing) * functional.logsigmoid(z) - label_smoothing * functional.logsigmoid(-z)
 
 
 @register_dpo_loss("ipo")
@@ -108,8 +109,8 @@ def dpo_loss(name: str = "sigmoid", *, chosen_logps: torch.Tensor, rejected_logp
     elif ref_chosen_logps is None or ref_rejected_logps is None:
         raise ValueError("dpo_loss needs ref_chosen_logps and ref_rejected_logps "
                          "(or reference_free=True)")
-    chosen_lr = chosen_logps.float() - ref_chosen_logps.detach().float()  # [P]
-    rejected_lr = rejected_logps.float() - ref_rejected_logps.detach().float()  # [P]
+    chosen_lr = upcast(chosen_logps) - upcast(ref_chosen_logps.detach())  # [P] (>= float32)
+    rejected_lr = upcast(rejected_logps) - upcast(ref_rejected_logps.detach())  # [P]
     fn = DPO_LOSSES[name]
     lengths = {"chosen_lengths": chosen_lengths, "rejected_lengths": rejected_lengths}
     params = inspect.signature(fn).parameters
@@ -123,8 +124,8 @@ def dpo_loss(name: str = "sigmoid", *, chosen_logps: torch.Tensor, rejected_logp
     metrics = {"rewards/chosen": _mean(r_c), "rewards/rejected": _mean(r_r),
                "rewards/margins": _mean(r_c - r_r),
                "rewards/accuracies": _mean((r_c > r_r).float()),
-               "logps/chosen": _mean(chosen_logps.float()),
-               "logps/rejected": _mean(rejected_logps.float())}
+               "logps/chosen": _mean(upcast(chosen_logps)),
+               "logps/rejected": _mean(upcast(rejected_logps))}
     if not reference_free:
         metrics["kl"] = _mean(torch.cat([chosen_lr, rejected_lr]).detach())
     return loss, metrics

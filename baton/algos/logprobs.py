@@ -14,6 +14,12 @@ from __future__ import annotations
 import torch
 
 
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """At least float32 (bf16 / fp16 -> float32; float32 and float64 as they are), so that a
+    float64 model, which the numerics tests use, stays float64 all the way to its loss."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def _inv_temperature(temperature: float) -> float:
     # Temperature 0 means greedy sampling; by the Engine protocol its logprobs are taken at
     # temperature 1, so the trainer's ratio of an unchanged policy is exactly 1.

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from baton.algos.logprobs import upcast
+
 Number = int | float | torch.Tensor
 
 
@@ -22,6 +24,6 @@ def chosen_nll(chosen_logps: torch.Tensor, chosen_lengths: torch.Tensor,
                global_pairs: Number | None = None) -> torch.Tensor:
     """sum over pairs of -log pi(y_c) / |y_c|, divided by global_pairs (default: this
     call's pairs). chosen_logps [P]: sequence logprobs (sums over tokens); chosen_lengths [P]."""
-    per_pair = -chosen_logps.float() / chosen_lengths.float().clamp(min=1)  # [P]
+    per_pair = -upcast(chosen_logps) / chosen_lengths.float().clamp(min=1)  # [P]
     n = len(per_pair) if global_pairs is None else global_pairs
     return per_pair.sum() / (max(n, 1) if isinstance(n, int) else n)

@@ -13,26 +13,41 @@ import torch
 
 from baton.models.lora import LoraSection
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}  # float64: exact numerics checks
+
+
+def check_model_path(path: str, key: str = "model.path") -> None:
+    """ConfigError (one line) unless `path` is a local HF model directory (with a config.json)."""
+    from baton.config import ConfigError
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"{key}={path}: no such directory (baton loads local HF checkpoints only; "
+                          f"`baton make-tiny DIR` writes a tiny one)")
+    if not (p / "config.json").is_file():
+        hint = (": a LoRA adapter, not a model; give its base model, or merge it with `baton export --merge`"
+                if (p / "adapter_config.json").is_file() else "")
+        raise ConfigError(f"{key}={path}: holds no config.json, so it is not a HF model directory{hint}")
+
+
+def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:
+    """ConfigError (one line) if `path` already holds a model: a run's export never overwrites
+    one it did not write (e.g. the shipped checkpoints/arith-sft)."""
+    from baton.config import ConfigError
+
+    if path and any((Path(path) / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise ConfigError(f"{key}={path} already holds a model, which this run's export would overwrite: "
+                          f"choose another {key} (or delete that one first)")
 
 
 @dataclass
 class ModelConfig:
     path: str = "checkpoints/arith-sft"  # a local HF directory (model + tokenizer)
-    dtype: Literal["float32", "bfloat16"] = "float32"  # storage dtype of the weights
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"  # storage dtype of the weights
     lora: LoraSection | None = None  # train LoRA adapters only (the base stays frozen)
 
     def check(self, key: str = "model.path") -> None:
-        from baton.config import ConfigError
-
-        p = Path(self.path)
-        if not p.is_dir():
-            raise ConfigError(f"{key}={self.path}: no such directory (baton loads local HF checkpoints only; "
-                              f"`baton make-tiny DIR` writes a tiny one)")
-        if not (p / "config.json").is_file():
-            hint = (": a LoRA adapter, not a model; give its base model, or merge it with `baton export --merge`"
-                    if (p / "adapter_config.json").is_file() else "")
-            raise ConfigError(f"{key}={self.path}: holds no config.json, so it is not a HF model directory{hint}")
+        check_model_path(self.path, key)
         if self.lora is not None:
             self.lora.check()
 

@@ -324,6 +324,18 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def _same_value(x: Any, y: Any) -> bool:
+    """Equal, or two spellings of one existing path (relative and absolute, say)."""
+    if x == y:
+        return True
+    if isinstance(x, str) and isinstance(y, str) and x and y:
+        try:
+            return os.path.samefile(x, y)
+        except OSError:
+            return False
+    return False
+
+
 def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str, Any], allow: bool) -> list[str]:
     """What differs between RUN/config.yaml (the run being resumed) and `new_config_dict`,
     as "key: old -> new" lines (keys in RESUMABLE_CHANGES ignored). Raises RunDirError, one
@@ -339,7 +351,7 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
     a, b = _flatten(old), _flatten(new)
     changes = [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
                for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k))
-               if k not in RESUMABLE_CHANGES and a.get(k, "(absent)") != b.get(k, "(absent)")]
+               if k not in RESUMABLE_CHANGES and not _same_value(a.get(k, "(absent)"), b.get(k, "(absent)"))]
     if changes and not allow:
         raise RunDirError(f"resuming {Path(run_path)} with a config that differs from its {CONFIG_FILE}: "
                           f"{'; '.join(changes)}. Set trainer.resume_changes=allow to resume with these "

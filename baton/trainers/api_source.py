@@ -119,7 +119,7 @@ class ApiSource:
         self.cfg, self.actor, self.state = cfg, actor, state
         self.group_size = cfg.rollout.n
         self.batch_size = d.prompts_per_step * cfg.rollout.n
-        self.max_staleness = d.max_staleness if d.max_staleness >= 0 else None
+        self.max_staleness = cfg.trainer.max_staleness  # None: no bound
         self.sync_every, self.wait_s = d.sync_every, d.api_wait_s
         if tokenizer is None:
             from baton.models.load import load_tokenizer

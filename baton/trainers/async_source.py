@@ -169,7 +169,7 @@ def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSourc
     scores = p.pool_of("reward") != p.pool_of("actor")
     return GeneratorSource(roles["rollout"], roles["policy_weights"], state, cfg.data.prompts_per_step,
                            max_staleness=cfg.trainer.staleness, total_steps=cfg.trainer.steps,
-                           reward=roles["reward"] if scores else None, weight_sync=cfg.trainer.weight_sync)
+                           reward=roles["reward"] if scores else None, weight_sync=getattr(cfg.trainer, "weight_sync", "object_store"))
 
 
 __all__ = ["GeneratorSource", "rollout_source"]

@@ -1,5 +1,5 @@
 """The typed configs of DPO runs, assembled from the sections that live next to what they
-configure (as `GRPOConfig` is):
+configure (as `PPOConfig` is):
 
     model      baton.models.config.ModelConfig           actor, reference
     data       baton.trainers.run_config.DataConfig      online: the prompt sampler
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from baton.algos.dpo_config import DPOSection
 from baton.controller.placement import PlacementConfig
 from baton.envs import TASKS
 from baton.models.config import ModelConfig
-from baton.trainers.run_config import DataConfig, TrainerConfig
+from baton.trainers.run_config import DataConfig, RolloutTrainerConfig, TrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.reward import RewardConfig
 from baton.workers.rollout import RolloutConfig
@@ -52,6 +53,7 @@ def _roles(dpo: DPOSection, *roles: str) -> list[str]:
 @dataclass
 class DPOConfig:
     """Online DPO: generate -> score -> pair -> reference -> update (baton/trainers/online_dpo.py)."""
+    algorithm: Literal["online_dpo"] = "online_dpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -59,7 +61,7 @@ class DPOConfig:
     dpo: DPOSection = field(default_factory=DPOSection)
     actor: ActorConfig = field(default_factory=ActorConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(run_dir="runs/online_dpo"))
+    trainer: RolloutTrainerConfig = field(default_factory=lambda: RolloutTrainerConfig(run_dir="runs/online_dpo"))
 
     @property
     def roles(self) -> list[str]:
@@ -68,6 +70,8 @@ class DPOConfig:
     def __post_init__(self) -> None:
         for section in (self.data, self.rollout, self.reward, self.dpo, self.actor, self.trainer):
             section.check()
+        if self.data.source != "rollout":
+            raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source=rollout)")
         if self.rollout.n < 2:
             raise ValueError(f"online DPO pairs the samples of a prompt: rollout.n={self.rollout.n} "
                              f"makes no pair (use rollout.n >= 2)")
@@ -107,6 +111,7 @@ class PairDataConfig:
 @dataclass
 class OfflineDPOConfig:
     """Offline DPO from pairs: `baton dpo RECIPE` (baton/trainers/offline_dpo.py)."""
+    algorithm: Literal["dpo"] = "dpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PairDataConfig = field(default_factory=PairDataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # evaluation on data.task only
@@ -125,6 +130,11 @@ class OfflineDPOConfig:
         if self.dpo.pairing != "best_worst" or self.dpo.min_margin:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
+        # the rollout only evaluates data.task: greedy, and 4 samples at rollout.temperature
+        for key in ("n", "top_p", "top_k"):
+            if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
+                raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
+                                 f"greedy, and 4 samples at rollout.temperature)")
         self.placement.check(self.roles, same_pool=("actor", "rollout") if self.data.task else ())
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:

@@ -1,7 +1,7 @@
 """The offline DPO driver: preference pairs from a jsonl file, the same loss, config pieces,
 metrics and checkpoints as online DPO.
 
-    baton dpo recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
+    baton train recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
 
 Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
 is tokenized as the rollout engine tokenizes prompts, each completion as plain text followed
@@ -24,7 +24,6 @@ available here too.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,11 @@ from baton import fields as F
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.envs import get_task
-from baton.metrics import Timer, write_report
 from baton.models.load import load_tokenizer
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
-from baton.trainers.run import (NonFiniteGuard, StepEnd, close_run, evaluate, metrics_logger, open_run,
-                                save_checkpoint)
+from baton.trainers.run import RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
 from baton.workers.dpo_actor import pair_rows
 from baton.workers.rollout import pad_left, pad_right
@@ -80,21 +77,47 @@ def encode_pairs(tokenizer: Any, pairs: Batch, multiple: int = 1) -> Batch:
     return pair_rows(rows, torch.arange(0, 2 * n, 2), torch.arange(1, 2 * n, 2), multiple)
 
 
+class PairFileSource:
+    """The row source of offline DPO: the next `data.pairs_per_step` pairs of the file (the
+    run's seeded, resumable sampler), encoded pair-major. A colocated rollout engine (held-out
+    generation accuracy) is told each new version."""
+
+    def __init__(self, cfg: OfflineDPOConfig, tokenizer: Any, state: RunState, rollout: Any) -> None:
+        self.cfg, self.tokenizer, self.state, self.rollout = cfg, tokenizer, state, rollout
+
+    def rows(self, step: int) -> Batch:
+        return encode_pairs(self.tokenizer, self.state.next_prompts(self.cfg.data.pairs_per_step),
+                            multiple=self.cfg.placement.world_size)
+
+    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
+        if self.rollout is not None:  # colocated: tags the engine with the new version
+            return self.rollout.sync_weights(version, check=check)
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the sampler's position is saved by RunState
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def train(cfg: OfflineDPOConfig) -> dict[str, float]:
-    t, d = cfg.trainer, cfg.dpo
-    torch.manual_seed(t.seed)
-    run = open_run(cfg)  # locked; refuses a finished run's dir; config.yaml written
-    roles: dict = {}
-    try:
+    d = cfg.dpo
+    with RunSession(cfg) as run:
         tokenizer = load_tokenizer(cfg.model.path)
         train_pairs = load_pairs(cfg.data.path)
         eval_pairs = (encode_pairs(tokenizer, collate(load_pairs(cfg.data.eval_path)), cfg.placement.world_size)
                       if cfg.data.eval_path else None)
         task_rows = get_task(cfg.data.task).eval_rows(cfg.data.eval_size) if cfg.data.task else []
         state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=task_rows)
-        roles = build_dpo_roles(cfg, temperature=1.0, task=cfg.data.task,
-                                probe_prompt=task_rows[0]["prompt"] if task_rows else train_pairs[0]["prompt"])
+        run.roles = roles = build_dpo_roles(
+            cfg, temperature=1.0, task=cfg.data.task,
+            probe_prompt=task_rows[0]["prompt"] if task_rows else train_pairs[0]["prompt"])
         actor, ref, rollout = roles["actor"], roles.get("reference"), roles.get("rollout")
+        source = PairFileSource(cfg, tokenizer, state, rollout)
 
         def evaluation() -> dict[str, float]:
             out = evaluate(rollout, state.eval_rows) if rollout is not None else {}
@@ -102,35 +125,21 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
                 out.update(actor.evaluate_dpo(with_ref_logprobs(ref, eval_pairs))[0])
             return out
 
-        if run.resume_from:
-            saved = actor.load_checkpoint(str(run.resume_from))[0]
+        def restore(path: str) -> None:
+            saved = actor.load_checkpoint(path)[0]
             state.restore(saved)
             restore_reference(roles, saved)
-            if rollout is not None:
-                rollout.sync_weights(state.step)
-        log = metrics_logger(run, t, start_step=state.step)
-        end = StepEnd(t, log, NonFiniteGuard(t.max_nonfinite_steps), evaluation)
-        try:
-            if state.step == 0:
-                state.first_eval = evaluation()
-                log.log(0, state.first_eval)
-            while state.step < t.steps:
-                step, timer, t0 = state.step + 1, Timer(), time.perf_counter()
-                batch = encode_pairs(tokenizer, state.next_prompts(cfg.data.pairs_per_step),
-                                     multiple=cfg.placement.world_size)
-                with timer("reference"):
-                    batch = with_ref_logprobs(ref, batch)
-                with timer("update"):  # skips optimizer steps whose loss/grad is not finite
-                    metrics = {**actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
-                if rollout is not None:
-                    rollout.sync_weights(step)  # colocated: tags the engine with the new version
-                metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
-                state.step = step
-                end(step, metrics, timer, t0, save=lambda: save_checkpoint(
-                    actor, run, t, step, {**state.to_dict(), **reference_state(roles, d.ref_refresh_every, step)}))
-        finally:
-            log.close()
-    finally:
-        close_run(run, roles, cfg.placement.backend)
-    write_report(run.path)
-    return {**{f"start/{k}": v for k, v in (state.first_eval or {}).items()}, **end.final_eval}
+            source.weights_updated(state.step)
+
+        run.start(state, restore=restore, evaluate=evaluation)
+        for step, timed in run.steps():
+            batch = source.rows(step)
+            with timed("reference"):
+                batch = with_ref_logprobs(ref, batch)
+            with timed("update"):  # skips optimizer steps whose loss/grad is not finite
+                metrics = {**actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
+            source.weights_updated(step)
+            metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
+            run.end_step(step, metrics, save=lambda: save_checkpoint(
+                actor, run.run, run.t, step, {**state.to_dict(), **reference_state(roles, d.ref_refresh_every, step)}))
+    return run.result()

@@ -9,7 +9,7 @@ the critic and the reward model when their sections are present. `placement.pool
 own (split placement), where their calls run concurrently with the actor's. On the `local` backend every pool is the
 driver's own process (world size 1; breakpoints in workers work).
 
-A GRPO rollout on a pool other than the actor's (disaggregated; `trainer.mode` one_step_off /
+A rollout on a pool other than the actor's (disaggregated; `trainer.mode` one_step_off /
 async put it there by default) is a `GeneratorWorker` with its own copy of the model, and
 the actor's pool gets one more role, "policy_weights" (`WeightsWorker`, right after the
 actor), which serves the actor's weights to it. When generation is to overlap the update
@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 from baton.controller import build_role_groups
-from baton.trainers.grpo_config import GRPOConfig
 from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers.critic import CriticWorker
@@ -34,11 +33,10 @@ from baton.workers.reward_model import RewardModelWorker
 from baton.workers.rollout import RolloutWorker
 
 
-def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any]:
+def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
     """{role: WorkerGroup}. `probe_prompt`: the prompt of the weight-sync parity check."""
     r = cfg.rollout
-    wanted = cfg.roles if isinstance(cfg, PPOConfig) else [
-        "actor", "rollout", "reward", *(["reference"] if cfg.algo.kl_coef > 0 else [])]
+    wanted = cfg.roles
     classes = {  # the actor first: the colocated rollout engine takes its Policy handle
         "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
                   dict(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
@@ -50,13 +48,12 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
                       dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
                            strategy=cfg.actor.strategy)),
     }
-    if isinstance(cfg, PPOConfig):
-        if cfg.reward_model is not None:
-            classes["reward_model"] = (RewardModelWorker, (cfg.reward_model,), {})
-        if cfg.critic is not None:
-            classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
-                                 dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
-                                      max_new_tokens=r.max_new_tokens))
+    if cfg.reward_model is not None:
+        classes["reward_model"] = (RewardModelWorker, (cfg.reward_model,), {})
+    if cfg.critic is not None:
+        classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
+                             dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
+                                  max_new_tokens=r.max_new_tokens))
     classes = {role: entry for role, entry in classes.items() if role in wanted}
     # LoRA: the reference is the actor's own module with its adapters disabled (no second model)
     lora_reference = cfg.model.lora is not None and classes.pop("reference", None) is not None
@@ -80,7 +77,7 @@ def build_roles(cfg: GRPOConfig | PPOConfig, probe_prompt: str) -> dict[str, Any
     return groups
 
 
-def apart(cfg: GRPOConfig | PPOConfig) -> bool:
+def apart(cfg: Any) -> bool:
     """Whether the rollout sits on a pool other than the actor's (a generator of its own)."""
     p = cfg.placement
     return p.pool_of("rollout") != p.pool_of("actor")

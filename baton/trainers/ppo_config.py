@@ -1,47 +1,64 @@
-"""The typed config of a PPO-family run (`baton.trainers.ppo`), assembled from the sections
-that live next to what they configure:
+"""The typed config of a PPO-family run (`baton.trainers.ppo`: GRPO, Dr. GRPO, DAPO, RLOO,
+REINFORCE++, ReMax, GSPO, PPO with a critic and GAE), assembled from the sections that live
+next to what they configure:
 
-    algorithm     "ppo": selects this driver in `baton train` (see baton/cli.py)
+    algorithm     grpo | ppo: the family's name (`baton train` picks this driver for both);
+                  it only sets the default `algo.advantage` (grpo -> grpo, ppo -> gae)
     model         baton.models.config.ModelConfig            actor, reference (critic default path)
-    data          baton.trainers.run_config.DataConfig       the driver's prompt sampler
-    rollout       baton.workers.rollout.RolloutConfig        rollout
+    data          baton.trainers.run_config.DataConfig       where rows come from (data.source)
+    rollout       baton.workers.rollout.RolloutConfig        rollout / generator
     reward        baton.workers.reward.RewardConfig          reward (functions: {} = none)
     reward_model  baton.workers.reward_model.RewardModelConfig | null   reward_model
-    algo          baton.algos.config.AlgoConfig              the driver, the actor (loss)
+    algo          baton.algos.config.AlgoConfig              the driver (advantages, KL in the
+                                                             reward, off-policy correction,
+                                                             DAPO) and the actor (its loss)
     actor         baton.workers.actor.ActorConfig            actor
     critic        baton.workers.critic.CriticConfig | null   critic (present = on)
     placement     baton.controller.placement.PlacementConfig
-    trainer       baton.trainers.run_config.TrainerConfig
+    trainer       RLTrainerConfig: TrainerConfig + check_weight_sync, mode, max_staleness
 
-One driver covers the family: PPO with a critic (`critic:` + `algo.advantage: gae`), and the
-critic-less estimators (grpo, dr_grpo, rloo, remax, reinforce_pp, ...), with GSPO / DAPO /
-TIS options by name. `__post_init__` checks every name and range and the cross-section
-rules below before anything is loaded or written, so a bad recipe is one line, exit 2:
-`gae` without a critic, a critic no estimator reads, TIS without recomputed old logprobs,
-group estimators with one sample per prompt, batch sizes that do not divide.
+Roles are switched on by config, and every combination that makes sense runs: any
+estimator with any row source (this run's rollout colocated, a generator running ahead,
+the trajectory API), a critic or not, a reward model or not, KL in the loss or in the
+reward, one off-policy correction by name. A combination that cannot run is refused here,
+one line naming the keys, before anything is loaded or written.
+
+`trainer.mode` (sync | one_step_off | async) decides whether generation overlaps the update:
+the overlapping modes need the rollout on a pool of its own; unless `placement.roles` places
+it, the rollout and the reward move to the pool "gen" (1 worker), which runs on Ray even
+when `placement.backend=local` (the actor then stays in the driver's process).
+`trainer.max_staleness` is the one staleness bound: how many versions a generator may run
+ahead (mode async, default 2), or the oldest group the trajectory API may serve
+(data.source=api; unset = no bound). Sizes: `data.prompts_per_step` prompts x `rollout.n`
+samples = the rows of one step; `actor.mini_batch_size` and `actor.micro_batch_size` count
+rows across all data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 from baton.algos import ADVANTAGES
-from baton.algos.config import AlgoConfig, check_advantage_inputs, check_algo_names, check_algo_ranges
+from baton.algos.config import (AlgoConfig, check_advantage_inputs, check_algo_dependencies, check_algo_names,
+                                check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
-from baton.trainers.run_config import DataConfig, TrainerConfig
+from baton.trainers.run_config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
 from baton.workers.reward import RewardConfig
 from baton.workers.reward_model import RewardModelConfig
 from baton.workers.rollout import RolloutConfig
 
-# What the PPO driver can hand an advantage estimator: values only with a critic;
+# What the driver can hand an advantage estimator: values only with a critic;
 # baseline_scores (the greedy sample's reward, ReMax) whenever the estimator asks.
 BASE_INPUTS = {"scores", "response_mask", "group_index", "token_rewards", "baseline_scores"}
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}  # baseline = the group
+DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae"}
+GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
 
 
 def estimator_reads(name: str, what: str) -> bool:
@@ -49,24 +66,58 @@ def estimator_reads(name: str, what: str) -> bool:
 
 
 @dataclass
+class RLTrainerConfig(RolloutTrainerConfig):
+    """The `trainer:` section of a PPO-family run: TrainerConfig plus how generation and the
+    update overlap (see baton.trainers.async_source):
+
+        sync          the rows of step s are sampled by the weights of step s-1 (age 0)
+        one_step_off  the generator samples step s+1 while the trainer trains on step s (age 1)
+        async         the generator runs up to `max_staleness` steps ahead (age <= max_staleness)
+    """
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
+    # versions a row may be older than the trainer: the generator's bound (async's default: 2),
+    # or the oldest group the trajectory API serves with data.source=api (unset: no bound)
+    max_staleness: int | None = None
+
+    @property
+    def staleness(self) -> int:
+        """k: the rows of step s are sampled by weights version max(0, s - 1 - k)."""
+        if self.mode == "sync":
+            return 0
+        if self.mode == "one_step_off":
+            return 1
+        return 2 if self.max_staleness is None else self.max_staleness
+
+    def check(self) -> None:
+        super().check()
+        k, mode = self.max_staleness, self.mode
+        if k is not None and k < 0:
+            raise ValueError(f"trainer.max_staleness must be >= 0, got {k}")
+        fixed = {"one_step_off": 1}.get(mode)
+        if k is not None and fixed is not None and k != fixed:
+            raise ValueError(f"trainer.mode={mode} has max_staleness {fixed}; for a bound of {k} "
+                             f"use trainer.mode=async trainer.max_staleness={k}")
+
+
+@dataclass
 class PPOConfig:
-    algorithm: Literal["ppo"] = "ppo"
+    algorithm: Literal["grpo", "ppo"] = "grpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig | None = None
-    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(advantage="gae"))
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig | None = None
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(run_dir="runs/ppo"))
+    trainer: RLTrainerConfig = field(default_factory=RLTrainerConfig)
 
     @property
     def roles(self) -> list[str]:
         """The roles this run builds (placement may name only these)."""
         out = ["actor", "rollout"]
-        if self.reward.functions:
+        if self.reward.functions and self.data.source != "api":
             out.append("reward")
         if self.reward_model is not None:
             out.append("reward_model")
@@ -82,20 +133,34 @@ class PPOConfig:
         ReMax baseline)."""
         return estimator_reads(self.algo.advantage, "baseline_scores")
 
+    @property
+    def pretrain_steps(self) -> int:
+        """Trainer steps in which the critic trains alone (the actor and the engine wait)."""
+        return self.critic.pretrain_steps if self.critic is not None else 0
+
     def __post_init__(self) -> None:
+        if not self.algo.advantage:
+            self.algo.advantage = DEFAULT_ADVANTAGE[self.algorithm]
         for section in (self.data, self.rollout, self.actor, self.trainer):
             section.check()
         if self.reward.functions:
             self.reward.check()
-        elif self.reward_model is None:
+        elif self.reward_model is None and self.data.source == "rollout":
             raise ValueError("reward.functions is empty and there is no reward_model: nothing scores the rollouts")
-        if self.reward_model is not None:
-            self.reward_model.check()
-        if self.critic is not None:
-            self.critic.check()
+        for section in (self.reward_model, self.critic):
+            if section is not None:
+                section.check()
+        self._check_algo()
+        self._check_sources()
+        self._place_generator()
+        self.placement.check(self.roles)
+        self._check_sizes()
+
+    def _check_algo(self) -> None:
         a, n = self.algo, self.rollout.n
         check_algo_names(a)
         check_algo_ranges(a)
+        check_algo_dependencies(a)
         check_advantage_inputs(a.advantage, BASE_INPUTS | ({"values"} if self.critic is not None else set()))
         if self.critic is not None and not estimator_reads(a.advantage, "values"):
             raise ValueError(f"critic: section given but algo.advantage={a.advantage!r} does not use values; "
@@ -108,17 +173,69 @@ class PPOConfig:
             if self.rollout.temperature == 0:
                 raise ValueError(f"rollout.temperature=0 makes the {n} samples of a prompt identical "
                                  f"({what} needs them to differ; use a temperature > 0)")
-        if a.tis_cap is not None and not a.recompute_old_logprobs:
-            raise ValueError("algo.tis_cap needs algo.recompute_old_logprobs=true: otherwise the old logprobs "
-                             "are the engine's and every truncated-IS weight is 1")
         if a.overlong_buffer > self.rollout.max_new_tokens:
             raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds rollout.max_new_tokens="
                              f"{self.rollout.max_new_tokens}")
-        if self.critic is not None and self.critic.warmup_steps >= self.trainer.steps:
-            raise ValueError(f"critic.warmup_steps={self.critic.warmup_steps} leaves the actor no step of "
+        if self.pretrain_steps >= self.trainer.steps:
+            raise ValueError(f"critic.pretrain_steps={self.pretrain_steps} leaves the actor no step of "
                              f"trainer.steps={self.trainer.steps}")
-        self.placement.check(self.roles, same_pool=("actor", "rollout"))
-        rows, ws = self.data.prompts_per_step * n, self.placement.world_size
+
+    def _check_sources(self) -> None:
+        """What a row source other than the colocated rollout cannot do, refused by name."""
+        a, d, mode = self.algo, self.data, self.trainer.mode
+        colocated = mode == "sync" and d.source == "rollout" and (
+            self.placement.pool_of("rollout") == self.placement.pool_of("actor"))
+        if not colocated:
+            where = f"data.source={d.source}" if d.source != "rollout" else f"trainer.mode={mode}" \
+                if mode != "sync" else "a rollout on a pool of its own"
+            if a.dynamic_sampling:
+                raise ValueError(f"algo.dynamic_sampling draws more prompts until a step is full, which only this "
+                                 f"run's colocated rollout can do; {where} fixes each step's rows in advance")
+            if self.remax:
+                raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
+                                 f"run's colocated rollout; {where} does not sample one")
+        if d.source == "api":  # the environments sample and score: this run's sampling and reward keys rest
+            r, defaults = self.rollout, RolloutConfig()
+            for key in ("top_p", "top_k"):
+                if getattr(r, key) != getattr(defaults, key):
+                    raise ValueError(f"rollout.{key} is not read with data.source=api: the environments sample "
+                                     f"(their own settings); remove it")
+            set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
+            if set_keys:
+                raise ValueError(f"{', '.join(set_keys)}: not read with data.source=api (the environments score the "
+                                 f"groups they push); remove the reward section (a reward_model still adds its score)")
+        if d.source == "api" and mode != "sync":
+            raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
+                             f"data.source=api the rows come from the environments (trainer.max_staleness bounds "
+                             f"their age): use trainer.mode=sync")
+        if d.source == "rollout" and mode == "sync" and self.trainer.max_staleness not in (None, 0):
+            raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} bounds a generator running ahead "
+                             f"(trainer.mode=async) or the trajectory API (data.source=api); this run has neither")
+
+    def _place_generator(self) -> None:
+        """The overlapping modes need the rollout apart from the actor: put it (and the
+        reward, unless placed) on the pool "gen" when the recipe does not place it."""
+        p, mode = self.placement, self.trainer.mode
+        if mode == "sync":
+            return
+        if self.trainer.staleness >= 2 and self.algo.off_policy == "none":
+            warnings.warn(f"trainer.mode={mode} with max_staleness {self.trainer.staleness} and algo.off_policy=none: "
+                          f"rows up to {self.trainer.staleness} versions old are clipped against the policy that "
+                          f"sampled them (measured on the demo: held-out accuracy 0.68 vs sync's 0.855); "
+                          f"algo.off_policy=decoupled_ppo corrects it (0.885) at the cost of one more forward",
+                          UserWarning, stacklevel=2)
+        if "rollout" not in p.roles:
+            p.pools.setdefault(GEN_POOL, 1)
+            p.roles["rollout"] = GEN_POOL
+            if "reward" in self.roles:
+                p.roles.setdefault("reward", GEN_POOL)
+        elif p.pool_of("rollout") == p.pool_of("actor"):
+            raise ValueError(f"trainer.mode={mode} overlaps generation with the update, so the rollout needs "
+                             f"a pool of its own: placement.pools.{GEN_POOL}=1 placement.roles.rollout={GEN_POOL} "
+                             f"(or leave placement.roles.rollout unset), or trainer.mode=sync")
+
+    def _check_sizes(self) -> None:
+        rows, ws = self.data.prompts_per_step * self.rollout.n, self.placement.world_size
         if self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.prompts_per_step={self.data.prompts_per_step}")
         sections = [("actor", self.actor.mini_batch_size, ws)]

@@ -1,6 +1,6 @@
 """`baton rm RECIPE`: train a Bradley-Terry reward model from preference pairs.
 
-    baton rm recipes/rm_arithmetic.yaml [dotted.key=value ...]
+    baton train recipes/rm_arithmetic.yaml [dotted.key=value ...]
 
 Data: a jsonl of {"prompt", "chosen", "rejected"} (`data.path`), or, with `data.path: ""`,
 pairs made from a task's rows (`data.task`): chosen = the task's target answer, rejected = a
@@ -10,42 +10,43 @@ wrong one (the answer with one digit changed). The model starts from any local c
 same functions the reward-model role scores with). Loss: -log sigmoid(r_chosen - r_rejected),
 mean over pairs (Ouyang et al. 2022, one pair per prompt).
 
-The run dir gets what an SFT run's gets, from the same pieces: config.yaml (`save_config`),
-metrics.jsonl (`MetricsLogger`: loss, accuracy = P(r_chosen > r_rejected), margin, grad
-norm, lr), the optimizer and schedule from `build_optimizer`; at the end the model is saved
-atomically as an HF sequence-classification checkpoint (`save_pretrained`) that
-`reward_model.path` and `critic.path` load, and its held-out pair accuracy is printed.
+The run is a run like any other (`baton.trainers.in_process.fit` inside a `RunSession`, as
+SFT's): locked run dir, config.yaml, metrics.jsonl (rm/loss, rm/accuracy = P(r_chosen >
+r_rejected), rm/margin, grad norm, lr), held-out pair accuracy at the start and the end,
+atomic checkpoints `checkpoints/step_N` (HF sequence-classification dirs that
+`reward_model.path` and `critic.path` load) that `trainer.resume=auto` continues from, and
+`trainer.save_path` to export the final model elsewhere too.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
-from baton.config import save_config
 from baton.data.prompts import PromptSampler
 from baton.envs import TASKS, get_task
-from baton.metrics import MetricsLogger
-from baton.models import load_tokenizer, save_pretrained
+from baton.models import load_tokenizer
+from baton.trainers.in_process import InProcessTrainerConfig, fit
+from baton.trainers.run import RunSession
+from baton.trainers.run_state import RunState
 from baton.workers.optim import build_optimizer
 from baton.workers.reward_model import encode_pair, load_reward_model, pad_right, sequence_scores
 
 
 @dataclass
-class RMModelSection:
+class RMModelConfig:
     path: str = "checkpoints/arith-sft"  # a local HF dir: causal LM (new head) or reward model
     seed: int = 0  # init seed of a new head
 
 
 @dataclass
-class RMDataSection:
+class RMDataConfig:
     path: str = ""  # jsonl of {prompt, chosen, rejected}; "" = pairs made from `task`
     task: str = "arithmetic"  # used when path is ""
     num_pairs: int = 4000  # pairs made from the task
@@ -63,9 +64,9 @@ class RMDataSection:
 
 
 @dataclass
-class RMOptimSection:
+class RMOptimConfig:
     lr: float = 1e-4
-    warmup_steps: int = 10
+    lr_warmup_steps: int = 10
     lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -74,31 +75,18 @@ class RMOptimSection:
 
 
 @dataclass
-class RMTrainerSection:
-    steps: int = 200
-    batch_size: int = 32  # pairs per step
-    seed: int = 0
-    log_every: int = 20
-    num_threads: int = 1
-    run_dir: str | None = "runs/rm"
-    save_path: str | None = "checkpoints/arith-rm"
-
-    def check(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.log_every < 1:
-            raise ValueError("trainer.steps, trainer.batch_size and trainer.log_every must be >= 1")
-
-
-@dataclass
 class RMConfig:
-    model: RMModelSection = field(default_factory=RMModelSection)
-    data: RMDataSection = field(default_factory=RMDataSection)
-    optim: RMOptimSection = field(default_factory=RMOptimSection)
-    trainer: RMTrainerSection = field(default_factory=RMTrainerSection)
+    algorithm: Literal["rm"] = "rm"
+    model: RMModelConfig = field(default_factory=RMModelConfig)
+    data: RMDataConfig = field(default_factory=RMDataConfig)
+    optim: RMOptimConfig = field(default_factory=RMOptimConfig)
+    trainer: InProcessTrainerConfig = field(default_factory=lambda: InProcessTrainerConfig(
+        steps=200, batch_size=32, run_dir="runs/rm"))
 
     def __post_init__(self) -> None:
         self.data.check()
         self.trainer.check()
-        if self.optim.lr <= 0 or self.optim.grad_clip <= 0:
+        if self.optim.lr <= 0 or self.optim.grad_clip <= 0 or self.optim.lr_warmup_steps < 0:
             raise ValueError("optim.lr and optim.grad_clip must be > 0")
 
 
@@ -117,7 +105,7 @@ def task_pairs(task_name: str, n: int, seed: int) -> list[dict[str, str]]:
             for r in rows]
 
 
-def load_pairs(data: RMDataSection) -> list[dict[str, str]]:
+def load_pairs(data: RMDataConfig) -> list[dict[str, str]]:
     if not data.path:
         return task_pairs(data.task, data.num_pairs, data.seed)
     pairs = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
@@ -139,7 +127,7 @@ def pair_scores(model, tokenizer, pairs: list[dict[str, str]], max_length: int) 
 def bt_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """Bradley-Terry loss -log sigmoid(r_c - r_r), mean over pairs; accuracy and margin."""
     margin = chosen - rejected  # [N]
-    loss = -F.logsigmoid(margin).mean()
+    loss = -functional.logsigmoid(margin).mean()
     return loss, {"accuracy": (margin > 0).float().mean().item(), "margin": margin.mean().item()}
 
 
@@ -154,67 +142,32 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict[str, str]], max_length: in
     model.train(was)
     m = torch.cat(margins)
     return {"eval/accuracy": (m > 0).float().mean().item(), "eval/margin": m.mean().item(),
-            "eval/loss": -F.logsigmoid(m).mean().item()}
+            "eval/loss": -functional.logsigmoid(m).mean().item()}
 
 
 def run_rm(cfg: RMConfig) -> dict[str, Any]:
-    t0, t = time.perf_counter(), cfg.trainer
-    if t.num_threads > 0:
-        torch.set_num_threads(t.num_threads)
-    torch.manual_seed(t.seed)
-    pairs = load_pairs(cfg.data)
-    n_eval = int(len(pairs) * cfg.data.eval_fraction)
-    train_pairs, eval_pairs = pairs[:len(pairs) - n_eval], pairs[len(pairs) - n_eval:]
-    model = load_reward_model(cfg.model.path, seed=cfg.model.seed).train()
-    tokenizer = load_tokenizer(cfg.model.path)
-    o = cfg.optim
-    optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
-                                   warmup_steps=o.warmup_steps, total_steps=t.steps, schedule=o.lr_schedule,
-                                   min_ratio=o.min_lr_ratio)
-    sampler = PromptSampler(train_pairs, seed=cfg.data.seed)
-    log = None
-    if t.run_dir:
-        save_config(cfg, Path(t.run_dir) / "config.yaml")  # creates the run dir
-        log = MetricsLogger(t.run_dir, t.steps, console=False)
-    result: dict[str, Any] = {}
-    if eval_pairs:
-        result.update({f"start/{k}": v for k, v in evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length).items()})
-    print(f"rm: {len(train_pairs)} training pairs, {len(eval_pairs)} held out, {t.steps} steps x {t.batch_size}")
-    losses: list[float] = []
-    window: dict[str, list[float]] = {}
-    try:
-        for step in range(1, t.steps + 1):
-            lr = optim.param_groups[0]["lr"]
-            chosen, rejected = pair_scores(model, tokenizer, sampler.next_batch(t.batch_size), cfg.data.max_length)
-            loss, stats = bt_loss(chosen, rejected)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
-            optim.step()
-            sched.step()
-            losses.append(loss.item())
-            for k, v in {"loss": loss.item(), **stats, "grad_norm": grad_norm}.items():
-                window.setdefault(k, []).append(v)
-            if step % t.log_every == 0 or step == t.steps or step == 1:
-                rec = {f"rm/{k}": sum(v) / len(v) for k, v in window.items()}
-                rec.update({"rm/lr": lr, "timing/elapsed_s": time.perf_counter() - t0})
-                if step == t.steps and eval_pairs:
-                    result.update(evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length))
-                    rec.update({k: v for k, v in result.items() if k.startswith("eval/")})
-                print(f"rm step {step:>5}  loss {rec['rm/loss']:.4f}  acc {rec['rm/accuracy']:.3f}  "
-                      f"margin {rec['rm/margin']:.3f}  {rec['timing/elapsed_s']:.1f}s", flush=True)
-                if log:
-                    log.log(step, rec)
-                window = {}
-    finally:
-        if log:
-            log.close()
-    result.update({"loss_first": losses[0], "loss_last": losses[-1], "train_s": time.perf_counter() - t0})
+    t, o = cfg.trainer, cfg.optim
+    with RunSession(cfg) as run:
+        pairs = load_pairs(cfg.data)
+        n_eval = int(len(pairs) * cfg.data.eval_fraction)
+        train_pairs, eval_pairs = pairs[:len(pairs) - n_eval], pairs[len(pairs) - n_eval:]
+        model = load_reward_model(cfg.model.path, seed=cfg.model.seed).train()
+        tokenizer = load_tokenizer(cfg.model.path)
+        optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
+                                       warmup_steps=o.lr_warmup_steps, total_steps=t.steps, schedule=o.lr_schedule,
+                                       min_ratio=o.min_lr_ratio)
+        state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=[])
+        print(f"rm: {len(train_pairs)} training pairs, {len(eval_pairs)} held out, {t.steps} steps x {t.batch_size}")
+
+        def loss_fn(model, rows) -> tuple[torch.Tensor, dict[str, float]]:
+            return bt_loss(*pair_scores(model, tokenizer, rows, cfg.data.max_length))
+
+        def evaluate() -> dict[str, float]:
+            return evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length)
+
+        result = fit(run, o.grad_clip, model, tokenizer, optim, sched, state, loss_fn,
+                     evaluate if eval_pairs else None, prefix="rm", evaluate_at_start=True)
     if eval_pairs:
         print(f"rm held-out pair accuracy ({len(eval_pairs)} pairs): start {result['start/eval/accuracy']:.3f} "
               f"-> {result['eval/accuracy']:.3f}")
-    if t.save_path:
-        model.eval()
-        result["save_path"] = str(save_pretrained(model, tokenizer, t.save_path))
-        print(f"rm: saved {result['save_path']}")
     return result

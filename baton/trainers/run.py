@@ -1,33 +1,42 @@
-"""What every driver does around its step: the pieces GRPO, PPO and DPO loops call.
+"""The run session every driver runs inside: open, lock, resume, log, evaluate, end of step,
+checkpoint, close, report — written once.
 
-    run = open_run(cfg)                 lock + prepare the run dir, write config.yaml
-    ...build roles...
-    state_dict = resume_from(run)       the checkpoint to load (None: fresh)
-    log = metrics_logger(run, cfg.trainer, start_step)
-    end = StepEnd(cfg.trainer, log, NonFiniteGuard(...), evaluate=lambda: evaluate(rollout, rows))
-    ... per step, after the update: end(step, metrics, timer, t0, save=lambda: save_checkpoint(...))
-    close_run(run, roles, backend)
+    with RunSession(cfg) as run:                        seed; lock + prepare the run dir; config.yaml
+        run.roles = build_roles(...)                    closed by the session, whatever happens
+        run.start(state, restore=..., evaluate=...)     resume (restore(checkpoint path)), metrics log,
+                                                        first evaluation of a fresh run
+        for step, timed in run.steps():                 the loop header; `timed("update")` times a phase
+            ...the algorithm's lines...
+            run.end_step(step, metrics, save=...)       guard, evaluation when due, the metrics line,
+                                                        the checkpoint when due, the timeline
+    return run.result()                                 start/eval/* and the last eval/*
 
-Functions a driver calls, not a base class it inherits: the loop itself stays in the driver,
-readable top to bottom. Guarantees (see docs/RELIABILITY.md): one run per run dir at a time
-(a lock); a non-empty run dir is refused unless resumed or overwritten; config.yaml is
-written only after the config validated, atomically; a step's metrics line is written
-before its checkpoint, so a crash between them resumes from the previous checkpoint and
-re-runs the step instead of losing its line; a torn last metrics line is skipped; the
-newest *complete* checkpoint is resumed (incomplete ones are named and skipped); the last
-`trainer.keep_checkpoints` are kept; non-finite updates stop the run naming the step.
+The loop itself stays in the driver, readable top to bottom; the session is a helper it
+calls, not a base class it inherits. Guarantees (see docs/RELIABILITY.md): one run per run
+dir at a time (a lock); a non-empty run dir is refused unless resumed or overwritten;
+config.yaml is written only after the config validated, atomically; a step's metrics line
+is written before its checkpoint, so a crash between them resumes from the previous
+checkpoint and re-runs the step instead of losing its line; a torn last metrics line is
+skipped; the newest *complete* checkpoint is resumed (incomplete ones are named and
+skipped); the last `trainer.keep_checkpoints` are kept; non-finite updates stop the run
+naming the step; `report.png` is written when the run ends without an error.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from baton.config import save_config, to_dict
 from baton.controller import shutdown_ray
-from baton.metrics import MetricsLogger
+from baton.metrics import MetricsLogger, Timer, write_report
+from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
 from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
@@ -45,7 +54,12 @@ def open_run(cfg: Any) -> PreparedRun:
     `trainer.resume` or `trainer.overwrite`), then write config.yaml atomically. `cfg` has
     already been validated by its dataclass, so nothing is written for a bad config."""
     t: TrainerConfig = cfg.trainer
-    cfg.model.check()  # the model dir exists and holds a config.json: before anything is written
+    model = getattr(cfg, "model", None)  # its dir exists and holds a config.json: before anything is written
+    if hasattr(model, "check"):
+        model.check()
+    elif isinstance(getattr(model, "path", None), str):
+        check_model_path(model.path)
+    check_export_path(getattr(t, "save_path", None))  # an export never overwrites a model (the shipped one)
     run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
         if not run.fresh:
@@ -116,6 +130,32 @@ class NonFiniteGuard:
                               f"written. Lower actor.lr or check the rewards.")
 
 
+class RewardFailureError(RuntimeError):
+    """Every reward call failed (raised, hung, or was not finite) for too many steps in a row."""
+
+
+class RewardFailureGuard:
+    """Counts steps in a row where every reward call failed (`reward/calls` calls, all of them
+    `reward/errors` + `reward/timeouts` + `reward/nonfinite`): such a step trains on rewards of
+    0 that no function gave. `check` returns the error to raise (after the step's line) at
+    `limit` steps in a row; a step with one call that worked resets the count."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.count = limit, 0
+
+    def check(self, step: int, metrics: dict[str, Any]) -> RewardFailureError | None:
+        calls = metrics.get("reward/calls", 0)
+        failed = sum(metrics.get(f"reward/{k}", 0) for k in ("errors", "timeouts", "nonfinite"))
+        self.count = self.count + 1 if calls and failed >= calls else 0
+        if self.count < self.limit:
+            return None
+        return RewardFailureError(
+            f"step {step}: every reward call failed in {self.count} steps in a row ({failed:g} of {calls:g} calls "
+            f"this step: errors {metrics.get('reward/errors', 0):g}, timeouts {metrics.get('reward/timeouts', 0):g}, "
+            f"not finite {metrics.get('reward/nonfinite', 0):g}; reward.max_failed_steps={self.limit}): the run "
+            f"would train on rewards of 0. Check the reward function (run it on one row by hand).")
+
+
 class StepEnd:
     """The end of every driver's step, in one place (`end(step, metrics, timer, t0, save=)`):
     count non-finite training (`guard`), evaluate when due, log the step's line (with the
@@ -125,15 +165,16 @@ class StepEnd:
     the last evaluation's metrics."""
 
     def __init__(self, t: TrainerConfig, log: MetricsLogger, guard: NonFiniteGuard,
-                 evaluate: Callable[[], dict[str, float]]) -> None:
-        self.t, self.log, self.guard, self.evaluate = t, log, guard, evaluate
+                 evaluate: Callable[[], dict[str, float]], *more_guards: Any) -> None:
+        self.t, self.log, self.guards, self.evaluate = t, log, [guard, *more_guards], evaluate
         self.carry: dict[str, float] = {}  # the save's timing, logged with the next step
         self.final_eval: dict[str, float] = {}
 
     def __call__(self, step: int, metrics: dict[str, Any], timer: Any, t0: float,
                  save: Callable[[], None]) -> None:
         metrics = {**self.carry, **metrics}
-        stop = self.guard.check(step, metrics)  # an error naming the step after K non-finite steps
+        stops = [g.check(step, metrics) for g in self.guards]  # an error naming the step after K bad steps
+        stop = next((e for e in stops if e is not None), None)
         last = step == self.t.steps
         if is_due(step, self.t.eval_every, last):
             with timer("eval"):
@@ -167,3 +208,126 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
     finally:
         run.close()
 
+
+
+class Preempted(RuntimeError):
+    """The run got SIGTERM (a preemptible node or SLURM giving notice) and stopped after
+    saving its last finished step."""
+
+
+class RunSession:
+    """One run of any driver, from the lock to the report (see the module docstring).
+
+    `roles`: {role: WorkerGroup}, set by the driver once built; every group is shut down
+    (and Ray, if the run started it) when the session closes. `closing`: objects whose
+    `close()` runs first (row sources). `timeline`: a `baton.trainers.timeline.Timeline`
+    the session feeds (the records of evaluation and saving are no step's)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg, self.t = cfg, cfg.trainer
+        torch.manual_seed(self.t.seed)
+        self.run = open_run(cfg)  # locked; refuses a finished run's dir; config.yaml written
+        self.roles: dict[str, Any] = {}
+        self.closing: list[Any] = []
+        self.timeline: Any = None
+        self.state: Any = None
+        self.log: MetricsLogger | None = None
+        self.end: StepEnd | None = None
+        self._term: int | None = None  # the signal number once SIGTERM arrived
+        self._saved_step = self._unsaved = None  # the last step saved / the save of the last step
+        self._old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    @property
+    def path(self):
+        return self.run.path
+
+    def __enter__(self) -> "RunSession":
+        return self
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """First SIGTERM: finish the step, save it, stop (see `steps`). A second one: stop now."""
+        if self._term is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            raise Preempted("a second SIGTERM: stopped at once, without saving the step in progress")
+        self._term = signum
+        log.warning("SIGTERM: finishing the step in progress, saving it, then stopping")
+
+    def __exit__(self, kind, error, tb) -> None:
+        if self._old_handler is not None:
+            signal.signal(signal.SIGTERM, self._old_handler)
+        try:
+            for thing in [*self.closing, self.log]:
+                if thing is not None:
+                    thing.close()
+        finally:
+            close_run(self.run, self.roles, getattr(getattr(self.cfg, "placement", None), "backend", "local"))
+        if error is None:
+            write_report(self.run.path)
+
+    def start(self, state: Any, *, restore: Callable[[str], None] | None = None,
+              evaluate: Callable[[], dict[str, float]] | None = None,
+              guard: NonFiniteGuard | None = None, evaluate_at_start: bool = True) -> None:
+        """Resume (`restore(checkpoint path)` loads the roles and `state`), open the metrics
+        log, and evaluate a fresh run's starting model (logged as step 0) unless told not to."""
+        self.state = state
+        if self.run.resume_from and restore is not None:
+            restore(str(self.run.resume_from))
+        self.log = metrics_logger(self.run, self.t, start_step=state.step)
+        evaluation = None
+        if evaluate is not None:
+            def evaluation() -> dict[str, float]:
+                out = evaluate()
+                self._forget()
+                return out
+        reward = getattr(self.cfg, "reward", None)
+        self.end = StepEnd(self.t, self.log, guard or NonFiniteGuard(self.t.max_nonfinite_steps), evaluation or dict,
+                           *([RewardFailureGuard(reward.max_failed_steps)] if reward is not None else []))
+        if self.timeline is not None:
+            self.timeline.start(state.step)
+        if state.step == 0 and evaluation is not None and evaluate_at_start:
+            state.first_eval = evaluation()
+            self.log.log(0, state.first_eval)
+        self._forget()
+
+    def steps(self):
+        """(step, timed) for every step left; `timed(name)` is a context timing a phase."""
+        while self.state.step < self.t.steps:
+            self._stop_if_preempted()
+            self._timer, self._t0 = Timer(), time.perf_counter()
+            yield self.state.step + 1, self._timer
+        self._stop_if_preempted()
+
+    def _stop_if_preempted(self) -> None:
+        if self._term is None:
+            return
+        step = self.state.step
+        if self._unsaved is not None and self._saved_step != step:
+            self._unsaved()
+        raise Preempted(f"stopped by SIGTERM after step {step} of {self.t.steps}"
+                        + (f"; checkpoint step_{step} saved: continue with trainer.resume=auto" if step else ""))
+
+    def end_step(self, step: int, metrics: dict[str, Any], save: Callable[[], None]) -> None:
+        """The step is done: its timeline, then `StepEnd` (guard, evaluation, the line, the
+        checkpoint when due: `save()`)."""
+        self.state.step = step
+        if self.timeline is not None:
+            metrics = {**metrics, **self.timeline.record(step)}
+
+        def saving() -> None:
+            save()
+            self._forget()
+            self._saved_step = step
+
+        self._unsaved = saving
+        self.end(step, metrics, self._timer, self._t0, save=saving)
+
+    def _forget(self) -> None:
+        if self.timeline is not None:
+            self.timeline.forget()
+
+    def result(self) -> dict[str, float]:
+        """The starting model's evaluation (start/eval/...) and the last one (eval/...)."""
+        first = (self.state.first_eval or {}) if self.state is not None else {}
+        return {**{f"start/{k}": v for k, v in first.items()}, **(self.end.final_eval if self.end else {})}

@@ -12,6 +12,7 @@ from baton.user_modules import is_spec
 
 
 DATA_SOURCES = ("rollout", "api")
+API_ONLY = ("api_url", "servers", "sync", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 SERVER_SYNCS = ("broadcast", "checkpoint")
 
 
@@ -31,7 +32,6 @@ class DataConfig:
     sync: str = "broadcast"  # how weights reach the servers: broadcast | checkpoint
     sync_every: int = 1  # push weights to the servers every K steps
     weights_dir: str = ""  # sync=checkpoint: where the weight files go (the servers' --weights-dir)
-    max_staleness: int = -1  # serve no group sampled more than this many versions ago (-1: no bound)
     api_wait_s: float = 0.0  # give up when no batch comes for this long (0: wait for ever, saying why)
     envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
@@ -50,9 +50,15 @@ class DataConfig:
             raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
         if self.sync not in SERVER_SYNCS:
             raise ValueError(f"data.sync={self.sync!r} is not one of {list(SERVER_SYNCS)}")
-        if self.sync_every < 1 or self.max_staleness < -1 or self.api_wait_s < 0:
-            raise ValueError(f"data.sync_every must be >= 1, data.max_staleness >= -1 and data.api_wait_s >= 0 "
-                             f"(got {self.sync_every}, {self.max_staleness}, {self.api_wait_s})")
+        if self.sync_every < 1 or self.api_wait_s < 0:
+            raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
+                             f"(got {self.sync_every}, {self.api_wait_s})")
+        if self.source != "api":
+            defaults = DataConfig()
+            for key in API_ONLY:
+                if getattr(self, key) != getattr(defaults, key):
+                    raise ValueError(f"data.{key} is read only with data.source=api (this run's rows come from "
+                                     f"data.source={self.source}): remove it, or set data.source=api")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
         if self.source == "api" and bad:
             raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")
@@ -72,7 +78,6 @@ class TrainerConfig:
     max_nonfinite_steps: int = 3  # stop after this many steps with a non-finite loss/gradient
     sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb
     progress: bool = True
-    check_weight_sync: bool = False  # assert engine/trainer logprob parity after each sync
 
     def check(self) -> None:
         if self.steps < 1:
@@ -87,3 +92,10 @@ class TrainerConfig:
         if bad:
             raise ValueError(f"trainer.sinks: {bad[0]!r} is not one of {list(SINKS)}")
         check_sinks(self.sinks)
+
+
+@dataclass
+class RolloutTrainerConfig(TrainerConfig):
+    """The `trainer:` section of a run that samples with a rollout engine (online DPO; the
+    PPO family extends it): TrainerConfig plus the weight-sync parity check."""
+    check_weight_sync: bool = False  # after each sync, engine logprobs = trainer logprobs on a probe, or stop

@@ -82,3 +82,28 @@ def step_overlaps(records: list[dict[str, Any]]) -> dict[str, float]:
         if value is not None:
             out[f"timeline/{name}"] = value
     return out
+
+
+class Timeline:
+    """The run's timeline file, fed by the run session: `start(step)` after set-up (a fresh
+    run starts the file anew, a resumed one drops the steps it redoes), `forget()` drops
+    records that are no step's (set-up, evaluation, saving), `record(step)` appends the
+    step's records and returns its overlaps (`timeline/*` metrics)."""
+
+    def __init__(self, roles: dict[str, Any], path: Path) -> None:
+        self.roles, self.path = roles, Path(path)
+
+    def start(self, step: int) -> None:
+        if step:
+            truncate_after(self.path, step)
+        elif self.path.exists():
+            self.path.unlink()
+        self.forget()
+
+    def forget(self) -> None:
+        take(self.roles)
+
+    def record(self, step: int) -> dict[str, float]:
+        records = take(self.roles)
+        append(self.path, step, records)
+        return step_overlaps(records)

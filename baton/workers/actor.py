@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from baton import fields as F
-from baton.algos import actor_loss, loss_normalisers
+from baton.algos import actor_loss
 from baton.algos.config import AlgoConfig
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
@@ -34,9 +34,10 @@ from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
-from baton.models.parallel import move_optimizer_state, wrap
+from baton.models.parallel import wrap
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
+from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
 
@@ -49,7 +50,7 @@ class ActorConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    warmup_steps: int = 0
+    lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     min_lr_ratio: float = 0.0
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
@@ -69,8 +70,8 @@ class ActorConfig:
             raise ValueError("actor: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
                              f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
-        if self.grad_clip <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError("actor: grad_clip must be > 0, warmup_steps >= 0, min_lr_ratio in [0, 1]")
+        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("actor: grad_clip must be > 0, lr_warmup_steps >= 0, min_lr_ratio in [0, 1]")
 
 
 class ActorWorker(Worker):
@@ -96,11 +97,13 @@ class ActorWorker(Worker):
                         activation_checkpointing=a.activation_checkpointing, cpu_offload=a.offload)
         self.optim, self.sched = build_optimizer(
             self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
-            warmup_steps=a.warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
+            warmup_steps=a.lr_warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
             min_ratio=a.min_lr_ratio)
         # what a colocated engine reads: the module itself, or (sharded) gathered full tensors
         self.policy = Policy(self.model, self.tokenizer, in_place=not self.par.sharded,
                              full_weights=self.par.full_state_dict_iter)
+        self.steps = OptimizerSteps(self.optim, self.sched, self.par, self.device, a.grad_clip,
+                                    offload=a.offload, prefix="actor")
 
     @property
     def updates(self) -> int:  # trainer steps taken: the policy version
@@ -150,16 +153,10 @@ class ActorWorker(Worker):
             max_len=self.max_new_tokens)
         return loss, {f"actor/{k}": float(v) for k, v in stats.items()}
 
-    def _sync_grads(self) -> None:
-        self.par.sync_grads()  # SUM over data ranks: losses are already divided by global counts
-
-    def _clip_grads(self, max_norm: float) -> torch.Tensor:
-        """The global gradient norm before clipping (correct for sharded gradients)."""
-        return self.par.clip_grad_norm_(max_norm)
-
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> dict[str, float]:
-        """Consumes a rollout batch with advantages; produces metrics; takes optimizer steps.
+        """Consumes a rollout batch with advantages; produces metrics; takes optimizer steps
+        (`baton.workers.optimizer_steps`: clipping, the non-finite skip, offload, schedule).
 
         Mini-batches and micro-batch sizes count rows across all ranks; each rank takes its
         share. Rows that are dispatch padding get a zero mask.
@@ -167,47 +164,24 @@ class ActorWorker(Worker):
         a = self.cfg
         batch = self._mask_padding(batch)
         rows_global = len(batch) * self.dp_size
-        mini = max(1, (a.mini_batch_size or rows_global) // self.dp_size)
-        micro = max(1, a.micro_batch_size // self.dp_size)
-        if a.offload:  # the optimizer state comes back for the update (see ActorConfig.offload)
-            move_optimizer_state(self.optim, self.device)
-        self.model.train()
         sums: dict[str, float] = {}
-        n_updates = skipped = 0
-        for epoch in range(a.epochs):
-            seed = self.seed * 1_000_003 + self.updates * 101 + epoch
-            for mb in self._group_shuffled(batch, seed).minibatches(mini, shuffle=False):
-                counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
-                self.optim.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), dtype=torch.float64)
-                for mc in mb.minibatches(micro, shuffle=False):
-                    loss, stats = self._loss(mc, counts[0].item(), counts[1].item())
-                    loss.backward()
-                    mb_loss += loss.item()
-                    for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
-                        sums[k] = sums.get(k, 0.0) + v * len(mc) / len(mb)
-                self._sync_grads()
-                # Each rank's loss is its share of the global one (global normalisers): sum them.
-                sums["actor/loss"] = sums.get("actor/loss", 0.0) + self._all_reduce(mb_loss).item()
-                norm = self._clip_grads(a.grad_clip)
-                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + norm.item()
-                # A non-finite loss or gradient would poison the weights (and every later
-                # checkpoint): skip this optimizer step; the driver stops after K such steps.
-                # Same verdict on every rank: the loss and the norm are all-reduced values.
-                if torch.isfinite(norm) and torch.isfinite(mb_loss):
-                    self.optim.step()
-                else:
-                    skipped += 1
-                n_updates += 1
-        self.sched.step()
+
+        def prepare(mb: Batch) -> tuple[float, float, int]:
+            return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb))
+
+        def loss(mc: Batch, ctx: tuple[float, float, int]) -> torch.Tensor:
+            value, stats = self._loss(mc, ctx[0], ctx[1])
+            for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
+                sums[k] = sums.get(k, 0.0) + v * len(mc) / ctx[2]
+            return value
+
+        self.model.train()
+        metrics, n_steps = self.steps.run(
+            batch, epochs=a.epochs, mini=max(1, (a.mini_batch_size or rows_global) // self.dp_size),
+            micro=max(1, a.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
+            shuffle=self._group_shuffled, prepare=prepare, loss=loss)
         self.policy.version += 1
-        if a.offload:  # the rollout phase holds neither gradients nor optimizer state here
-            self.optim.zero_grad(set_to_none=True)
-            move_optimizer_state(self.optim, "cpu")
-        metrics = {k: v / n_updates for k, v in sums.items()}
-        metrics["actor/lr"] = self.optim.param_groups[0]["lr"]
-        metrics["actor/nonfinite_skipped"] = skipped  # optimizer steps skipped this trainer step
-        return metrics
+        return {**{k: v / max(n_steps, 1) for k, v in sums.items()}, **metrics}
 
     @staticmethod
     def _group_shuffled(batch: Batch, seed: int) -> Batch:

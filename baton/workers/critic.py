@@ -27,7 +27,6 @@ the model's own forward (no shared-prompt pass, which calls the backbone around 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,13 +36,15 @@ import torch
 import torch.distributed as dist
 
 from baton import fields as F
-from baton.algos import LOSS_AGG, critic_loss, loss_normalisers
+from baton.algos import LOSS_AGG, critic_loss
+from baton.algos.logprobs import upcast
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
 from baton.models.parallel import wrap
 from baton.workers.optim import build_optimizer
+from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.sequences import _pieces_shared_prompt, model_inputs, prompt_groups
 
 CRITIC_STATE = "critic_state.pt"
@@ -60,7 +61,7 @@ class CriticConfig:
     lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     min_lr_ratio: float = 0.0
-    warmup_steps: int = 0  # trainer steps in which the critic trains alone (the actor waits)
+    pretrain_steps: int = 0  # trainer steps in which the critic trains alone (the actor waits)
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
     micro_batch_size: int = 32  # rows per forward/backward
     epochs: int = 1  # passes over each rollout batch
@@ -69,14 +70,15 @@ class CriticConfig:
     loss_agg: str = "token-mean"  # a name in baton.algos.LOSS_AGG
     bf16: bool = False
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the model sits on the mesh (baton.models.parallel)
+    offload: bool = False  # as actor.offload: optimizer state on the CPU and gradients freed between updates
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
             raise ValueError("critic: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
                              f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
-        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or self.warmup_steps < 0:
-            raise ValueError("critic: grad_clip must be > 0, lr_warmup_steps and warmup_steps >= 0")
+        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or self.pretrain_steps < 0:
+            raise ValueError("critic: grad_clip must be > 0, lr_warmup_steps and pretrain_steps >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"critic.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.value_clip is not None and self.value_clip <= 0:
@@ -129,7 +131,7 @@ def prefix_values(model: torch.nn.Module, batch: Batch, share_prompts: bool = Tr
         pieces = [(torch.arange(len(batch)), model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1])]
     order, vals = [], []
     for rows, scores in pieces:  # scores [b, L, 1]
-        vals.append(torch.nn.functional.pad(scores[..., 0].float(), (0, R - scores.shape[1])))  # [b, R]
+        vals.append(torch.nn.functional.pad(upcast(scores[..., 0]), (0, R - scores.shape[1])))  # [b, R]
         order.append(rows)
     values = torch.cat(vals)[torch.argsort(torch.cat(order)).to(device)]  # [B, R] batch order
     return torch.where(batch[F.RESPONSE_MASK].to(device).bool(), values, 0.0)
@@ -161,13 +163,16 @@ class CriticWorker(Worker):
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         c = critic
-        self.par = wrap(self.model, self.mesh, c.strategy)  # in place; before the optimizer sees it
+        # in place; before the optimizer sees it
+        self.par = wrap(self.model, self.mesh, c.strategy, cpu_offload=c.offload)
         # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root
         self.share_prompts = self.par.share_prompts and c.strategy != "fsdp2"
         self.optim, self.sched = build_optimizer(
             self.model, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(c.betas),
             warmup_steps=c.lr_warmup_steps, total_steps=total_steps, schedule=c.lr_schedule,
             min_ratio=c.min_lr_ratio)
+        self.steps = OptimizerSteps(self.optim, self.sched, self.par, self.device, c.grad_clip,
+                                    offload=c.offload, prefix="critic", loss_key="vf_loss")
         self.updates = 0
 
     # --- inference ---------------------------------------------------------------------
@@ -185,9 +190,6 @@ class CriticWorker(Worker):
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         return self.par.all_reduce(t)  # SUM over the data ranks (tp peers share rows)
 
-    def _sync_grads(self) -> None:
-        self.par.sync_grads()  # SUM: losses are already divided by global counts
-
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # a future: runs beside the actor's update
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Consumes rows with `values` (the critic at rollout time) and `returns` (GAE
@@ -203,51 +205,35 @@ class CriticWorker(Worker):
         batch = Batch(dict(batch.tensors), {}, {})
         batch[F.RESPONSE_MASK] = mask_all
         rows_global = len(batch) * self.dp_size
-        mini = max(1, (c.mini_batch_size or rows_global) // self.dp_size)
-        micro = max(1, c.micro_batch_size // self.dp_size)
+        tok = torch.zeros(3, dtype=torch.float64)  # [clipped, value sum, tokens], all-reduced at the end
+
+        def prepare(mb: Batch) -> tuple[float, float]:
+            return self.steps.global_counts(mb[F.RESPONSE_MASK])
+
+        def loss(mc: Batch, counts: tuple[float, float]) -> torch.Tensor:
+            nonlocal tok
+            m = mc[F.RESPONSE_MASK]  # [b, R]
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=c.bf16):
+                values = prefix_values(self.model, mc, self.share_prompts)  # [b, R]
+            value, stats = critic_loss(
+                values=values, old_values=mc[F.VALUES].to(values.device),
+                returns=mc[F.RETURNS].to(values.device), response_mask=m.to(values.device),
+                clip_range=c.value_clip, agg_mode=c.loss_agg, global_tokens=counts[0],
+                global_seqs=counts[1], max_len=self.max_new_tokens)
+            n_tok = float(m.sum())
+            tok = tok + torch.tensor([float(stats.get("value_clip_frac", 0.0)) * n_tok,
+                                      float(stats["value_mean"]) * n_tok, n_tok], dtype=torch.float64)
+            return value
+
         self.model.train()
-        # sums over the step: loss, grad norm (per optimizer step); clipped tokens, value sum,
-        # tokens (per token, all-reduced at the end for exact fractions)
-        loss_sum = norm_sum = 0.0
-        skipped = 0
-        tok = torch.zeros(3, dtype=torch.float64)  # [clipped, value sum, tokens]
-        n_updates = 0
-        for epoch in range(c.epochs):
-            seed = self.seed * 1_000_003 + self.updates * 101 + epoch
-            for mb in group_shuffled(batch, seed).minibatches(mini, shuffle=False):
-                counts = self._all_reduce(torch.stack(loss_normalisers(mb[F.RESPONSE_MASK])).double())
-                self.optim.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), dtype=torch.float64)
-                for mc in mb.minibatches(micro, shuffle=False):
-                    m = mc[F.RESPONSE_MASK]  # [b, R]
-                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=c.bf16):
-                        values = prefix_values(self.model, mc, self.share_prompts)  # [b, R]
-                    loss, stats = critic_loss(
-                        values=values, old_values=mc[F.VALUES].to(values.device),
-                        returns=mc[F.RETURNS].to(values.device), response_mask=m.to(values.device),
-                        clip_range=c.value_clip, agg_mode=c.loss_agg, global_tokens=counts[0].item(),
-                        global_seqs=counts[1].item(), max_len=self.max_new_tokens)
-                    loss.backward()
-                    mb_loss += loss.item()
-                    n_tok = float(m.sum())
-                    tok += torch.tensor([float(stats.get("value_clip_frac", 0.0)) * n_tok,
-                                         float(stats["value_mean"]) * n_tok, n_tok], dtype=torch.float64)
-                self._sync_grads()
-                mb_total = self._all_reduce(mb_loss).item()  # each rank's share of the global loss
-                norm = self.par.clip_grad_norm_(c.grad_clip).item()
-                loss_sum, norm_sum, n_updates = loss_sum + mb_total, norm_sum + norm, n_updates + 1
-                if not (math.isfinite(mb_total) and math.isfinite(norm)):  # equal on every rank
-                    self.optim.zero_grad(set_to_none=True)  # skip: never step on NaN / inf
-                    skipped += 1
-                    continue
-                self.optim.step()
-        self.sched.step()
+        metrics, _ = self.steps.run(
+            batch, epochs=c.epochs, mini=max(1, (c.mini_batch_size or rows_global) // self.dp_size),
+            micro=max(1, c.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
+            shuffle=group_shuffled, prepare=prepare, loss=loss)
         self.updates += 1
         tok = self._all_reduce(tok)
         n = max(tok[2].item(), 1.0)
-        return {"critic/vf_loss": loss_sum / n_updates, "critic/grad_norm": norm_sum / n_updates,
-                "critic/vf_clipfrac": tok[0].item() / n, "critic/value_mean": tok[1].item() / n,
-                "critic/lr": self.optim.param_groups[0]["lr"], "critic/nonfinite_skipped": float(skipped)}
+        return {**metrics, "critic/vf_clipfrac": tok[0].item() / n, "critic/value_mean": tok[1].item() / n}
 
     # --- checkpoints -------------------------------------------------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)  # every rank runs (sharded: gathers); rank 0 writes

@@ -31,6 +31,7 @@ from baton import fields as F
 from baton.algos import dpo_loss, sequence_logprobs
 from baton.algos.config import AlgoConfig
 from baton.algos.dpo_config import DPOSection
+from baton.algos.logprobs import upcast
 from baton.algos.rpo import chosen_nll
 from baton.batch import Batch
 from baton.controller import Dispatch, register
@@ -80,7 +81,7 @@ class DPOActorWorker(ActorWorker):
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             logp, _ = response_logprobs(self.model, micro, self.temperature,
                                         share_prompts=self.par.share_prompts)  # [2p, R]
-        seq = sequence_logprobs(logp.float(), mask.to(logp.device))  # [2p]
+        seq = sequence_logprobs(upcast(logp), mask.to(logp.device))  # [2p]
         real = ~micro[PAIR_PAD][0::2].to(seq.device)  # [p]
         n_real = int(real.sum())
         if n_real == 0:  # padding only: a zero loss that still gives every parameter a gradient
@@ -88,7 +89,7 @@ class DPOActorWorker(ActorWorker):
         lengths = mask.sum(-1).to(seq.device)  # [2p]
         ref = {}
         if not d.reference_free:
-            ref_seq = sequence_logprobs(micro[F.REF_LOGPROBS].float(), mask).to(seq.device)  # [2p]
+            ref_seq = sequence_logprobs(upcast(micro[F.REF_LOGPROBS]), mask).to(seq.device)  # [2p]
             ref = {"ref_chosen_logps": ref_seq[0::2][real], "ref_rejected_logps": ref_seq[1::2][real]}
         loss, stats = dpo_loss(
             d.loss, chosen_logps=seq[0::2][real], rejected_logps=seq[1::2][real], **ref,
@@ -122,44 +123,30 @@ class DPOActorWorker(ActorWorker):
     def update_dpo(self, batch: Batch) -> dict[str, float]:
         """Consumes pair-major rows (see the module docstring); produces metrics, the same on
         every rank (means over the real pairs of all ranks); takes one optimizer step per
-        mini-batch (`actor.mini_batch_size` rows across ranks, 0 = all), for `actor.epochs`."""
+        mini-batch (`actor.mini_batch_size` rows across ranks, 0 = all), for `actor.epochs`,
+        through the actor's `OptimizerSteps` (clipping, non-finite skip, offload, schedule)."""
         self._check_pairs(batch)
         a = self.cfg
-        mini = self._rows_per_rank(a.mini_batch_size, len(batch))
-        micro = self._rows_per_rank(a.micro_batch_size, len(batch))
-        self.model.train()
         sums: dict[str, float] = {}
-        pairs_seen, loss_sum, norm_sum, n_updates, skipped = 0, 0.0, 0.0, 0, 0
-        for epoch in range(a.epochs):
-            seed = self.seed * 1_000_003 + self.updates * 101 + epoch
-            for mb in self._pair_shuffled(batch, seed).minibatches(mini, shuffle=False):
-                n_pairs = self._all_reduce(torch.tensor(float((~mb[PAIR_PAD][0::2]).sum()))).item()
-                self.optim.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), dtype=torch.float64)
-                for mc in mb.minibatches(micro, shuffle=False):
-                    loss, stats, n_real = self._pair_loss(mc, max(n_pairs, 1.0))
-                    loss.backward()
-                    mb_loss += loss.item()
-                    pairs_seen += n_real
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                self._sync_grads()
-                mb_loss = self._all_reduce(mb_loss)  # each rank's share of the global loss: sum
-                norm = self._clip_grads(a.grad_clip)  # the strategy's (correct for sharded grads)
-                loss_sum, norm_sum = loss_sum + mb_loss.item(), norm_sum + norm.item()
-                # As ActorWorker.update: a non-finite loss/gradient skips the optimizer step
-                # (the same verdict on every rank: both values are all-reduced).
-                if torch.isfinite(norm) and torch.isfinite(mb_loss):
-                    self.optim.step()
-                else:
-                    skipped += 1
-                n_updates += 1
-        self.sched.step()
+        seen = [0]  # real pairs this rank saw, over every pass
+
+        def prepare(mb: Batch) -> float:  # the mini-batch's real pairs over all ranks
+            return max(self._all_reduce(torch.tensor(float((~mb[PAIR_PAD][0::2]).sum()))).item(), 1.0)
+
+        def loss(mc: Batch, n_pairs: float) -> torch.Tensor:
+            value, stats, n_real = self._pair_loss(mc, n_pairs)
+            seen[0] += n_real
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            return value
+
+        self.model.train()
+        metrics, _ = self.steps.run(
+            batch, epochs=a.epochs, mini=self._rows_per_rank(a.mini_batch_size, len(batch)),
+            micro=self._rows_per_rank(a.micro_batch_size, len(batch)), seed=self.seed,
+            version=self.updates, shuffle=self._pair_shuffled, prepare=prepare, loss=loss)
         self.policy.version += 1
-        metrics = self._global_means(sums, pairs_seen)
-        metrics.update({"actor/loss": loss_sum / n_updates, "actor/grad_norm": norm_sum / n_updates,
-                        "actor/lr": self.optim.param_groups[0]["lr"], "actor/nonfinite_skipped": skipped})
-        return metrics
+        return {**self._global_means(sums, seen[0]), **metrics}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     @torch.no_grad()

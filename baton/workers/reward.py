@@ -2,8 +2,9 @@
 
 Consumes rows with `prompt`, `completion` and the task's fields (e.g. `answer`); produces
 `rewards` [B] (the weighted sum), one `reward/<name>` column per function, and per-row
-failure counts (`reward_errors`, `reward_timeouts`, `reward_nonfinite`; logged summed as
-`reward/errors`, ...). Calls run in worker processes with a deadline each: functions that
+failure counts (`reward_errors`, `reward_timeouts`, `reward_nonfinite`, and `reward_calls`;
+logged summed as `reward/errors`, ...; a run stops after `reward.max_failed_steps` steps in a
+row where every call failed: `baton.trainers.run.RewardFailureGuard`). Calls run in worker processes with a deadline each: functions that
 raise, exit, hang or return NaN/inf score 0 and are counted (see baton.rewards.runner)
 instead of ending or poisoning the run.
 """
@@ -29,6 +30,7 @@ class RewardConfig:
     functions: dict[str, float] = field(default_factory=lambda: {"arithmetic/correct": 1.0})
     timeout_s: float = 5.0
     max_workers: int = 4  # calls in flight at once (worker processes); more for latency-bound verifiers
+    max_failed_steps: int = 3  # stop after this many steps in a row where every reward call failed
 
     def check(self) -> None:
         if not self.functions:
@@ -40,8 +42,9 @@ class RewardConfig:
                 raise ValueError(f"reward.functions: {e}") from None
         if self.timeout_s <= 0:
             raise ValueError(f"reward.timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_workers < 1:
-            raise ValueError(f"reward.max_workers must be >= 1, got {self.max_workers}")
+        if self.max_workers < 1 or self.max_failed_steps < 1:
+            raise ValueError(f"reward.max_workers and reward.max_failed_steps must be >= 1, got "
+                             f"{self.max_workers}, {self.max_failed_steps}")
 
 
 class RewardWorker(Worker):
@@ -58,4 +61,5 @@ class RewardWorker(Worker):
         return Batch({F.REWARDS: torch.tensor(totals, dtype=torch.float32),
                       **{f"reward/{k}": torch.tensor(v, dtype=torch.float32) for k, v in per_fn.items()},
                       # per row, so that the counts of every data-parallel rank add up
-                      **{f"reward_{k}": torch.tensor(v) for k, v in stats.columns().items()}})
+                      **{f"reward_{k}": torch.tensor(v) for k, v in stats.columns().items()},
+                      "reward_calls": torch.full((len(batch),), len(self.runner.names))})

@@ -3,6 +3,12 @@
 Shared by the actor (current and old logprobs) and the reference (frozen logprobs), so both
 see exactly the same inputs as the rollout engine: prompts left-padded, responses
 right-padded, position ids from the attention mask (`baton.padding`, the engine's convention).
+
+Full logits are never built when the model's logits are exactly `lm_head(hidden)` (the
+families in FUSED_HEAD_TYPES, an unsharded bias-free linear head, LoRA or not on the
+backbone): the backbone's final hidden states go to `baton.algos.linear_logprobs`, which
+works through the vocabulary in chunks of tokens in forward and backward. Other models
+(sharded heads, softcapped logits, unknown families) take the plain path through logits.
 """
 
 from __future__ import annotations
@@ -10,7 +16,12 @@ from __future__ import annotations
 import torch
 
 from baton import fields as F
+from types import SimpleNamespace
+from typing import Any
+
 from baton.algos import entropy_from_logits, logprobs_from_logits
+from baton.algos.linear_logprobs import linear_logprobs
+from baton.algos.logprobs import upcast
 from baton.batch import Batch
 from baton.padding import position_ids
 
@@ -30,10 +41,49 @@ def prompt_groups(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return starts.nonzero().flatten(), starts.cumsum(0) - 1
 
 
-def _logits_full(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+# model_type of the HF families whose causal-LM logits are lm_head(final hidden state), no
+# scaling or softcapping after it: their logprobs can skip the full logits.
+FUSED_HEAD_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def fused_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """(backbone, output weight [V, H]) when `model`'s logits are exactly backbone hidden
+    states @ weight.T, else None. A PEFT model's backbone carries its adapters (and their
+    `disable_adapter()`); a sharded (DTensor) head, a LoRA-wrapped or biased head, or a
+    family outside FUSED_HEAD_TYPES gives None."""
+    from torch.distributed.tensor import DTensor
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in FUSED_HEAD_TYPES:
+        return None
+    head = base.get_output_embeddings()
+    backbone = getattr(base, base.base_model_prefix, None)
+    if type(head) is not torch.nn.Linear or head.bias is not None or backbone is None:
+        return None
+    if isinstance(head.weight, DTensor):  # fsdp2 / tp: the root's hooks must run; plain path
+        return None
+    return backbone, head.weight
+
+
+class _HiddenView:
+    """The backbone seen as `_pieces_shared_prompt` expects a causal LM: `.logits` are here
+    the final hidden states [.., H] (the head is applied later, in chunks)."""
+
+    def __init__(self, backbone: torch.nn.Module) -> None:
+        self.backbone = backbone
+
+    def __call__(self, **inputs: Any) -> SimpleNamespace:
+        out = self.backbone(**inputs)
+        return SimpleNamespace(logits=out.last_hidden_state, past_key_values=out.past_key_values)
+
+
+def _logits_full(model: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+    """The outputs [B, R, X] at the positions that predict each response token (logits, or
+    hidden states through a `_HiddenView`)."""
     inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
     P, R = batch[F.PROMPT_IDS].shape[1], batch[F.RESPONSE_IDS].shape[1]
-    return model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1]  # [B, R, V]
+    return model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1]  # [B, R, X]
 
 
 # What one extra forward/backward call costs, in padded tokens (measured on CPU for tiny
@@ -70,7 +120,9 @@ def length_buckets(lengths: torch.Tensor, call_cost: int | None = None) -> list[
 def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Tensor,
                           run: torch.Tensor, device: torch.device):
     """Logits of the response tokens computing each distinct prompt once, yielded as
-    (rows [b], logits [b, L, V]) per response-length bucket (L = the bucket's longest).
+    (rows [b], logits [b, L, V]) per response-length bucket (L = the bucket's longest);
+    whatever `model(...).logits` is: hidden states through a `_HiddenView`, values through
+    the critic's view.
 
     GRPO rows come in groups of n samples of one prompt: the prompt's forward (and its
     backward) runs once per group; its KV cache is then gathered to every row and the
@@ -104,29 +156,38 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
                       with_entropy: bool = False, entropy_grad: bool = False,
-                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      share_prompts: bool = True, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, R] of the response tokens (and entropy [B, R]) under `model`; 0 on
     response padding.
 
     Runs with whatever grad mode the caller set; callers split into micro-batches. With
     `share_prompts`, rows that repeat the previous row's prompt reuse its forward pass.
+    `fused` (where `fused_head` allows it): no full logits (module docstring); False: the
+    plain path through logits (the reference the fused one is tested against).
     """
     device = next(model.parameters()).device
+    head = fused_head(model) if fused else None
+    net = _HiddenView(head[0]) if head is not None else model
     first, run = prompt_groups(batch) if share_prompts else (None, None)
     if first is not None and len(first) < len(batch):
-        pieces = _pieces_shared_prompt(model, batch, first, run, device)
+        pieces = _pieces_shared_prompt(net, batch, first, run, device)
     else:
-        pieces = [(torch.arange(len(batch)), _logits_full(model, batch, device))]
+        pieces = [(torch.arange(len(batch)), _logits_full(net, batch, device))]
     t = temperature if temperature > 0 else 1.0
     R = batch[F.RESPONSE_IDS].shape[1]
     order, logps, ents = [], [], []
-    for rows, logits in pieces:
-        logits = logits.float()  # [b, L, V]
-        L = logits.shape[1]
+    for rows, states in pieces:  # states: logits [b, L, V], or hidden states [b, L, H] (fused)
+        L = states.shape[1]
         labels = batch[F.RESPONSE_IDS][rows, :L].to(device)  # [b, L]
-        logps.append(torch.nn.functional.pad(logprobs_from_logits(logits, labels, temperature=t), (0, R - L)))
-        if with_entropy:  # a metric unless an entropy bonus needs its gradient
-            ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature=t)
+        if head is not None:  # an entropy is a metric unless an entropy bonus needs its gradient
+            logp, ent = linear_logprobs(states, head[1], labels, t, with_entropy, entropy_grad)
+        else:
+            logits = upcast(states)  # [b, L, V]
+            logp = logprobs_from_logits(logits, labels, temperature=t)
+            ent = (entropy_from_logits(logits if entropy_grad else logits.detach(), temperature=t)
+                   if with_entropy else None)
+        logps.append(torch.nn.functional.pad(logp, (0, R - L)))
+        if with_entropy:
             ents.append(torch.nn.functional.pad(ent, (0, R - L)))
         order.append(rows)
     inverse = torch.argsort(torch.cat(order)).to(device)  # rows back in batch order

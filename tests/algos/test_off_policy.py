@@ -73,8 +73,8 @@ def test_weights_on_the_advantages_equal_weights_on_the_loss(name):
 
 
 def test_config_names_and_ranges():
-    check_algo_names(AlgoConfig(off_policy="decoupled_ppo"))
+    check_algo_names(AlgoConfig(advantage="grpo", off_policy="decoupled_ppo"))
     with pytest.raises(ValueError, match="algo.off_policy='areal' is not one of"):
-        check_algo_names(AlgoConfig(off_policy="areal"))
+        check_algo_names(AlgoConfig(advantage="grpo", off_policy="areal"))
     with pytest.raises(ValueError, match="off_policy_cap must be >= 1"):
         check_algo_ranges(AlgoConfig(off_policy_cap=0.5))

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
         "actor.micro_batch_size=8", "actor.mini_batch_size=16", "actor.lr=1e-4", "trainer.progress=false",
@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory):
 
 
 def first_step(model_dir, run_dir, *extra):
-    cfg = load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml",
+    cfg = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
     train(cfg)
     step = [r for r in read_metrics(run_dir) if r["step"] == 1][0]

@@ -27,7 +27,7 @@ from baton.config import load_config
 from baton.controller import ResourcePool, colocated_groups
 from baton.models.load import load_model
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.rollout import RolloutConfig, RolloutWorker
 
 TOL = 1e-5
@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
 
 def actor_group(model_dir, backend="local", world=1, mesh=None, strategy="ddp", rollout=False, extra=()):
     """The actor role (and, with rollout=True, a colocated rollout role: a tuple)."""
-    cfg = load_config(GRPOConfig, overrides=[
+    cfg = load_config(PPOConfig, overrides=[
         f"model.path={model_dir}", "data.prompts_per_step=4", "rollout.n=2", "actor.lr=1e-4",
         "actor.micro_batch_size=4", "rollout.max_new_tokens=6", "actor.grad_clip=1e9",
         f"actor.strategy={strategy}", *extra])
@@ -162,9 +162,9 @@ def test_four_rank_meshes_equal_one_rank_ddp(model_dir, tmp_path, ddp_one, strat
 
 def test_bad_strategy_and_mesh_are_config_errors(model_dir):
     with pytest.raises(ValueError, match="strategy"):
-        load_config(GRPOConfig, overrides=[f"model.path={model_dir}", "actor.strategy=zero3"])
+        load_config(PPOConfig, overrides=[f"model.path={model_dir}", "actor.strategy=zero3"])
     with pytest.raises(ValueError, match="placement.mesh"):
-        load_config(GRPOConfig, overrides=[f"model.path={model_dir}", "placement.backend=ray",
+        load_config(PPOConfig, overrides=[f"model.path={model_dir}", "placement.backend=ray",
                                            "placement.world_size=4", "placement.mesh.tp=3"])
 
 
@@ -238,7 +238,7 @@ def test_sharded_actor_broadcasts_into_a_server(model_dir):
 
     plain = load_model(model_dir)
     served = EmbeddedEngine(build_tiny_model("0.75m", seed=7).eval(), eos_token_ids=[2], pad_token_id=0)
-    cfg = load_config(GRPOConfig, overrides=[f"model.path={model_dir}", "data.prompts_per_step=4", "rollout.n=2",
+    cfg = load_config(PPOConfig, overrides=[f"model.path={model_dir}", "data.prompts_per_step=4", "rollout.n=2",
                                              "actor.lr=1e-4", "actor.strategy=fsdp2"])
     pool = ResourcePool(2, backend="ray", threads_per_worker=1)
     actor = colocated_groups(pool, {"actor": (BroadcastingActor, (cfg.model, cfg.actor, cfg.algo),

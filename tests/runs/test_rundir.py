@@ -166,7 +166,7 @@ def test_last_step(tmp_path):
     assert rundir.last_step(tmp_path) == 6
 
 
-def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path):
+def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text(
         "actor:\n  lr: 0.001\n  betas: [0.9, 0.99]\ntrainer:\n  steps: 10\n  resume: ''\n  progress: true\n")
     same = {"actor": {"lr": 0.001, "betas": (0.9, 0.99)},
@@ -182,6 +182,9 @@ def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path):
     assert rundir.check_resume_changes(tmp_path, changed, allow=True) == [
         "actor.lr: 0.001 -> 0.01", "algo.kl_coef: '(absent)' -> 0.1"]
     assert rundir.check_resume_changes(tmp_path / "none", changed, allow=False) == []  # no config.yaml
+    (tmp_path / "config.yaml").write_text(f"model:\n  path: {tmp_path.name}\n")  # relative to the cwd below
+    monkeypatch.chdir(tmp_path.parent)
+    assert rundir.check_resume_changes(tmp_path, {"model": {"path": str(tmp_path)}}, allow=False) == []
 
 
 def test_other_files_and_an_empty_checkpoints_dir_do_not_count(tmp_path):

@@ -26,8 +26,8 @@ from baton.services.api import build_api_app
 from baton.services.client import APIClient
 from baton.services.env_runner import EnvRunner
 from baton.trainers.api_source import groups_to_batch
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "checkpoints/arith-sft")
@@ -35,7 +35,7 @@ torch.set_num_threads(1)
 
 
 def tiny_run(run_dir, api_url, *extra):
-    return load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", [
+    return load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", [
         f"model.path={MODEL}", f"trainer.run_dir={run_dir}", f"data.api_url={api_url}", "data.envs=[]", "data.servers=[]",
         "data.prompts_per_step=4", "rollout.n=4", "data.eval_size=4", "actor.mini_batch_size=16",
         "actor.micro_batch_size=16", "trainer.steps=2", "trainer.progress=false", *extra])
@@ -87,7 +87,7 @@ def test_baton_env_feeds_the_trainer_and_the_server_follows_its_weights(api_url,
     thread = threading.Thread(target=runner.run, kwargs={"grace_s": 5}, daemon=True)
     thread.start()
     try:
-        train(tiny_run(tmp_path / "run", api_url, f"data.servers=[{server_url}]", "data.max_staleness=1",
+        train(tiny_run(tmp_path / "run", api_url, f"data.servers=[{server_url}]", "trainer.max_staleness=1",
                        "trainer.check_weight_sync=true"))  # broadcast after each step, parity checked
     finally:
         stop.set()

@@ -18,7 +18,7 @@ from baton.models.load import load_model, load_tokenizer
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app
-from baton.trainers.grpo import train
+from baton.trainers.ppo import train
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "checkpoints/arith-sft")
@@ -29,7 +29,7 @@ PYTHON = os.environ.get("ATROPOS_PYTHON", "/work/atropos-venv/.venv/bin/python")
 @pytest.mark.skipif(not os.path.exists(PYTHON), reason=f"no atroposlib venv at {PYTHON} (see atropos_env.py)")
 def test_atroposlib_env_feeds_the_trainer(tmp_path):
     from baton.config import load_config
-    from baton.trainers.grpo_config import GRPOConfig
+    from baton.trainers.ppo_config import PPOConfig
 
     api = ServerThread(build_api_app(str(tmp_path / "api.sqlite")))
     tok = load_tokenizer(MODEL)
@@ -39,7 +39,7 @@ def test_atroposlib_env_feeds_the_trainer(tmp_path):
                             server.url, "--tokenizer", MODEL, "--group-size", "4", "--seconds", "600"],
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        cfg = load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", [
+        cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", [
             f"model.path={MODEL}", f"trainer.run_dir={tmp_path / 'run'}", f"data.api_url={api.url}", "data.envs=[]",
             f"data.servers=[{server.url}]", "data.prompts_per_step=4", "rollout.n=4", "data.eval_size=4",
             "actor.mini_batch_size=16", "actor.micro_batch_size=16", "trainer.steps=2", "trainer.progress=false"])

@@ -16,13 +16,13 @@ import pytest
 
 from baton.config import load_config, to_dict
 from baton.services.launch import Launcher, Spec, plan
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_from_the_recipe():
-    cfg = to_dict(load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", ["data.sync=checkpoint",
+    cfg = to_dict(load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", ["data.sync=checkpoint",
                                                                                       "data.weights_dir=/tmp/w"]))
     specs = plan(cfg, "recipes/grpo_arithmetic_api.yaml", ["trainer.steps=3"])
     assert [s.name for s in specs] == ["api", "serve-0", "env-0", "trainer"]

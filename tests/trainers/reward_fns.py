@@ -11,3 +11,11 @@ def nan_reward(prompt, completion, **row):
 
 if "test/nan" not in REWARD_FUNCTIONS:
     register_reward("test/nan")(nan_reward)
+
+
+def always_raises(prompt, completion, **row):
+    raise ValueError("this reward function is broken")
+
+
+if "test/always_raises" not in REWARD_FUNCTIONS:
+    register_reward("test/always_raises")(always_raises)

@@ -14,8 +14,8 @@ import pytest
 from baton.config import ConfigError, load_config
 from baton.controller import WorkerError
 from baton.metrics import read_metrics
-from baton.trainers import grpo
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers import ppo
+from baton.trainers.ppo_config import PPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=8", "rollout.n=4", "rollout.max_new_tokens=6",
         "actor.micro_batch_size=8", "actor.mini_batch_size=8", "actor.lr=1e-3", "trainer.progress=false",
@@ -32,7 +32,7 @@ def model_dir():
 
 
 def config(model_dir, run_dir, *extra):
-    return load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml",
+    return load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
                        [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
 
 
@@ -54,10 +54,10 @@ def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
         config("m", tmp_path, "trainer.mode=one_step_off", "trainer.max_staleness=2")
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         config("m", tmp_path, "trainer.mode=async", "trainer.max_staleness=-1")
-    with pytest.raises(ConfigError, match="with data.source=api the rows come from elsewhere"):
+    with pytest.raises(ConfigError, match="with data.source=api the rows come from the environments"):
         config("m", tmp_path, "trainer.mode=one_step_off", "data.source=api")
     with pytest.raises(ConfigError, match="weight_sync=broadcast needs the generator in a process of its own"):
-        config("m", tmp_path, "placement.roles.rollout=gen", "placement.pools.gen=1", "trainer.weight_sync=broadcast")
+        config("m", tmp_path, "placement.roles.rollout=gen", "placement.pools.gen=1", "rollout.weight_sync=broadcast")
 
 
 @pytest.mark.ray
@@ -67,10 +67,10 @@ def test_staleness_zero_reproduces_the_sync_run_exactly(model_dir, tmp_path, wei
     the async machinery with max_staleness 0 (a generator process with its own weights,
     pushed after every step by either transport) give the same metrics line for line: same
     rows, same rewards, same losses and gradient norms."""
-    grpo.train(config(model_dir, tmp_path / "sync", "trainer.steps=2"))
-    grpo.train(config(model_dir, tmp_path / "k0", "trainer.steps=2", "trainer.mode=async",
+    ppo.train(config(model_dir, tmp_path / "sync", "trainer.steps=2"))
+    ppo.train(config(model_dir, tmp_path / "k0", "trainer.steps=2", "trainer.mode=async",
                       "trainer.max_staleness=0", "trainer.check_weight_sync=true",
-                      f"trainer.weight_sync={weight_sync}"))
+                      f"rollout.weight_sync={weight_sync}"))
     sync, k0 = steps(tmp_path / "sync"), steps(tmp_path / "k0")
     assert [r["step"] for r in sync] == [0, 1, 2]
     assert sync == k0
@@ -80,12 +80,12 @@ def test_staleness_zero_reproduces_the_sync_run_exactly(model_dir, tmp_path, wei
 @pytest.mark.slow  # ~30 s here: two runs, each with a generator process
 def test_one_step_off_ages_and_resumes_exactly_with_its_staleness_state(model_dir, tmp_path):
     full = tmp_path / "full"
-    grpo.train(config(model_dir, full, "trainer.steps=3", "trainer.save_every=2", "trainer.mode=one_step_off"))
+    ppo.train(config(model_dir, full, "trainer.steps=3", "trainer.save_every=2", "trainer.mode=one_step_off"))
     rows = steps(full)
     assert [r.get("rollout/policy_age") for r in rows] == [None, 0.0, 1.0, 1.0]
     # resume from the mid-run checkpoint: step 3's rows were sampled (by version 1) before it
     # was written, and come back from it rather than being sampled again by version 2
-    grpo.train(config(model_dir, tmp_path / "part", "trainer.steps=3", "trainer.mode=one_step_off",
+    ppo.train(config(model_dir, tmp_path / "part", "trainer.steps=3", "trainer.mode=one_step_off",
                       f"trainer.resume={full / 'checkpoints' / 'step_2'}"))
     again = [r for r in steps(tmp_path / "part") if r["step"] == 3]
     assert again == [rows[3]]
@@ -103,8 +103,8 @@ def test_a_killed_generator_is_an_error_within_seconds(model_dir, tmp_path, monk
         built.update(real(*args, **kwargs))
         return built
 
-    real = grpo.build_roles
-    monkeypatch.setattr(grpo, "build_roles", build_roles)
+    real = ppo.build_roles
+    monkeypatch.setattr(ppo, "build_roles", build_roles)
     killed = {}
 
     def kill_after_step_two():
@@ -117,7 +117,7 @@ def test_a_killed_generator_is_an_error_within_seconds(model_dir, tmp_path, monk
     killer = threading.Thread(target=kill_after_step_two, daemon=True)
     killer.start()
     with pytest.raises(WorkerError, match="died") as err:
-        grpo.train(config(model_dir, tmp_path, "trainer.steps=200", "trainer.mode=one_step_off",
+        ppo.train(config(model_dir, tmp_path, "trainer.steps=200", "trainer.mode=one_step_off",
                           "algo.off_policy=decoupled_ppo"))
     waited = time.monotonic() - killed["at"]
     assert waited < 10, f"the trainer noticed the dead generator only after {waited:.1f} s"
@@ -135,7 +135,7 @@ def test_a_sharded_actor_feeds_the_generator(model_dir, tmp_path, weight_sync):
     """fsdp2 on two Ray ranks: every rank takes part in gathering the full tensors (rank 0
     alone would wait forever), and the generator then samples with exactly the trainer's
     weights (the parity check after every push)."""
-    grpo.train(config(model_dir, tmp_path, "trainer.steps=2", "trainer.mode=async", "trainer.max_staleness=0",
+    ppo.train(config(model_dir, tmp_path, "trainer.steps=2", "trainer.mode=async", "trainer.max_staleness=0",
                       "placement.backend=ray", "placement.world_size=2", "actor.strategy=fsdp2",
-                      "trainer.check_weight_sync=true", f"trainer.weight_sync={weight_sync}"))
+                      "trainer.check_weight_sync=true", f"rollout.weight_sync={weight_sync}"))
     assert [r["step"] for r in steps(tmp_path)] == [0, 1, 2]

@@ -11,8 +11,8 @@ import pytest
 from baton.config import ConfigError, load_config
 from baton.envs import ArithmeticTask
 from baton.metrics import read_metrics
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.run_state import task_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def test_verl_parquet_with_chat_prompts_trains_on_the_embedded_path(tmp_path):
              "prompt": [{"role": "user", "content": r["prompt"]}],
              "reward_model": {"style": "rule", "ground_truth": r["answer"]}} for i, r in enumerate(rows)]
     pq.write_table(pa.Table.from_pylist(verl), tmp_path / "train.parquet")
-    cfg = load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [
         f"model.path={REPO / 'checkpoints/arith-sft'}", f"trainer.run_dir={tmp_path / 'run'}",
         f"data.path={tmp_path / 'train.parquet'}", "data.prompts_per_step=4", "rollout.n=4", "data.eval_size=4",
         "actor.mini_batch_size=16", "actor.micro_batch_size=16", "trainer.steps=1", "trainer.progress=false"])
@@ -40,7 +40,7 @@ def test_verl_parquet_with_chat_prompts_trains_on_the_embedded_path(tmp_path):
 
 def test_gsm8k_task_needs_its_file():
     with pytest.raises(ConfigError, match="data.path"):
-        load_config(GRPOConfig, REPO / "recipes/grpo_gsm8k.yaml", ["data.path="])
-    cfg = load_config(GRPOConfig, REPO / "recipes/grpo_gsm8k.yaml", [])
+        load_config(PPOConfig, REPO / "recipes/grpo_gsm8k.yaml", ["data.path="])
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_gsm8k.yaml", [])
     train_rows, held = task_rows(cfg.data)
     assert len(train_rows) == 16 and len(held) == 16 and train_rows[0]["prompt"].endswith('"####".')

@@ -18,8 +18,8 @@ from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
 from baton.runs.rundir import RunDirError, RunDirLock
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.run import NonFiniteError
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -34,7 +34,7 @@ def model_dir(tmp_path_factory):
 
 
 def config(model_dir, run_dir, *extra):
-    return load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
+    return load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
                        [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
 
 
@@ -126,3 +126,42 @@ def test_a_nan_reward_is_counted_and_never_reaches_the_loss(model_dir, tmp_path)
     step = [r for r in read_metrics(tmp_path) if r["step"] == 1][0]
     assert step["reward/nonfinite"] == 16 and step["reward/mean"] == 0.0  # 4 prompts x 4 samples
     assert step["actor/loss"] == step["actor/loss"]  # finite, not NaN
+
+
+def test_sigterm_saves_the_step_and_resume_continues(tmp_path):
+    """SIGTERM (how preemptible clusters and SLURM give notice) mid-run: the step in progress
+    finishes, is saved, the run stops with exit code 143 naming the step, and resume=auto
+    continues from that checkpoint to the end."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "baton.cli", "train", str(REPO / "recipes/grpo_arithmetic.yaml"),
+            f"trainer.run_dir={run_dir}", "trainer.steps=200", "data.prompts_per_step=4", "rollout.n=4",
+            "actor.mini_batch_size=16", "actor.micro_batch_size=16", "data.eval_size=4", "trainer.progress=false"]
+    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)  # wait for step 2's line: the run is training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    line = err.strip().splitlines()[-1]
+    assert "stopped by SIGTERM after step" in line and "trainer.resume=auto" in line, err
+    step = int(line.split("after step ")[1].split()[0])
+    assert (run_dir / "checkpoints" / f"step_{step}").is_dir() and step < 200
+    train(config(str(REPO / "checkpoints/arith-sft"), run_dir, f"trainer.steps={step + 1}", "trainer.resume=auto",
+                 "data.prompts_per_step=4", "rollout.n=4", "actor.mini_batch_size=16", "actor.micro_batch_size=16",
+                 "data.eval_size=4", "trainer.resume_changes=allow"))  # config() adds TINY's lr and lengths
+    assert [r["step"] for r in read_metrics(run_dir)][-1] == step + 1
+
+
+def test_a_reward_that_always_fails_stops_the_run_naming_it(model_dir, tmp_path):
+    """A reward function that raises on every call: after reward.max_failed_steps steps in a
+    row with every call failed, the run stops (the step's line written first)."""
+    sys.path.insert(0, str(Path(__file__).parent))  # the reward workers get this path too
+    import reward_fns  # noqa: F401  (registers test/always_raises)
+
+    with pytest.raises(RuntimeError, match="every reward call failed in 2 steps in a row") as e:
+        train(config(model_dir, tmp_path, "trainer.steps=10", "reward.max_failed_steps=2",
+                     "reward.functions={test/always_raises: 1.0}"))
+    assert "errors 16" in str(e.value)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]

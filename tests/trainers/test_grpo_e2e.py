@@ -6,8 +6,8 @@ import pytest
 from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=8", "rollout.n=4", "rollout.max_new_tokens=6",
         "actor.micro_batch_size=8", "actor.mini_batch_size=8", "actor.lr=1e-3", "trainer.progress=false"]
@@ -19,7 +19,7 @@ def model_dir(tmp_path_factory):
 
 
 def run(model_dir, run_dir, *extra):
-    cfg = load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml",
+    cfg = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
     return train(cfg)
 

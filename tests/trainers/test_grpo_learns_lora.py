@@ -10,8 +10,8 @@ import pytest
 from baton.config import load_config
 from baton.envs import TASKS, ArithmeticTask, register_task
 from baton.metrics import read_metrics
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_lora_grpo_raises_the_reward(tmp_path):
     if "arithmetic-16" not in TASKS:
         register_task(ArithmeticTask(name="arithmetic-16", train_size=16))
-    cfg = load_config(GRPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [
         f"model.path={REPO / 'checkpoints/arith-sft'}", f"trainer.run_dir={tmp_path}", "trainer.steps=15",
         "data.task=arithmetic-16", "data.prompts_per_step=16", "data.eval_size=4", "actor.lr=2e-3",
-        "actor.mini_batch_size=32", "actor.micro_batch_size=128", "actor.warmup_steps=0",
+        "actor.mini_batch_size=32", "actor.micro_batch_size=128", "actor.lr_warmup_steps=0",
         "model.lora.rank=8", "model.lora.alpha=16", "trainer.progress=false"])
     train(cfg)
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path) if r["step"] > 0]

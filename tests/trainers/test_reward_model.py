@@ -43,8 +43,8 @@ def trained(tmp_path_factory):
     (out / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     cfg = load_config(RMConfig, overrides=[
         f"model.path={SFT}", f"data.path={out / 'pairs.jsonl'}", "data.eval_fraction=0.2",
-        "trainer.steps=60", "trainer.batch_size=32", "optim.lr=3e-4", "optim.warmup_steps=10",
-        f"trainer.run_dir={out / 'run'}", f"trainer.save_path={out / 'model'}", "trainer.log_every=30"])
+        "trainer.steps=60", "trainer.batch_size=32", "optim.lr=3e-4", "optim.lr_warmup_steps=10",
+        f"trainer.run_dir={out / 'run'}", f"trainer.save_path={out / 'model'}", "trainer.progress=false"])
     return out, run_rm(cfg)
 
 
@@ -53,7 +53,8 @@ def test_rm_training_learns_and_writes_its_run_dir(trained):
     assert result["start/eval/accuracy"] < 0.62  # chance, on 120 held-out pairs
     assert result["eval/accuracy"] > 0.7, result
     rows = read_metrics(out / "run")
-    assert [r["step"] for r in rows] == [1, 30, 60] and "rm/accuracy" in rows[0]
+    assert [r["step"] for r in rows] == list(range(61)) and "rm/accuracy" in rows[1]
+    assert rows[0]["eval/accuracy"] == result["start/eval/accuracy"]
     assert (out / "run" / "config.yaml").exists() and (out / "model" / "model.safetensors").exists()
 
 

@@ -1,13 +1,15 @@
 """`run_sft`: a few steps on a tiny model lower the completion loss and save a loadable checkpoint."""
 
 import json
+import shutil
 
 import torch
 
 from baton.config import load_config
 from baton.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from baton.trainers.in_process import InProcessTrainerConfig
 from baton.trainers.sft import (
-    IGNORE, DataSection, ModelSection, OptimSection, SFTConfig, TrainerSection, collate_examples, run_sft,
+    IGNORE, SFTConfig, SFTDataConfig, SFTModelConfig, SFTOptimConfig, collate_examples, run_sft,
 )
 from baton.workers.optim import build_optimizer
 
@@ -24,11 +26,11 @@ def test_labels_cover_only_the_completion():
 
 def test_five_steps_lower_the_loss_and_save(tmp_path):
     cfg = SFTConfig(
-        model=ModelSection(preset="0.75m", overrides={"layers": 2}),
-        data=DataSection(num_examples=200, eval_size=4, eval_samples=2),
-        optim=OptimSection(lr=1e-2, warmup_steps=1),
-        trainer=TrainerSection(steps=5, batch_size=16, log_every=1, run_dir=str(tmp_path / "run"),
-                               save_path=str(tmp_path / "ckpt")),
+        model=SFTModelConfig(preset="0.75m", overrides={"layers": 2}),
+        data=SFTDataConfig(num_examples=200, eval_size=4, eval_samples=2),
+        optim=SFTOptimConfig(lr=1e-2, lr_warmup_steps=1),
+        trainer=InProcessTrainerConfig(steps=5, batch_size=16, run_dir=str(tmp_path / "run"), progress=False,
+                                       save_path=str(tmp_path / "ckpt")),
     )
     torch.manual_seed(0)
     res = run_sft(cfg)
@@ -50,3 +52,23 @@ def test_no_weight_decay_on_norms_and_biases():
     assert decay["weight_decay"] == 0.1 and all(p.ndim >= 2 for p in decay["params"])
     assert rest["weight_decay"] == 0.0 and rest["params"] and all(p.ndim == 1 for p in rest["params"])
     assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
+
+
+def test_sft_resumes_exactly_and_never_writes_a_shipped_checkpoint(tmp_path):
+    """SFT runs in the run session: interrupted after step 2 of 4 (save_every=2) and resumed,
+    it ends with the same weights as the uninterrupted run; nothing is exported by default."""
+    def cfg(run_dir, steps, *extra):
+        return load_config(SFTConfig, overrides=[
+            "model.overrides={layers: 1}", "data.num_examples=64", "data.eval_size=0", "trainer.batch_size=8",
+            f"trainer.steps={steps}", "trainer.save_every=2", f"trainer.run_dir={run_dir}", "trainer.progress=false",
+            "optim.lr_warmup_steps=1", *extra])
+
+    full = run_sft(cfg(tmp_path / "full", 4))
+    shutil.copytree(tmp_path / "full", tmp_path / "part")  # as if stopped after step 2's checkpoint
+    shutil.rmtree(tmp_path / "part" / "checkpoints" / "step_4")
+    part = run_sft(cfg(tmp_path / "part", 4, "trainer.resume=auto"))
+    assert part["losses"] == full["losses"][2:]
+    a = load_model(tmp_path / "full" / "checkpoints" / "step_4").state_dict()
+    b = load_model(tmp_path / "part" / "checkpoints" / "step_4").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "save_path" not in full and SFTConfig().trainer.save_path is None

@@ -14,7 +14,7 @@ from baton.batch import Batch
 from baton.config import load_config
 from baton.controller import ResourcePool, WorkerGroup
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 
 
@@ -37,8 +37,8 @@ def rollout_batch(rows=8, P=5, R=6, vocab=50) -> Batch:
 
 
 def updated_weights(model_dir, tmp_path, backend, world_size, micro, agg):
-    cfg = load_config(GRPOConfig, overrides=[
-        f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.n=4", "actor.lr=1e-2",
+    cfg = load_config(PPOConfig, overrides=[
+        f"model.path={model_dir}", "model.dtype=float64", "data.prompts_per_step=2", "rollout.n=4", "actor.lr=1e-2",
         f"actor.micro_batch_size={micro}", f"algo.loss_agg={agg}", "rollout.max_new_tokens=6",
         f"placement.backend={backend}", f"placement.world_size={world_size}", "actor.grad_clip=1e9"])
     group = WorkerGroup(ResourcePool(world_size, backend=backend), ActorWorker, cfg.model, cfg.actor, cfg.algo,
@@ -52,15 +52,18 @@ def updated_weights(model_dir, tmp_path, backend, world_size, micro, agg):
     return load_file(str(out / "model.safetensors")), metrics[0]
 
 
-def assert_same(a, b):
+def assert_same(a, b, lr=1e-2):
+    # Compared in float64 (the model is built in float64), so the splits differ only by
+    # float64 summation order (~1e-15 of the gradient; AVX2 and AVX-512 kernels sum in
+    # different orders). Adam's first step moves a weight by lr * g / (|g| + eps), which turns
+    # a gradient difference d into at most lr * d / eps (eps = 1e-8): lr * 1e-6 allows
+    # d <= 1e-14. The reported grad norm of a sharded strategy is a float32 sum (rel 1e-6).
     (wa, ma), (wb, mb) = a, b
-    assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
-    assert ma["actor/loss"] == pytest.approx(mb["actor/loss"], rel=1e-5, abs=1e-7)
+    assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-6)
+    assert ma["actor/loss"] == pytest.approx(mb["actor/loss"], rel=1e-9, abs=1e-12)
     assert wa.keys() == wb.keys()
-    # Adam divides by sqrt(v): float-summation noise on near-zero gradients moves a weight
-    # by up to ~lr * 1e-3, so weights get a looser bound than the gradient norm.
     worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
-    assert worst < 1e-4, worst
+    assert worst < lr * 1e-6, worst
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])

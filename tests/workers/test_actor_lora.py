@@ -18,8 +18,8 @@ from baton.controller import ResourcePool, WorkerGroup
 from baton.metrics import read_metrics
 from baton.models.load import load_model
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers.grpo import train
-from baton.trainers.grpo_config import GRPOConfig
+from baton.trainers.ppo import train
+from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers.sequences import batched_logprobs
 
@@ -44,7 +44,7 @@ def rollout_batch(rows=8, P=5, R=6, vocab=50) -> Batch:
 
 
 def test_only_adapters_train_and_the_reference_is_the_base(model_dir, tmp_path):
-    cfg = load_config(GRPOConfig, overrides=[f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.n=4",
+    cfg = load_config(PPOConfig, overrides=[f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.n=4",
                                              "actor.lr=1e-2", *LORA])
     group = WorkerGroup(ResourcePool(1), ActorWorker, cfg.model, cfg.actor, cfg.algo, temperature=1.0,
                         max_new_tokens=6, total_steps=2, seed=0)
@@ -90,7 +90,7 @@ def test_only_adapters_train_and_the_reference_is_the_base(model_dir, tmp_path):
 
 @pytest.mark.slow  # a whole (2-step) run: ~70 s here
 def test_grpo_with_lora_and_kl_builds_no_reference_model(model_dir, tmp_path):
-    cfg = load_config(GRPOConfig, "recipes/grpo_arithmetic.yaml", [
+    cfg = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml", [
         f"model.path={model_dir}", f"trainer.run_dir={tmp_path}", "data.prompts_per_step=4", "data.eval_size=4",
         "rollout.n=4", "rollout.max_new_tokens=6", "actor.micro_batch_size=16", "actor.mini_batch_size=16",
         "actor.lr=1e-2", "trainer.progress=false", "trainer.steps=2", "algo.kl_coef=0.1",

@@ -43,7 +43,7 @@ def test_shared_prompt_forward_equals_full_forward_and_gradient(call_cost, monke
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2,
-                                         intermediate_size=64, max_position_embeddings=64))
+                                         intermediate_size=64, max_position_embeddings=64)).double()
     batch = grouped_batch()
     mask = batch[F.RESPONSE_MASK].float()
 
@@ -54,10 +54,14 @@ def test_shared_prompt_forward_equals_full_forward_and_gradient(call_cost, monke
         return logp.detach() * mask, ent * mask, [p.grad.clone() for p in model.parameters()]
 
     (full_logp, full_ent, full_grads), (logp, ent, grads) = run(False), run(True)
-    torch.testing.assert_close(logp, full_logp, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent, full_ent, atol=1e-5, rtol=1e-5)
+    # float64 model: the two paths differ by float64 summation order (values to ~1e-15),
+    # except that transformers' RMSNorm computes in float32 in any dtype, so a gradient
+    # summed over a group's rows before a prompt's norm rounds at float32 there: a few float32
+    # ulps (6e-8) of each gradient tensor's scale (1.3e-7 seen); bound 1e-6 of the scale.
+    torch.testing.assert_close(logp, full_logp, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ent, full_ent, atol=1e-12, rtol=0)
     for a, b in zip(grads, full_grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=1e-6 * b.abs().max().item(), rtol=0)
 
 
 def test_length_buckets_minimise_padding_plus_call_cost():
@@ -71,3 +75,37 @@ def test_length_buckets_minimise_padding_plus_call_cost():
     # a huge call cost gives one bucket; zero cost gives one per distinct length
     assert len(length_buckets(torch.tensor([1, 8, 1, 2]), call_cost=1000)) == 1
     assert len(length_buckets(torch.tensor([1, 8, 1, 2]), call_cost=0)) == 3
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_fused_head_equals_the_logits_path_values_and_gradients(share):
+    """The default path (hidden states through `linear_logprobs`, no full logits) gives the
+    plain path's logprobs, entropies and gradients, entropy bonus included, in float64."""
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64)).double()
+    assert sequences.fused_head(model) is not None
+    batch = grouped_batch()
+    mask = batch[F.RESPONSE_MASK].double()
+    w = torch.linspace(-1, 1, mask.shape[1], dtype=torch.float64)
+
+    def run(fused):
+        model.zero_grad()
+        logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True, entropy_grad=True,
+                                      share_prompts=share, fused=fused)
+        ((logp + 0.1 * ent) * w * mask).sum().backward()
+        return logp.detach() * mask, ent.detach() * mask, [p.grad.clone() for p in model.parameters()]
+
+    (logp, ent, grads), (want_logp, want_ent, want_grads) = run(True), run(False)
+    torch.testing.assert_close(logp, want_logp, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ent, want_ent, atol=1e-12, rtol=0)
+    for a, b in zip(grads, want_grads):  # bound: test_shared_prompt_forward_equals_full_forward_and_gradient
+        torch.testing.assert_close(a, b, atol=1e-6 * b.abs().max().item(), rtol=0)
+
+
+def test_fused_head_only_where_logits_are_the_head_of_the_hidden_state():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    assert sequences.fused_head(gpt2) is None  # not in FUSED_HEAD_TYPES: the logits path

@@ -1,0 +1,24 @@
+"""Which row source a run takes its rows from (see `baton.trainers.sources`): the one place
+that knows every implementation, so the sources themselves need not know each other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.trainers.api_source import ApiSource
+from baton.trainers.async_source import rollout_source
+from baton.trainers.placement import apart
+from baton.trainers.run_state import RunState
+from baton.trainers.sources import RolloutSource, RowSource
+
+
+def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
+    """The source `cfg` asks for: `data.source` (rollout | api), and for this run's own
+    rollout whether it sits beside the actor (`RolloutSource`) or on a pool of its own
+    (`GeneratorSource`, as far ahead as `trainer.mode` allows)."""
+    probe = state.eval_rows[0]["prompt"]
+    if cfg.data.source == "api":
+        return ApiSource(cfg, roles["actor"], state, probe_prompt=probe)
+    if apart(cfg):
+        return rollout_source(cfg, roles, state)
+    return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step, greedy_baseline=getattr(cfg, "remax", False))
