@@ -69,3 +69,22 @@ def test_sigint_is_one_line_naming_the_step(model_dir, tmp_path):
     assert "Traceback" not in err, err[-2000:]
     (line,) = [ln for ln in err.splitlines() if ln.startswith("baton:") and "interrupted" in ln]
     assert "interrupted at step" in line and "trainer.resume=auto" in line and "newest checkpoint step_" in line
+
+
+def test_the_corrected_rerun_of_a_run_that_failed_at_start_is_not_refused(model_dir, tmp_path, capsys):
+    """A model dir that passes the start checks but cannot load (0-byte weights) fails after
+    the run dir got its config.yaml; the corrected rerun into the same dir just runs."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(Path(model_dir) / "config.json", broken / "config.json")
+    (broken / "model.safetensors").write_bytes(b"")
+    run = tmp_path / "run"
+    with pytest.raises(Exception):
+        train(str(broken), run, "trainer.steps=1")
+    assert (run / "config.yaml").exists()
+    capsys.readouterr()
+    assert train(model_dir, run, "trainer.steps=1") == 0
+    assert "never trained a step: reusing it" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run)] == [0, 1]

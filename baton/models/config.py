@@ -13,6 +13,7 @@ import torch
 
 from baton.models.lora import LoraSection
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}  # float64: exact numerics checks
 
 
@@ -28,6 +29,8 @@ def check_model_path(path: str, key: str = "model.path") -> None:
         hint = (": a LoRA adapter, not a model; give its base model, or merge it with `baton export --merge`"
                 if (p / "adapter_config.json").is_file() else "")
         raise ConfigError(f"{key}={path}: holds no config.json, so it is not a HF model directory{hint}")
+    if not any((p / f).is_file() for f in WEIGHT_FILES):
+        raise ConfigError(f"{key}={path}: holds a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
 
 
 def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:
