@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "baton"
 # of a LOWER layer; never a package of its own layer or of a higher one.
 LAYERS = [
     {"cli", "__init__"},  # `baton` itself: the public names, resolved lazily
+    {"cli_help"},  # the CLI's key listings and `baton config`
     {"trainers"},
     {"workers"},
     {"services"},  # processes that talk to engines over HTTP: trajectory API, environment runners
@@ -23,7 +24,7 @@ LAYERS = [
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},
     {"batch", "metrics", "config"},
-    {"fields", "protocol", "runs", "registry", "padding"},
+    {"fields", "protocol", "runs", "registry", "padding", "user_modules"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
