@@ -115,10 +115,10 @@ def _eval(args: argparse.Namespace) -> int:
     from baton.envs import get_task
     from baton.envs.evaluate import MODES, evaluate_modes
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.engines import build_engine
 
     model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
-    engine, task = EmbeddedEngine(model, tokenizer), get_task(args.task)
+    engine, task = build_engine("embedded", model, tokenizer, model_path=args.model_dir), get_task(args.task)
     rows = task.eval_rows(args.n)
     result = evaluate_modes(engine, tokenizer, task, rows, n=4, max_new_tokens=args.max_new_tokens, seed=args.seed)
     for mode in MODES:

@@ -2,9 +2,10 @@
 
 Colocated with the actor (it reads the actor's `Policy` through `self.sibling("actor")`,
 like the rollout role), it pushes the weights to every server after an update, tagged with
-the policy version, through a `baton.sync` transport over HTTP:
+the policy version, through a `baton.sync` transport over HTTP, chosen by name (`rollout.weight_sync`, resolved
+by `baton.sync.registry` for the placement "servers"):
 
-    broadcast    (default) `/init_weights_update_group` once, then per push
+    broadcast    (auto) `/init_weights_update_group` once, then per push
                  `/update_weights_from_distributed` + a torch.distributed broadcast (gloo on
                  CPU, NCCL on GPU) from this process
     checkpoint   a safetensors file written atomically to `weights_dir`, then
@@ -33,21 +34,19 @@ import torch
 from baton.controller import Dispatch, Worker, register
 from baton.data.rows import prompt_ids
 from baton.rollout.remote import RemoteEngine
-from baton.sync import BroadcastSync, CheckpointSync, check_logprob_parity
+from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 
-SYNC_KINDS = ("broadcast", "checkpoint")
 log = logging.getLogger("baton.server_sync")
 
 
 class ServerSyncWorker(Worker):
     """`ServerSyncWorker(servers, kind=, probe_prompt=, ...)`; see the module docstring."""
 
-    def __init__(self, servers: list[str], *, kind: str = "broadcast", probe_prompt: str = "",
+    def __init__(self, servers: list[str], *, kind: str = "auto", probe_prompt: str = "",
                  api_key: str | None = None, weights_dir: str | None = None, bucket_mb: float = 64.0,
                  recover_s: float = 300.0, ready_timeout_s: float = 300.0):
         super().__init__()
-        if kind not in SYNC_KINDS:
-            raise ValueError(f"server sync kind must be one of {SYNC_KINDS}, got {kind!r}")
+        kind = resolve_weight_sync(kind, "servers")
         self.urls, self.kind, self.api_key = list(servers), kind, api_key
         self.weights_dir, self.bucket_mb = weights_dir, bucket_mb
         self.recover_s, self.ready_timeout_s = recover_s, ready_timeout_s
@@ -66,10 +65,9 @@ class ServerSyncWorker(Worker):
             if not e.health():
                 log.warning("waiting up to %.0f s for server %s to answer /health", self.ready_timeout_s, e.base_url)
             e.wait_ready(timeout=self.ready_timeout_s)
-        if self.kind == "broadcast":
-            self.sync = BroadcastSync(self.engines, bucket_mb=self.bucket_mb, timeout_s=120.0)
-        else:
-            self.sync = CheckpointSync(self.engines, directory=self.weights_dir)
+        options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0),
+                   "checkpoint": dict(directory=self.weights_dir)}.get(self.kind, {})
+        self.sync = build_transport(self.kind, "servers", self.engines, **options)
 
     def _reset(self) -> None:
         sync, self.sync = self.sync, None
