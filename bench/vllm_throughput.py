@@ -8,6 +8,8 @@ tokens, temperature 1, EOS ignored, so every method produces 64 x 64 tokens.
                     behaviour logprobs (what rollout.engine=vllm runs)
     bare vllm       LLM.generate on the same vLLM instance: one request per prompt, no
                     seed, no logprobs (what a user of vLLM alone runs)
+    bare, seeded    LLM.generate with baton's requests (a seed and logprobs each): the
+                    cost of baton's layer alone is "vllm in baton" against this
 
 Prints median tokens/s over --repeats runs, and the machine's load (`uptime`) before and
 after: the machine is shared, so numbers taken under load say so.
@@ -70,11 +72,15 @@ def main() -> None:
 
         bare_params = VSP(n=1, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, detokenize=False)
         bare_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        seeded = [VSP(n=1, temperature=1.0, max_tokens=new_tokens, ignore_eos=True, detokenize=False, seed=i,
+                      logprobs=0) for i in range(len(prompts))]
         methods = {
             "embedded": lambda: sum(len(c.token_ids) for c in embedded.generate(prompts, params)),
             "vllm in baton": lambda: sum(len(c.token_ids) for c in vllm.generate(prompts, params)),
             "bare vllm": lambda: sum(len(o.outputs[0].token_ids)
                                      for o in vllm.llm.generate(bare_prompts, bare_params, use_tqdm=False)),
+            "bare, seeded": lambda: sum(len(o.outputs[0].token_ids)
+                                        for o in vllm.llm.generate(bare_prompts, seeded, use_tqdm=False)),
         }
         for name, fn in methods.items():
             fn()  # warm-up (vLLM: first-call kernels; embedded: packing)
@@ -87,12 +93,12 @@ def main() -> None:
             print(f"{size:5s} {name:14s} {statistics.median(times):8.0f} tok/s", flush=True)
         del vllm
     print(f"load average after: {load_avg()}")
-    print(f"\n| model | prompts x tokens | embedded tok/s | vLLM in baton tok/s | bare vLLM tok/s | baton/bare |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | prompts x tokens | embedded | vLLM in baton | bare vLLM | bare, seeded | baton / bare seeded |")
+    print("|---|---|---|---|---|---|---|")
     for size in sizes:
         r = {name: v for s, name, v in rows if s == size}
         print(f"| {size} | {n_prompts} x {new_tokens} | {r['embedded']:.0f} | {r['vllm in baton']:.0f} | "
-              f"{r['bare vllm']:.0f} | {r['vllm in baton'] / r['bare vllm']:.2f}x |")
+              f"{r['bare vllm']:.0f} | {r['bare, seeded']:.0f} | {r['vllm in baton'] / r['bare, seeded']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -88,16 +88,19 @@ class RolloutWorker(Worker):
     actor's policy (the `Policy` handle of the sibling role "actor", built first).
 
     `probe_prompt`: the text whose logprobs `sync_weights(check=True)` compares between the
-    engine and the trainer (the task provides one; any prompt of the task will do)."""
+    engine and the trainer (the task provides one; any prompt of the task will do).
+    `weight_sync`: overrides `rollout.weight_sync` (a run whose rows come from servers has
+    the key name the servers' transport; its colocated engine, used for evaluation, gets "auto")."""
 
-    def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str):
+    def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
+                 weight_sync: str | None = None):
         super().__init__()
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
         self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
         self.tokenizer = self.policy.tokenizer
         in_place = self.policy.in_place
         shares = in_place and engine_class(rollout.engine).shares_module
-        sync = resolve_weight_sync(rollout.weight_sync, "colocated", shares_module=shares)
+        sync = resolve_weight_sync(weight_sync or rollout.weight_sync, "colocated", shares_module=shares)
         self.own_weights = sync != "inplace"  # the engine holds a copy, filled by each sync
         module = build_like(self.policy.module, self.device) if self.own_weights else self.policy.module
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
