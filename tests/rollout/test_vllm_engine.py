@@ -8,6 +8,7 @@ One engine per module (building one takes ~7 s; the tests after it take < 2 s to
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -100,3 +101,24 @@ def test_generate_n_samples_seeds_stops(engine):
     assert len(cut.token_ids) <= 2 and cut.token_ids == first[:len(cut.token_ids)] and cut.finish_reason == "stop"
     with pytest.raises(ValueError, match="top-k / top-p"):
         eng.generate([PROBE], SamplingParams(temperature=1.0, top_k=5))
+
+
+@pytest.mark.slow
+def test_grpo_with_vllm_checks_every_sync(tmp_path):
+    """The demo recipe with rollout.engine=vllm, colocated and with a generator one step
+    ahead: every step's weight sync passes the parity check (the run stops otherwise)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    common = ["recipes/grpo_arithmetic.yaml", "rollout.engine=vllm", "trainer.check_weight_sync=true",
+              "trainer.steps=2", "data.prompts_per_step=8", "actor.mini_batch_size=64", "actor.micro_batch_size=64",
+              "trainer.eval_every=0"]
+    for i, extra in enumerate([[], ["trainer.mode=one_step_off"]]):
+        run = subprocess.run([sys.executable, "-m", "baton.cli", "train", *common, *extra,
+                              f"trainer.run_dir={tmp_path / str(i)}"], cwd=repo, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled",
+                                  "RAY_USAGE_STATS_ENABLED": "0"}, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert (tmp_path / str(i) / "metrics.jsonl").read_text().count('"step"') == 3  # steps 0..2
