@@ -11,7 +11,8 @@ tokens, temperature 1, EOS ignored, so every method produces 64 x 64 tokens.
     bare, seeded    LLM.generate with baton's requests (a seed and logprobs each): the
                     cost of baton's layer alone is "vllm in baton" against this
 
-Prints median tokens/s over --repeats runs, and the machine's load (`uptime`) before and
+Also the colocated weight sync into vLLM (`VLLMEngine.update_weights`: load + re-pack, fp32,
+no disk), median of --repeats. Prints median tokens/s over --repeats runs, and the machine's load (`uptime`) before and
 after: the machine is shared, so numbers taken under load say so.
 
     /work/venv-vllm/bin/python bench/vllm_throughput.py [--sizes 5m,25m] [--threads 1] [--repeats 3]
@@ -82,15 +83,21 @@ def main() -> None:
             "bare, seeded": lambda: sum(len(o.outputs[0].token_ids)
                                         for o in vllm.llm.generate(bare_prompts, seeded, use_tqdm=False)),
         }
-        for name, fn in methods.items():
+        for fn in methods.values():
             fn()  # warm-up (vLLM: first-call kernels; embedded: packing)
-            times = []
-            for _ in range(repeats):
+        speeds: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(repeats):  # round-robin: a load change on the shared machine hits every method
+            for name, fn in methods.items():
                 dt, tokens = timed(fn)
                 assert tokens == n_prompts * new_tokens, (name, tokens)
-                times.append(tokens / dt)
-            rows.append((size, name, statistics.median(times)))
-            print(f"{size:5s} {name:14s} {statistics.median(times):8.0f} tok/s", flush=True)
+                speeds[name].append(tokens / dt)
+        for name, v in speeds.items():
+            rows.append((size, name, statistics.median(v)))
+            print(f"{size:5s} {name:14s} {statistics.median(v):8.0f} tok/s  (runs: {', '.join(f'{x:.0f}' for x in v)})",
+                  flush=True)
+        syncs = [timed(lambda: vllm.update_weights(model.named_parameters(), 1) or 0)[0] for _ in range(repeats)]
+        print(f"{size:5s} weight sync into vLLM {statistics.median(syncs) * 1e3:6.1f} ms "
+              f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params)", flush=True)
         del vllm
     print(f"load average after: {load_avg()}")
     print("\n| model | prompts x tokens | embedded | vLLM in baton | bare vLLM | bare, seeded | baton / bare seeded |")

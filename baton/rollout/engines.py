@@ -45,8 +45,8 @@ def build_engine(name: str, module: Any, tokenizer: Any, *, model_path: str | No
     """An engine `name` for `module` (the trainer's, or a plain copy) and `tokenizer`.
 
     `model_path`: the model's directory (an engine that loads its own copy starts from it).
-    `options`: keyword arguments of the engine's constructor; every engine takes
+    `options`: keyword arguments of the engine's constructor. Every engine takes
     `sleep_mode` ("cache": sleep frees the KV cache; "discard": the weights too, refilled by
-    the next sync), `max_batch_tokens` and `fuse_weights` (a packed copy of the weights:
-    vLLM always packs, so it accepts only the value True or None)."""
+    the next sync), `max_batch_tokens` and `fuse_weights` (the embedded engine's packed copy
+    of the weights; vLLM always packs, and has no sleep mode on a CPU: see its module)."""
     return engine_class(name).build(module, tokenizer, model_path=model_path, **options)
