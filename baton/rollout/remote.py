@@ -51,6 +51,16 @@ class RemoteEngineError(RuntimeError):
     pass
 
 
+def detect_dialect(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> str:
+    """"vllm" for a vLLM server (its /v1/models says `owned_by: vllm`), else "baton"."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        data = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout, headers=headers).json().get("data")
+    except (httpx.HTTPError, ValueError):
+        return "baton"
+    return "vllm" if data and data[0].get("owned_by") == "vllm" else "baton"
+
+
 class RemoteEngine:
     def __init__(self, base_url: str, dialect: str = "baton", *, model: str | None = None, timeout: float = 600.0,
                  weights_dir: str | None = None, version: int = 0, api_key: str | None = None):
@@ -106,6 +116,17 @@ class RemoteEngine:
             return self.client.get("/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def served_version(self) -> int | None:
+        """The weight version the server serves now (None: it does not say)."""
+        if self.dialect == "vllm":
+            v = self._get("/weight_info").get("weight_version")
+        else:
+            v = self._get("/get_weight_version").get("weight_version")
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return None
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
         import time

@@ -12,6 +12,10 @@ by `baton.sync.registry` for the placement "servers"):
                  `/update_weights_from_disk` on every server (they must see the file, and
                  allow its directory: `baton serve --weights-dir`)
 
+vLLM servers (`baton.rollout.vllm_engine.vllm_server_command`; recognised by their
+/v1/models) are spoken to in the `vllm` dialect and take `checkpoint` only (what `auto` picks
+when any server is vLLM): baton does not broadcast into vLLM's CUDA-only transfer engines.
+
 Every server's version becomes the pushed version (its `/generate` answers carry it, so the
 environments' groups do). `ensure(version)` asks each server for its version and re-pushes
 when one differs (a restarted server comes back with its start-up weights); a push that
@@ -33,7 +37,7 @@ import torch
 
 from baton.controller import Dispatch, Worker, register
 from baton.data.rows import prompt_ids
-from baton.rollout.remote import RemoteEngine
+from baton.rollout.remote import RemoteEngine, detect_dialect
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 
 log = logging.getLogger("baton.server_sync")
@@ -46,8 +50,8 @@ class ServerSyncWorker(Worker):
                  api_key: str | None = None, weights_dir: str | None = None, bucket_mb: float = 64.0,
                  recover_s: float = 300.0, ready_timeout_s: float = 300.0):
         super().__init__()
-        kind = resolve_weight_sync(kind, "servers")
-        self.urls, self.kind, self.api_key = list(servers), kind, api_key
+        self.requested = kind
+        self.urls, self.kind, self.api_key = list(servers), resolve_weight_sync(kind, "servers"), api_key
         self.weights_dir, self.bucket_mb = weights_dir, bucket_mb
         self.recover_s, self.ready_timeout_s = recover_s, ready_timeout_s
         self.policy = self.sibling("actor").policy
@@ -65,6 +69,12 @@ class ServerSyncWorker(Worker):
             if not e.health():
                 log.warning("waiting up to %.0f s for server %s to answer /health", self.ready_timeout_s, e.base_url)
             e.wait_ready(timeout=self.ready_timeout_s)
+            e.dialect = detect_dialect(e.base_url, self.api_key)
+        vllm = [e.base_url for e in self.engines if e.dialect == "vllm"]
+        self.kind = resolve_weight_sync("checkpoint" if vllm and self.requested == "auto" else self.requested, "servers")
+        if vllm and self.kind != "checkpoint":
+            raise ValueError(f"rollout.weight_sync={self.kind!r} cannot reach the vLLM server(s) {vllm}: "
+                             f"use checkpoint (or auto)")
         options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0),
                    "checkpoint": dict(directory=self.weights_dir)}.get(self.kind, {})
         self.sync = build_transport(self.kind, "servers", self.engines, **options)
@@ -88,6 +98,8 @@ class ServerSyncWorker(Worker):
                 self.sync.push(weights, version)
                 self.version = version
                 return
+            except ValueError:  # a transport that cannot reach these servers: no retry helps
+                raise
             except Exception as exc:  # noqa: BLE001 - a server restarting; rebuild and push again
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"could not push weights version {version} to {self.urls} within "
@@ -120,10 +132,11 @@ class ServerSyncWorker(Worker):
         if self.rank != 0 or not self.urls:
             return 0
         stale = []
+        dialects = {e.base_url: e.dialect for e in self.engines}
         for url in self.urls:
-            e = RemoteEngine(url, dialect="baton", api_key=self.api_key, timeout=10.0)
+            e = RemoteEngine(url, dialect=dialects.get(url.rstrip("/"), "baton"), api_key=self.api_key, timeout=10.0)
             try:
-                served = e._get("/get_weight_version").get("weight_version")
+                served = e.served_version()
             except Exception:  # noqa: BLE001 - down: the next push or ensure finds out
                 served = None
             finally:

@@ -16,12 +16,15 @@ import httpx
 import pytest
 import torch
 
+from baton.controller import ResourcePool, Worker, colocated_groups
 from baton.models.load import save_pretrained
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
 from baton.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
 from baton.sync import build_transport, check_logprob_parity
+from baton.workers.policy import Policy
+from baton.workers.server_sync import ServerSyncWorker
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -90,3 +93,37 @@ def test_sample_and_sync_a_vllm_server(server):
     sync.push(trainer.named_parameters(), 2)
     assert check_logprob_parity(engine, trainer, PROBE) < TOL
     sync.close()
+
+
+
+class StubActor(Worker):
+    """The actor as the server-sync role sees it: a Policy handle over the trainer's module."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.policy = Policy(tiny(seed), build_char_tokenizer())
+
+
+def test_server_sync_speaks_vllm(server, tmp_path):
+    """The trainer's push to data.servers (`ServerSyncWorker`) recognises a vLLM server, takes
+    `checkpoint` for it (auto; broadcast is refused), pushes with parity checked, and
+    re-pushes to a server that serves another version."""
+    groups = colocated_groups(ResourcePool(1, backend="local"), {
+        "actor": (StubActor, (6,)),
+        "server_sync": (ServerSyncWorker, ([server],), dict(probe_prompt="1+2=", weights_dir=str(tmp_path)))})
+    sync = groups["server_sync"]
+    try:
+        assert max(sync.push(3, check=True)[0]) < TOL
+        engine = RemoteEngine(server, dialect="vllm")
+        assert engine.served_version() == 3
+        engine._post("/update_weight_version", {"new_version": "0"})  # as if restarted
+        assert sync.ensure(3)[0] == 1 and engine.served_version() == 3
+        assert sync.ensure(3)[0] == 0
+    finally:
+        sync.close_sync()
+        groups["actor"].shutdown()
+    bad = colocated_groups(ResourcePool(1, backend="local"), {
+        "actor": (StubActor, (6,)),
+        "server_sync": (ServerSyncWorker, ([server],), dict(kind="broadcast", probe_prompt="1+2="))})
+    with pytest.raises(Exception, match="cannot reach the vLLM server"):
+        bad["server_sync"].push(4)
