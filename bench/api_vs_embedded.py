@@ -73,7 +73,7 @@ def main() -> None:
 
     def api_path() -> None:
         api, srv = free_port(), free_port()
-        extra = [f"data.sync={args.sync}"] + ([f"data.weights_dir={tmp / 'weights'}"] if args.sync == "checkpoint"
+        extra = [f"rollout.weight_sync={args.sync}"] + ([f"data.weights_dir={tmp / 'weights'}"] if args.sync == "checkpoint"
                                               else [])
         wall, rows = run([sys.executable, "-m", "baton.cli", "launch", "recipes/grpo_arithmetic_api.yaml",
                           f"trainer.run_dir={tmp / 'api'}", f"data.api_url=http://127.0.0.1:{api}",

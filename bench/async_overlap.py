@@ -25,7 +25,7 @@ two cores).
 
 Cases:
   push     the cost of one weight push to the generator by each transport
-           (trainer.weight_sync), for the demo model and a 25M-parameter one: the driver's
+           (rollout.weight_sync), for the demo model and a 25M-parameter one: the driver's
            call (what the trainer pays) and the time until the generator holds the weights
   demo     the recipe as shipped, --steps (300), every mode once: accuracy and time to it
   speed    the recipe for --short-steps (40) without evaluations, in --rounds interleaved
@@ -119,7 +119,7 @@ def push_costs(args: argparse.Namespace, root: Path) -> None:
         for transport in ("object_store", "broadcast"):
             cfg = load_config(PPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
                 f"model.path={path}", f"trainer.run_dir={root / 'push'}", "trainer.mode=one_step_off",
-                f"trainer.weight_sync={transport}", "placement.threads_per_worker=1", "data.eval_size=1"])
+                f"rollout.weight_sync={transport}", "placement.threads_per_worker=1", "data.eval_size=1"])
             state = RunState.fresh(cfg.data)
             roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
             try:

@@ -1,4 +1,7 @@
-"""Generic runner: any HF causal LM through its own forward with `past_key_values`.
+"""Generic runner: any HF causal LM through its own forward with its KV cache.
+
+The cache argument is `cache` in transformers >= 5.2x (`past_key_values` is deprecated there,
+to go in 5.40) and `past_key_values` before; the runner uses whichever the forward takes.
 
 The fallback for architectures without a fast path (and for wrapped models such as PEFT
 adapters). Same interface as `baton.rollout._llama.LlamaRunner`: `pack`, `start`, `decode`,
@@ -23,6 +26,7 @@ class HFRunner:
         params = inspect.signature(model.forward).parameters
         self.takes_position_ids = "position_ids" in params
         self.extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.cache = self.mask = self.next_pos = None
 
     def pack(self, lora=None) -> None:  # nothing to pre-pack: HF reads its parameters itself
@@ -34,12 +38,12 @@ class HFRunner:
         self.cache = self.mask = self.next_pos = None
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        kwargs = dict(input_ids=ids, attention_mask=self.mask, past_key_values=self.cache,
-                      use_cache=True, **self.extra)
+        kwargs = {"input_ids": ids, "attention_mask": self.mask, self.cache_arg: self.cache, "use_cache": True,
+                  **self.extra}
         if self.takes_position_ids:
             kwargs["position_ids"] = pos
         out = self.model(**kwargs)
-        self.cache = out.past_key_values  # models may return a new cache object
+        self.cache = out["cache"] if "cache" in out else out.past_key_values  # may be a new cache object
         return out.logits[:, -1]  # [b, V]
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int) -> torch.Tensor:

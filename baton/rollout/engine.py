@@ -66,6 +66,13 @@ class EmbeddedEngine:
     must refill every parameter before `generate`.
     """
 
+    shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
+
+    @classmethod
+    def build(cls, module: nn.Module, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> "EmbeddedEngine":
+        """The registry's constructor (`baton.rollout.engines`): the module itself, no load."""
+        return cls(module, tokenizer, **options)
+
     def __init__(self, model: nn.Module, tokenizer: Any = None, *,
                  eos_token_ids: int | list[int] | None = None, pad_token_id: int | None = None,
                  version: int = 0, max_batch_tokens: int = 65536, fast: bool = True,

@@ -13,7 +13,13 @@ Dialects (what is sent where):
           server supports it, else parsed from "token_id:<id>" logprob tokens). vLLM's
           default logprobs are taken *before* temperature; start vLLM with
           `--logprobs-mode processed_logprobs` to match baton's convention at T != 1.
-          vLLM has no HTTP weight-update endpoints: update_weights raises.
+          Weights by file (`update_weights_from_disk`, so the `checkpoint` transport):
+          `/collective_rpc` into baton's worker extension, then `/update_weight_version`;
+          the server runs with VLLM_SERVER_DEV_MODE=1 and
+          `--worker-extension-cls baton.rollout.vllm_engine.BatonWorkerExtension`
+          (`baton.rollout.vllm_engine.vllm_server_command` builds the command line). The
+          collective (broadcast) endpoints are not spoken to vLLM: its transfer engines
+          (NCCL, CUDA IPC) do not run on a CPU.
 
 `update_weights(named tensors, version)` writes a safetensors file (needs a filesystem the
 server also sees) and calls `/update_weights_from_disk`; for large or remote models use
@@ -43,6 +49,16 @@ DIALECTS = ("baton", "sglang", "vllm")
 
 class RemoteEngineError(RuntimeError):
     pass
+
+
+def detect_dialect(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> str:
+    """"vllm" for a vLLM server (its /v1/models says `owned_by: vllm`), else "baton"."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        data = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout, headers=headers).json().get("data")
+    except (httpx.HTTPError, ValueError):
+        return "baton"
+    return "vllm" if data and data[0].get("owned_by") == "vllm" else "baton"
 
 
 class RemoteEngine:
@@ -100,6 +116,17 @@ class RemoteEngine:
             return self.client.get("/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def served_version(self) -> int | None:
+        """The weight version the server serves now (None: it does not say)."""
+        if self.dialect == "vllm":
+            v = self._get("/weight_info").get("weight_version")
+        else:
+            v = self._get("/get_weight_version").get("weight_version")
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return None
 
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
         import time
@@ -195,12 +222,11 @@ class RemoteEngine:
     # --- weights -----------------------------------------------------------------------
     def _no_vllm(self, what: str) -> None:
         if self.dialect == "vllm":
-            raise NotImplementedError(f"{what}: vLLM's HTTP server has no weight-update endpoint; "
-                                      "use a vLLM worker extension or a baton/SGLang server")
+            raise NotImplementedError(f"{what}: baton does not broadcast into a vLLM server (its transfer "
+                                      "engines are NCCL / CUDA IPC); use rollout.weight_sync=checkpoint")
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Ship weights through a temporary safetensors file + /update_weights_from_disk."""
-        self._no_vllm("update_weights")
         from baton.sync.checkpoint import save_safetensors_atomic
 
         tmpdir = tempfile.mkdtemp(prefix="baton-remote-", dir=self.weights_dir)
@@ -211,7 +237,12 @@ class RemoteEngine:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
-        self._no_vllm("update_weights_from_disk")
+        if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
+            self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
+            self._post("/reset_prefix_cache")
+            self._post("/update_weight_version", {"new_version": str(version)})
+            self.version = version
+            return
         body: dict[str, Any] = {"model_path": path, "weight_version": str(version)}
         if self.dialect == "baton":
             body["version"] = version

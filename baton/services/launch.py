@@ -8,7 +8,7 @@ group of its own, waiting for each service to answer /health before the next:
             (a fresh queue unless trainer.resume is set); not started when data.api_url
             is not a loopback address (an API someone else runs)
   serve-i   `baton serve model.path` on each of data.servers (loopback ones), one torch
-            thread each (+ --weights-dir data.weights_dir with data.sync=checkpoint)
+            thread each (+ --weights-dir data.weights_dir with rollout.weight_sync=checkpoint)
   env-i     `baton env NAME --api ... --server ... [options]` for each entry "NAME [options]"
             of data.envs; group size, max new tokens and temperature from rollout.*
   trainer   `baton train RECIPE [overrides]`
@@ -69,7 +69,7 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
             continue  # someone else's server: the trainer only syncs it
         argv = _baton("serve", cfg["model"]["path"], "--host", u.hostname, "--port", str(u.port or 80),
                       "--threads", "1")
-        if d.get("sync") == "checkpoint" and d.get("weights_dir"):
+        if cfg["rollout"].get("weight_sync") == "checkpoint" and d.get("weights_dir"):
             argv += ["--weights-dir", d["weights_dir"]]
         specs.append(Spec(f"serve-{i}", argv, health=f"{url.rstrip('/')}/health"))
     for i, entry in enumerate(d.get("envs") or []):

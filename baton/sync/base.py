@@ -7,7 +7,8 @@ them with a policy version:
 
 Transports: `InplaceSync` (colocated, nothing to copy), `CheckpointSync` (safetensors file,
 then a reload: in process or via `/update_weights_from_disk`), `BroadcastSync`
-(torch.distributed broadcast into servers that joined via `/init_weights_update_group`).
+(torch.distributed broadcast into servers that joined via `/init_weights_update_group`);
+chosen by name through `baton.sync.registry`.
 
 `check_logprob_parity` is the runtime check that a sync worked: the engine's logprobs for
 a sequence must equal the trainer's (up to numerics).
@@ -52,25 +53,3 @@ def check_logprob_parity(engine, model: torch.nn.Module, token_ids: Sequence[int
     trainer = logp.gather(-1, seq[0, p:, None]).squeeze(-1)  # [R]
     engine_lp = torch.tensor(comp.logprobs, dtype=torch.float32, device=device)  # [R]
     return float((trainer - engine_lp).abs().max())
-
-
-def make_weight_sync(kind: str, engines, **kwargs) -> WeightSync:
-    """Build a transport by name: 'inplace' | 'copy' | 'checkpoint' | 'broadcast'.
-
-    `engines`: one engine or a list (in-process engines or `RemoteEngine`s; for
-    'broadcast', `RemoteEngine`s or base URLs)."""
-    if not isinstance(engines, (list, tuple)):
-        engines = [engines]
-    if kind == "inplace":
-        from baton.sync.inplace import InplaceSync
-        return InplaceSync(engines, **kwargs)
-    if kind == "checkpoint":
-        from baton.sync.checkpoint import CheckpointSync
-        return CheckpointSync(engines, **kwargs)
-    if kind == "broadcast":
-        from baton.sync.broadcast import BroadcastSync
-        return BroadcastSync(engines, **kwargs)
-    if kind == "copy":
-        from baton.sync.copy import CopySync
-        return CopySync(engines, **kwargs)
-    raise ValueError(f"unknown weight sync {kind!r}: expected 'inplace', 'copy', 'checkpoint' or 'broadcast'")

@@ -29,6 +29,7 @@ import torch
 
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, send_buckets)
+from baton.sync.registry import register_transport
 
 
 class WeightReceiver:
@@ -90,6 +91,7 @@ def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
     return [(n, dt, [int(d) for d in s]) for n, dt, s in zip(names, dtypes, shapes)]
 
 
+@register_transport("broadcast", "servers")
 class BroadcastSync:
     """Trainer side. `engines`: objects with the `WeightReceiver` methods: a
     `baton.rollout.remote.RemoteEngine` for a server, a `WeightReceiver` in process, or a
@@ -172,3 +174,27 @@ class BroadcastSync:
 @torch.no_grad()
 def _send(group: WeightUpdateGroup, tensors: list[torch.Tensor], plan: list[list[int]]) -> None:
     send_buckets(group, tensors, plan)
+
+
+@register_transport("broadcast", "generator")
+class GeneratorBroadcast:
+    """Driver side, for a generator on its own pool: a group of actor rank 0 (the
+    `WeightsWorker` group `weights`) and every generator rank (`GeneratorWorker` group
+    `rollout`), gloo on CPU, NCCL when the generator has GPUs. `push(version)` queues the
+    receive on the generator and the send on the actor; they meet in the collective, so the
+    actor waits until the generator has finished what was queued before (returns both futures)."""
+
+    def __init__(self, rollout, weights):
+        self.rollout, self.weights = rollout, weights
+        backend = "nccl" if getattr(rollout.pool, "gpus_per_worker", 0) else "gloo"
+        address, port, self.specs = weights.open_weight_group()  # (names, dtypes, shapes), fixed for the run
+        world = 1 + rollout.world_size
+        joined = rollout.submit("join_weight_group", address, port, world, backend)  # another process
+        weights.join_weight_group(world, backend)
+        joined.get()
+
+    def push(self, version: int) -> list:
+        return [self.rollout.submit("receive_weights", self.specs, version), self.weights.submit("send_weights")]
+
+    def close(self) -> None:
+        pass  # the groups go with the pools' processes

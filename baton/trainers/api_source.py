@@ -26,7 +26,7 @@ starting step, number of steps, + baton's `max_staleness`), then each step:
   weights_updated(version)
                every `data.sync_every` steps, push the actor's weights to the `baton serve`
                processes in `data.servers` (`ServerSyncWorker`, colocated with the actor;
-               broadcast by default, or checkpoint), bumping their version; with
+               `rollout.weight_sync`: auto = broadcast, or checkpoint), bumping their version; with
                trainer.check_weight_sync the parity check runs on each server.
 
 Group sizes must equal rollout.n (the advantage estimator's group); a group of another
@@ -136,7 +136,7 @@ class ApiSource:
                              max_staleness=self.max_staleness)
         self.servers = None
         if d.servers:
-            kw = dict(kind=d.sync, probe_prompt=probe_prompt, api_key=os.environ.get("BATON_API_KEY") or None,
+            kw = dict(kind=cfg.rollout.weight_sync, probe_prompt=probe_prompt, api_key=os.environ.get("BATON_API_KEY") or None,
                       weights_dir=d.weights_dir or None)
             self.servers = colocated_groups(actor.pool, {"server_sync": (ServerSyncWorker, (list(d.servers),), kw)})[
                 "server_sync"]

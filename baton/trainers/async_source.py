@@ -43,6 +43,7 @@ from typing import Any
 
 from baton.batch import Batch
 from baton.controller import Future
+from baton.sync import build_transport, resolve_weight_sync
 from baton.trainers.placement import apart
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RolloutSource, RowSource
@@ -71,19 +72,12 @@ class GeneratorSource:
 
     def __init__(self, rollout: Any, weights: Any, state: RunState, prompts_per_step: int, *,
                  max_staleness: int, total_steps: int, reward: Any = None,
-                 weight_sync: str = "object_store") -> None:
+                 weight_sync: str = "auto") -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-        if weight_sync not in ("object_store", "broadcast"):
-            raise ValueError(f"weight_sync must be 'object_store' or 'broadcast', got {weight_sync!r}")
-        self.specs = None  # broadcast: (names, dtypes, shapes) of the weights, fixed for the run
-        if weight_sync == "broadcast":  # actor rank 0 hosts a group the generator ranks join
-            backend = "nccl" if getattr(rollout.pool, "gpus_per_worker", 0) else "gloo"
-            address, port, self.specs = weights.open_weight_group()
-            world = 1 + rollout.world_size
-            joined = rollout.submit("join_weight_group", address, port, world, backend)  # another process
-            weights.join_weight_group(world, backend)
-            joined.get()
+        # object_store: the actor returns once its copy is stored; broadcast: both ends meet
+        # in a collective (the actor waits for the generator). baton.sync.registry.
+        self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights)
         self.rollout, self.weights, self.reward, self.state = rollout, weights, reward, state
         self.prompts_per_step, self.k, self.total_steps = prompts_per_step, max_staleness, total_steps
         self.pushed = 0  # the newest weights version queued on the generator (0: what it loaded)
@@ -125,12 +119,7 @@ class GeneratorSource:
         return batch
 
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
-        if self.specs is None:  # object store: the actor returns once its copy is stored
-            weights = self.weights.submit("full_weights")
-            self._pushes.append((version, self.rollout.submit("load_weights", weights, version)))
-        else:  # broadcast: both ends meet in the collective (the actor waits for the generator)
-            self._pushes.append((version, self.rollout.submit("receive_weights", self.specs, version)))
-            self._pushes.append((version, self.weights.submit("send_weights")))
+        self._pushes.extend((version, fut) for fut in self.transport.push(version))
         self.pushed = version
         self.next_step = max(self.next_step, version + 1)  # resuming from a synchronous run
         self._admit()
@@ -157,6 +146,7 @@ class GeneratorSource:
 
     def close(self) -> None:
         self._pushes.clear()  # the pools' shutdown stops whatever is still queued
+        self.transport.close()
 
 
 def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
@@ -169,7 +159,7 @@ def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSourc
     scores = p.pool_of("reward") != p.pool_of("actor")
     return GeneratorSource(roles["rollout"], roles["policy_weights"], state, cfg.data.prompts_per_step,
                            max_staleness=cfg.trainer.staleness, total_steps=cfg.trainer.steps,
-                           reward=roles["reward"] if scores else None, weight_sync=getattr(cfg.trainer, "weight_sync", "object_store"))
+                           reward=roles.get("reward") if scores else None, weight_sync=cfg.rollout.weight_sync)
 
 
 __all__ = ["GeneratorSource", "rollout_source"]

@@ -41,8 +41,10 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
         "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
                   dict(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                        total_steps=cfg.trainer.steps, seed=cfg.trainer.seed)),
-        "rollout": (RolloutWorker, (r,), dict(task=cfg.data.task, seed=cfg.trainer.seed,
-                                              probe_prompt=probe_prompt)),
+        "rollout": (RolloutWorker, (r,), dict(task=cfg.data.task, seed=cfg.trainer.seed, probe_prompt=probe_prompt,
+                                              # data.source=api: rollout.weight_sync is the servers'; this
+                                              # engine only evaluates, beside the actor
+                                              **({"weight_sync": "auto"} if cfg.data.source == "api" else {}))),
         "reward": (RewardWorker, (cfg.reward,), {}),
         "reference": (ReferenceWorker, (cfg.model,),
                       dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,

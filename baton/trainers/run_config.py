@@ -12,8 +12,7 @@ from baton.user_modules import is_spec
 
 
 DATA_SOURCES = ("rollout", "api")
-API_ONLY = ("api_url", "servers", "sync", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
-SERVER_SYNCS = ("broadcast", "checkpoint")
+API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
 @dataclass
@@ -29,7 +28,6 @@ class DataConfig:
     source: str = "rollout"
     api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
     servers: list[str] = field(default_factory=list)  # `baton serve` URLs kept on the trainer's weights
-    sync: str = "broadcast"  # how weights reach the servers: broadcast | checkpoint
     sync_every: int = 1  # push weights to the servers every K steps
     weights_dir: str = ""  # sync=checkpoint: where the weight files go (the servers' --weights-dir)
     api_wait_s: float = 0.0  # give up when no batch comes for this long (0: wait for ever, saying why)
@@ -48,8 +46,6 @@ class DataConfig:
                              "verl parquet)")
         if self.source not in DATA_SOURCES:
             raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
-        if self.sync not in SERVER_SYNCS:
-            raise ValueError(f"data.sync={self.sync!r} is not one of {list(SERVER_SYNCS)}")
         if self.sync_every < 1 or self.api_wait_s < 0:
             raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
                              f"(got {self.sync_every}, {self.api_wait_s})")

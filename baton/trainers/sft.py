@@ -121,9 +121,9 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def evaluate_model(model, tokenizer, task, eval_size: int, samples: int, seed: int = 0) -> dict[str, float]:
     """Held-out metrics (`baton.envs.evaluate.evaluate_modes`: greedy, and `samples` per
     prompt at T=1) through the embedded rollout engine."""
-    from baton.rollout.engine import EmbeddedEngine  # lazy: only evaluation needs it
+    from baton.rollout.engines import build_engine  # lazy: only evaluation needs it
 
-    return evaluate_modes(EmbeddedEngine(model, tokenizer), tokenizer, task, task.eval_rows(eval_size),
+    return evaluate_modes(build_engine("embedded", model, tokenizer), tokenizer, task, task.eval_rows(eval_size),
                           n=samples, seed=seed)
 
 

@@ -10,7 +10,8 @@ weights served to it.
                       dict on rank 0, and `probe_logprobs` scores the parity probe with the
                       trainer's module
 
-How weights travel (`trainer.weight_sync`):
+How weights travel (`rollout.weight_sync`: auto = object_store; the driver-side halves are
+`baton.sync.object_store.ObjectStoreSync` and `baton.sync.broadcast.GeneratorBroadcast`):
   object_store (the default)  the driver passes the future of `weights.full_weights()`
         straight into `generator.load_weights(...)`; on Ray the tensors go actor -> object
         store -> generator, never through the driver, and the actor returns as soon as its
@@ -40,7 +41,7 @@ from baton.envs import get_task
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer
 from baton.protocol import SamplingParams
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.engines import build_engine
 from baton.sync import WeightReceiver
 from baton.sync.group import WeightUpdateGroup, dtype_name, gather_buckets, plan_buckets, send_buckets
 from baton.workers.policy import Policy
@@ -78,7 +79,8 @@ class GeneratorWorker(RolloutWorker):
         self.tokenizer = load_tokenizer(model.path)
         # RolloutWorker.generate may consult `policy` (a plain module: read in place)
         self.policy = Policy(module, self.tokenizer)
-        self.engine = EmbeddedEngine(module, self.tokenizer, fuse_weights=False)
+        self.engine = build_engine(rollout.engine, module, self.tokenizer, model_path=model.path, fuse_weights=False)
+        self.own_weights = False  # keeps its weights between steps (RolloutWorker.generate: no sleep)
         self.probe_ids = self.tokenizer(probe_prompt).input_ids
 
     def sync_weights(self, version: int, check: bool = False) -> None:  # not driver-callable here

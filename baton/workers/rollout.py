@@ -4,10 +4,12 @@ Consumes a Batch of prompts (text + task fields such as `answer`); produces the
 rows of the step: prompt/response ids and masks, the engine's behaviour logprobs, the
 finish reason, the decoded completion and the policy version that sampled each row.
 
-Colocated with the actor (the default), the engine is handed the actor's `Policy` handle
-and reads its parameters in place: no copy; weight sync goes through the `inplace`
-transport of `baton.sync` (a version bump), the same interface the checkpoint and
-broadcast transports implement.
+The engine is chosen by name (`rollout.engine`: embedded | vllm, `baton.rollout.engines`),
+the weight sync too (`rollout.weight_sync`, `baton.sync.registry`; `auto` picks below).
+Colocated with the actor (the default), the embedded engine is handed the actor's `Policy`
+handle and reads its parameters in place: no copy; weight sync goes through the `inplace`
+transport (a version bump), the same interface the checkpoint and broadcast transports
+implement. An engine with weights of its own (vLLM) gets them through `copy`.
 
 A sharded actor (fsdp2 or tensor parallel: `Policy.in_place` is False) cannot be read in
 place: the engine then holds a plain copy of the model, filled by the `copy` transport from
@@ -32,8 +34,9 @@ from baton.envs.evaluate import evaluate
 from baton.models.load import build_like
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
-from baton.rollout.engine import EmbeddedEngine
-from baton.sync import check_logprob_parity, make_weight_sync
+from baton.rollout.engines import build_engine, check_engine_name, engine_class
+from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
+from baton.sync.registry import check_weight_sync_name
 from baton.workers.policy import Policy
 
 
@@ -48,8 +51,14 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 16
+    engine: str = "embedded"  # embedded | vllm (baton.rollout.engines)
+    # how the engines get the trainer's weights (baton.sync.registry): auto = inplace / copy
+    # when colocated, object_store for a generator on its own pool, broadcast for data.servers
+    weight_sync: str = "auto"
 
     def check(self) -> None:
+        check_engine_name(self.engine)
+        check_weight_sync_name(self.weight_sync)
         # SamplingParams owns the ranges; build one to check them with its messages.
         try:
             SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -79,23 +88,28 @@ class RolloutWorker(Worker):
     actor's policy (the `Policy` handle of the sibling role "actor", built first).
 
     `probe_prompt`: the text whose logprobs `sync_weights(check=True)` compares between the
-    engine and the trainer (the task provides one; any prompt of the task will do)."""
+    engine and the trainer (the task provides one; any prompt of the task will do).
+    `weight_sync`: overrides `rollout.weight_sync` (a run whose rows come from servers has
+    the key name the servers' transport; its colocated engine, used for evaluation, gets "auto")."""
 
     def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
-                 sync: str = "inplace"):
+                 weight_sync: str | None = None):
         super().__init__()
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
         self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
         self.tokenizer = self.policy.tokenizer
+        in_place = self.policy.in_place
+        shares = in_place and engine_class(rollout.engine).shares_module
+        sync = resolve_weight_sync(weight_sync or rollout.weight_sync, "colocated", shares_module=shares)
+        self.own_weights = sync != "inplace"  # the engine holds a copy, filled by each sync
+        module = build_like(self.policy.module, self.device) if self.own_weights else self.policy.module
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
-        in_place = self.policy.in_place
-        module = self.policy.module if in_place else build_like(self.policy.module, self.device)
-        self.engine = EmbeddedEngine(module, self.tokenizer, fuse_weights=False,
-                                     sleep_mode="cache" if in_place else "discard")
+        self.engine = build_engine(rollout.engine, module, self.tokenizer, fuse_weights=False,
+                                   sleep_mode="discard" if self.own_weights else "cache")
         self.engine.version = self.policy.version
-        self.sync = make_weight_sync(sync if in_place else "copy", self.engine)
-        if not in_place:  # sharded actor: fill the engine's own copy (a collective)
+        self.sync = build_transport(sync, "colocated", [self.engine])
+        if self.own_weights:  # fill the engine's copy (sharded actor: a collective)
             self.sync.push(self.policy.named_weights(), self.policy.version)
         self.probe_ids = prompt_ids(self.tokenizer, probe_prompt)
 
@@ -126,7 +140,7 @@ class RolloutWorker(Worker):
             texts = self.tokenizer.batch_decode([c.token_ids for c in sorted(greedy, key=lambda c: c.prompt_index)],
                                                 skip_special_tokens=True)
             rows[BASELINE_COMPLETION] = [t for t in texts for _ in range(params.n)]
-        if not self.policy.in_place:
+        if self.own_weights:
             self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
         return rows
 

@@ -2,14 +2,19 @@
 
 Colocated with the actor (it reads the actor's `Policy` through `self.sibling("actor")`,
 like the rollout role), it pushes the weights to every server after an update, tagged with
-the policy version, through a `baton.sync` transport over HTTP:
+the policy version, through a `baton.sync` transport over HTTP, chosen by name (`rollout.weight_sync`, resolved
+by `baton.sync.registry` for the placement "servers"):
 
-    broadcast    (default) `/init_weights_update_group` once, then per push
+    broadcast    (auto) `/init_weights_update_group` once, then per push
                  `/update_weights_from_distributed` + a torch.distributed broadcast (gloo on
                  CPU, NCCL on GPU) from this process
     checkpoint   a safetensors file written atomically to `weights_dir`, then
                  `/update_weights_from_disk` on every server (they must see the file, and
                  allow its directory: `baton serve --weights-dir`)
+
+vLLM servers (`baton.rollout.vllm_engine.vllm_server_command`; recognised by their
+/v1/models) are spoken to in the `vllm` dialect and take `checkpoint` only (what `auto` picks
+when any server is vLLM): baton does not broadcast into vLLM's CUDA-only transfer engines.
 
 Every server's version becomes the pushed version (its `/generate` answers carry it, so the
 environments' groups do). `ensure(version)` asks each server for its version and re-pushes
@@ -32,23 +37,21 @@ import torch
 
 from baton.controller import Dispatch, Worker, register
 from baton.data.rows import prompt_ids
-from baton.rollout.remote import RemoteEngine
-from baton.sync import BroadcastSync, CheckpointSync, check_logprob_parity
+from baton.rollout.remote import RemoteEngine, detect_dialect
+from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 
-SYNC_KINDS = ("broadcast", "checkpoint")
 log = logging.getLogger("baton.server_sync")
 
 
 class ServerSyncWorker(Worker):
     """`ServerSyncWorker(servers, kind=, probe_prompt=, ...)`; see the module docstring."""
 
-    def __init__(self, servers: list[str], *, kind: str = "broadcast", probe_prompt: str = "",
+    def __init__(self, servers: list[str], *, kind: str = "auto", probe_prompt: str = "",
                  api_key: str | None = None, weights_dir: str | None = None, bucket_mb: float = 64.0,
                  recover_s: float = 300.0, ready_timeout_s: float = 300.0):
         super().__init__()
-        if kind not in SYNC_KINDS:
-            raise ValueError(f"server sync kind must be one of {SYNC_KINDS}, got {kind!r}")
-        self.urls, self.kind, self.api_key = list(servers), kind, api_key
+        self.requested = kind
+        self.urls, self.kind, self.api_key = list(servers), resolve_weight_sync(kind, "servers"), api_key
         self.weights_dir, self.bucket_mb = weights_dir, bucket_mb
         self.recover_s, self.ready_timeout_s = recover_s, ready_timeout_s
         self.policy = self.sibling("actor").policy
@@ -66,10 +69,15 @@ class ServerSyncWorker(Worker):
             if not e.health():
                 log.warning("waiting up to %.0f s for server %s to answer /health", self.ready_timeout_s, e.base_url)
             e.wait_ready(timeout=self.ready_timeout_s)
-        if self.kind == "broadcast":
-            self.sync = BroadcastSync(self.engines, bucket_mb=self.bucket_mb, timeout_s=120.0)
-        else:
-            self.sync = CheckpointSync(self.engines, directory=self.weights_dir)
+            e.dialect = detect_dialect(e.base_url, self.api_key)
+        vllm = [e.base_url for e in self.engines if e.dialect == "vllm"]
+        self.kind = resolve_weight_sync("checkpoint" if vllm and self.requested == "auto" else self.requested, "servers")
+        if vllm and self.kind != "checkpoint":
+            raise ValueError(f"rollout.weight_sync={self.kind!r} cannot reach the vLLM server(s) {vllm}: "
+                             f"use checkpoint (or auto)")
+        options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0),
+                   "checkpoint": dict(directory=self.weights_dir)}.get(self.kind, {})
+        self.sync = build_transport(self.kind, "servers", self.engines, **options)
 
     def _reset(self) -> None:
         sync, self.sync = self.sync, None
@@ -90,6 +98,8 @@ class ServerSyncWorker(Worker):
                 self.sync.push(weights, version)
                 self.version = version
                 return
+            except ValueError:  # a transport that cannot reach these servers: no retry helps
+                raise
             except Exception as exc:  # noqa: BLE001 - a server restarting; rebuild and push again
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"could not push weights version {version} to {self.urls} within "
@@ -122,10 +132,11 @@ class ServerSyncWorker(Worker):
         if self.rank != 0 or not self.urls:
             return 0
         stale = []
+        dialects = {e.base_url: e.dialect for e in self.engines}
         for url in self.urls:
-            e = RemoteEngine(url, dialect="baton", api_key=self.api_key, timeout=10.0)
+            e = RemoteEngine(url, dialect=dialects.get(url.rstrip("/"), "baton"), api_key=self.api_key, timeout=10.0)
             try:
-                served = e._get("/get_weight_version").get("weight_version")
+                served = e.served_version()
             except Exception:  # noqa: BLE001 - down: the next push or ensure finds out
                 served = None
             finally:

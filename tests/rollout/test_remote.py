@@ -66,8 +66,8 @@ def test_sleep_wake_and_errors(fresh_served):
     assert len(remote.generate(PROMPTS, GREEDY)) == 3
     with pytest.raises(RemoteEngineError, match="400"):
         remote.generate([[]], GREEDY)
-    with pytest.raises(NotImplementedError):
-        RemoteEngine(s.url, dialect="vllm").update_weights([], 1)
+    with pytest.raises(NotImplementedError, match="checkpoint"):  # no broadcast into vLLM: its transfer is CUDA
+        RemoteEngine(s.url, dialect="vllm").init_weights_update_group("127.0.0.1", 1, 1, 2)
     with pytest.raises(ValueError):
         RemoteEngine(s.url, dialect="tgi")
 

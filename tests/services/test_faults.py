@@ -68,7 +68,7 @@ def wait_http(url: str, timeout: float = 60) -> None:
 def source_cfg(api_url: str, group_size: int = 4, prompts: int = 2, run_dir: str = "unused"):
     return SimpleNamespace(
         data=SimpleNamespace(api_url=api_url, prompts_per_step=prompts, sync_every=1, api_wait_s=0,
-                             servers=[], sync="broadcast", weights_dir=""),
+                             servers=[], weights_dir=""),
         rollout=SimpleNamespace(n=group_size), trainer=SimpleNamespace(run_dir=run_dir, save_every=0, steps=10, max_staleness=None),
         model=SimpleNamespace(path=MODEL))
 

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_from_the_recipe():
-    cfg = to_dict(load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", ["data.sync=checkpoint",
+    cfg = to_dict(load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml", ["rollout.weight_sync=checkpoint",
                                                                                       "data.weights_dir=/tmp/w"]))
     specs = plan(cfg, "recipes/grpo_arithmetic_api.yaml", ["trainer.steps=3"])
     assert [s.name for s in specs] == ["api", "serve-0", "env-0", "trainer"]

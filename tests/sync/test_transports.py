@@ -10,8 +10,8 @@ import torch
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
-from baton.sync import (BroadcastSync, CheckpointSync, InplaceSync, WeightReceiver, WeightSync, check_logprob_parity,
-                        make_weight_sync)
+from baton.sync import (BroadcastSync, CheckpointSync, InplaceSync, WeightReceiver, WeightSync, build_transport,
+                        check_logprob_parity)
 from baton.sync.group import plan_buckets
 PROMPT = [5, 9, 11, 4, 7]  # the fixed sequence parity is checked on
 
@@ -52,7 +52,7 @@ def test_checkpoint_in_process(tiny_qwen, sync_tokenizer, tmp_path):
     engine = EmbeddedEngine(tiny_qwen(0), sync_tokenizer)
     trainer = tiny_qwen(1)
     assert check_logprob_parity(engine, trainer, PROMPT) > 1e-2  # the check can fail
-    sync = make_weight_sync("checkpoint", engine, directory=tmp_path, keep_last=1)
+    sync = build_transport("checkpoint", "colocated", [engine], directory=tmp_path, keep_last=1)
     for version in (1, 2):
         _perturb(trainer, version)
         sync.push(trainer.named_parameters(), version)
@@ -113,8 +113,3 @@ def test_broadcast_cast_dtype(tiny_qwen, start_server):
     w = dict(eng.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
     assert torch.equal(w, trainer.model.layers[0].mlp.up_proj.weight.to(torch.bfloat16).float())
     sync.close()
-
-
-def test_make_weight_sync_rejects_unknown():
-    with pytest.raises(ValueError, match="unknown weight sync"):
-        make_weight_sync("carrier-pigeon", [])

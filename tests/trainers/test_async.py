@@ -55,7 +55,7 @@ def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         config("m", tmp_path, "trainer.mode=async", "trainer.max_staleness=-1")
     with pytest.raises(ConfigError, match="with data.source=api the rows come from the environments"):
-        config("m", tmp_path, "trainer.mode=one_step_off", "data.source=api")
+        config("m", tmp_path, "trainer.mode=one_step_off", "data.source=api", "reward.max_workers=4")
     with pytest.raises(ConfigError, match="weight_sync=broadcast needs the generator in a process of its own"):
         config("m", tmp_path, "placement.roles.rollout=gen", "placement.pools.gen=1", "rollout.weight_sync=broadcast")
 

