@@ -91,6 +91,14 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
     return {"id": call.get("id"), "type": call.get("type", "function"), "function": fn}
 
 
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI assistant message (ours) as chat templates read it (arguments as dicts)."""
+    out = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [_template_call(c) for c in message["tool_calls"]]
+    return out
+
+
 def check_tools(tools: list[Any] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
     """The request's tools (OpenAI function format), or a 400 naming what is wrong."""
     if tool_choice not in (None, "auto", "none"):

@@ -29,7 +29,7 @@ CHATML_TOOLS = (
     "{% for m in messages %}"
     "{% if m.role == 'system' and loop.first %}"
     "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
-    "{% for c in m.tool_calls or [] %}{% if m.content or not loop.first %}\n{% endif %}"
+    "{% for c in m.tool_calls or [] %}{% if m.content or not loop.first %}{{ '\\n' }}{% endif %}"
     '<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
     "{% endfor %}{{ eos_token }}\n"
     "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response>{{ eos_token }}\n"

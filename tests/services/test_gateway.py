@@ -1,0 +1,181 @@
+"""The OpenAI gateway: an agent written against the official `openai` client runs several
+turns (one a tool call it executes itself) in session-scoped endpoints; its sessions become
+training rows whose ids are exactly what the engine sampled, with mask 0 exactly on the
+tokens the chat template inserted, and the behaviour logprobs as sampled."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+import torch
+
+from baton import fields as F
+from baton.rollout.server import ServerThread
+from baton.services.gateway import Gateway, GatewaySource, HttpEngine, InProcessEngine, boundary_text
+
+from .gateway_fixtures import MULTIPLY_TOOL, ScriptedEngine, tiny_model, tools_tokenizer
+
+openai = pytest.importorskip("openai")
+
+CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+
+
+def _script(prompt: str) -> str | None:
+    if "thanks" in prompt:
+        return None  # the last turn: the real model samples
+    return "The answer is 42." if "<tool_response>" in prompt else "calling\n" + CALL
+
+
+def agent(base_url: str, gateway_url: str, session_id: str, follow_up: bool = True) -> float:
+    """An OpenAI-speaking agent: asks, runs the tool the model calls, answers, reports a reward."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "6*7?"}]
+    r = client.chat.completions.create(model="m", messages=messages, tools=[MULTIPLY_TOOL], max_tokens=80)
+    msg = r.choices[0].message
+    messages.append(msg.model_dump(exclude_none=True))
+    for call in msg.tool_calls or []:
+        args = json.loads(call.function.arguments)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] * args["b"])})
+    r = client.chat.completions.create(model="m", messages=messages, tools=[MULTIPLY_TOOL], max_tokens=40,
+                                       stream=True)  # streamed: the gateway records it the same way
+    answer = "".join(c.choices[0].delta.content or "" for c in r if c.choices)
+    reward = float("42" in answer)
+    if follow_up:
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "thanks"}]
+        client.chat.completions.create(model="m", messages=messages, tools=[MULTIPLY_TOOL], max_tokens=6)
+    httpx.post(f"{gateway_url}/sessions/{session_id}/reward", json={"reward": reward}).raise_for_status()
+    return reward
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    tok = tools_tokenizer()
+    engine = ScriptedEngine(tiny_model(0), tok, _script)
+    gw = Gateway(InProcessEngine(engine), tok, model_name="m")
+    thread = ServerThread(gw.app())
+    yield gw, engine, thread.url
+    thread.stop()
+
+
+def _run_agents(url: str, n: int, group: str, **kw) -> list[str]:
+    ids = [httpx.post(f"{url}/sessions", json={"group": group}).json()["session_id"] for _ in range(n)]
+    threads = [threading.Thread(target=agent, args=(f"{url}/sessions/{sid}/v1", url, sid), kwargs=kw) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return ids
+
+
+def test_boundary_text():
+    assert boundary_text("hi<eos>\n", "hi<eos>", "<eos>") == ("\n", True)  # sampled end-of-turn
+    assert boundary_text("hi<eos>\n", "hi", "<eos>") == ("<eos>\n", True)  # cut by max_tokens
+    assert boundary_text('x\n{"a": 1}<eos>\n', 'x {"a":1}<eos>', "<eos>") == ("\n", False)  # re-written
+    assert boundary_text('x\n{"a": 1}<eos>\n', 'x {"a":1}', "<eos>") == ("<eos>\n", False)
+
+
+def test_agent_sessions_become_rows(gateway):
+    gw, engine, url = gateway
+    tok = gw.tok
+    start = len(engine.record)
+    ids = _run_agents(url, 2, "q1")
+    trajs = {sid: httpx.get(f"{url}/sessions/{sid}").json() for sid in ids}
+    calls = engine.record[start:]
+    assert len(calls) == 6  # 2 sessions x 3 turns
+    for sid, t in trajs.items():
+        assert t["turns"] == 3 and t["reward"] == 1.0 and t["boundary_mismatches"] == 0
+        toks, mask, lps = t["tokens"], t["mask"], t["logprobs"]
+        assert len(toks) == len(mask) == len(lps)
+        # each engine call's prompt is the trajectory so far; its sampled ids follow it with mask 1
+        # (both sessions' scripted turns are equal: one entry per span)
+        mine = list({len(p): (p, c) for p, c in calls
+                     if toks[:len(p)] == p and toks[len(p):len(p) + len(c.token_ids)] == c.token_ids}.values())
+        assert len(mine) == 3
+        sampled = set()
+        for p, c in mine:
+            span = range(len(p), len(p) + len(c.token_ids))
+            sampled |= set(span)
+            assert [mask[i] for i in span] == [1] * len(span)
+            assert [lps[i] for i in span] == c.logprobs  # as sampled, not recomputed
+        assert {i for i, m in enumerate(mask) if m} == sampled
+        assert all(lps[i] == 0.0 for i in range(len(toks)) if not mask[i])
+        # mask-0 tokens are exactly the template's: the trajectory is the template's rendering
+        # of the whole conversation (plus the closing boundary it would add after the last turn)
+        first_prompt = mine[0][0]
+        assert t["prompt_len"] == len(first_prompt)
+        text = tok.decode(toks, skip_special_tokens=False)
+        assert text.startswith("<|im_start|>system\nbe brief\n<tools>multiply</tools><eos>\n<|im_start|>user\n6*7?")
+        assert ('calling\n' + CALL + '<eos>\n<|im_start|>user\n<tool_response>42</tool_response><eos>\n'
+                '<|im_start|>assistant\nThe answer is 42.<eos>\n<|im_start|>user\nthanks<eos>\n'
+                '<|im_start|>assistant\n') in text
+    # the rows of the group
+    source = GatewaySource(gw, group_size=2, wait_s=10)
+    rows = source.rows(1)
+    assert rows[F.RESPONSE_IDS].shape[0] == 2
+    matched = set()
+    for i in range(2):
+        rm = rows[F.RESPONSE_MASK][i]
+        prompt = rows[F.PROMPT_IDS][i][rows[F.PROMPT_MASK][i].bool()].tolist()
+        row_ids = rows[F.RESPONSE_IDS][i].tolist()
+        sid = next(s for s, t in trajs.items() if s not in matched and t["tokens"][:t["prompt_len"]] == prompt
+                   and row_ids[:len(t["tokens"]) - t["prompt_len"]] == t["tokens"][t["prompt_len"]:])
+        matched.add(sid)
+        t = trajs[sid]
+        R = len(t["tokens"]) - t["prompt_len"]
+        assert rm[:R].tolist() == t["mask"][t["prompt_len"]:] and rm[R:].sum() == 0
+        assert rows[F.ROLLOUT_LOGPROBS][i][:R].tolist() == pytest.approx(t["logprobs"][t["prompt_len"]:], abs=1e-7)
+        assert rows[F.FINISH_REASON][i] == t["finish_reason"]
+    assert matched == set(ids)
+    assert rows[F.REWARDS].tolist() == [1.0, 1.0]
+    assert rows[F.POLICY_VERSION].tolist() == [0, 0]
+    assert not gw.sessions  # taken
+    assert source.state_dict()["sessions_used"] == 2
+
+
+def test_session_errors(gateway):
+    gw, _, url = gateway
+    client = httpx.Client(base_url=url)
+    assert client.post("/sessions/nope/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "x"}]}).status_code == 404
+    sid = client.post("/sessions", json={}).json()["session_id"]
+    assert client.post(f"/sessions/{sid}/reward", json={"reward": 1}).status_code == 400  # no turns yet
+    body = {"messages": [{"role": "user", "content": "hi thanks"}], "max_tokens": 3}
+    assert client.post(f"/sessions/{sid}/v1/chat/completions", json=body).status_code == 200
+    # a history that does not continue the session
+    r = client.post(f"/sessions/{sid}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "other"}, {"role": "assistant", "content": "x"},
+                                       {"role": "user", "content": "more thanks"}], "max_tokens": 3})
+    assert r.status_code == 400 and "start a new session" in r.json()["detail"]
+    r = client.post(f"/sessions/{sid}/v1/chat/completions", json={**body, "n": 2})
+    assert r.status_code == 400
+    assert client.post(f"/sessions/{sid}/reward", json={"reward": 0.5}).status_code == 200
+    assert client.post(f"/sessions/{sid}/reward", json={"reward": 0.5}).status_code == 409
+    assert client.post(f"/sessions/{sid}/v1/chat/completions", json=body).status_code == 409
+    gw.take(1, timeout_s=1)  # leave the module's gateway empty
+    with pytest.raises(TimeoutError):
+        gw.take(1, timeout_s=0.05)
+
+
+def test_gateway_over_baton_serve(gateway):
+    """The engine behind the gateway is a `baton serve` URL (token in / token out /generate)."""
+    from baton.rollout.server import build_app
+
+    _, engine, _ = gateway
+    tok = engine.tokenizer
+    serve = ServerThread(build_app(engine, tok, "m"))
+    gw = Gateway(HttpEngine(serve.url), tok, model_name="m")
+    front = ServerThread(gw.app())
+    try:
+        start = len(engine.record)
+        (sid,) = _run_agents(front.url, 1, "g", follow_up=False)
+        t = gw.sessions[sid].trajectory()
+        assert t["turns"] == 2 and t["reward"] == 1.0
+        for p, c in engine.record[start:]:
+            assert t["tokens"][len(p):len(p) + len(c.token_ids)] == c.token_ids
+            assert t["logprobs"][len(p):len(p) + len(c.token_ids)] == pytest.approx(c.logprobs, abs=1e-6)
+    finally:
+        front.stop()
+        serve.stop()
