@@ -286,7 +286,14 @@ class Gateway:
                                         ignore_eos=req.ignore_eos)
             except ValueError as exc:
                 raise HTTPException(400, str(exc)) from exc
-            out = await self.engine.sample(list(s.tokens), params)
+            try:
+                out = await self.engine.sample(list(s.tokens), params)
+            except HTTPException:
+                raise
+            except ValueError as exc:  # e.g. the trajectory outgrew the model's context
+                raise HTTPException(400, f"session {sid}: generation failed: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - the engine's failure, not the agent's
+                raise HTTPException(502, f"session {sid}: engine failed: {type(exc).__name__}: {exc}") from exc
             s.tokens += out.token_ids
             s.mask += [1] * len(out.token_ids)
             s.logprobs += out.logprobs
@@ -294,6 +301,9 @@ class Gateway:
             s.versions.append(out.version)
             s.turns += 1
             text = self.tok.decode(out.token_ids, skip_special_tokens=True)
+            if out.finish_reason == "stop" and params.stop:  # as OpenAI: the stop string is not returned
+                cut = min((i for i in (text.find(x) for x in params.stop if x) if i >= 0), default=-1)
+                text = text[:cut] if cut >= 0 else text
             message, called = assistant_message(text, parse=tools is not None)
             s.prompt_messages = len(messages)
             s.messages = messages + [template_message(message)]

@@ -179,3 +179,47 @@ def test_gateway_over_baton_serve(gateway):
     finally:
         front.stop()
         serve.stop()
+
+
+def test_actor_update_ignores_inserted_tokens(gateway, tmp_path):
+    """One GRPO-style actor update on gateway rows: whatever stands at the mask-0 (template)
+    positions - advantages, old and behaviour logprobs - the updated weights are the same,
+    so those tokens get no gradient; the mask-1 tokens do move the weights."""
+    from baton.algos.config import AlgoConfig
+    from baton.controller import ResourcePool, WorkerGroup
+    from baton.models.config import ModelConfig
+    from baton.models.make import make_tiny_checkpoint
+    from baton.workers.actor import ActorConfig, ActorWorker
+
+    gw, _, url = gateway
+    _run_agents(url, 2, "upd", follow_up=False)
+    rows = GatewaySource(gw, group_size=2, wait_s=10).rows(1)
+    mask = rows[F.RESPONSE_MASK]  # [B, R]
+    B, R = mask.shape
+    holes = (mask == 0) & (rows[F.RESPONSE_IDS] != gw.tok.pad_token_id)  # inserted tokens inside the response
+    assert holes.any() and (mask == 1).any()
+    model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=3, max_position=1024))
+
+    def update(poison: bool) -> torch.Tensor:
+        batch = rows.rows(list(range(B)))  # a copy
+        actor = WorkerGroup(ResourcePool(1), ActorWorker, ModelConfig(path=model_dir),
+                            ActorConfig(lr=1e-2, micro_batch_size=B, grad_clip=1e9), AlgoConfig(),
+                            temperature=1.0, max_new_tokens=R, total_steps=1, seed=0)
+        try:
+            old = actor.compute_logprobs(batch).get()[F.OLD_LOGPROBS]  # [B, R]
+            adv = torch.tensor([1.0, -1.0])[:, None].expand(B, R).clone() * mask  # [B, R]
+            batch[F.OLD_LOGPROBS], batch[F.ADVANTAGES] = old, adv
+            batch[F.ROLLOUT_LOGPROBS] = old.clone()
+            if poison:  # garbage where the template inserted tokens
+                for name, value in ((F.ADVANTAGES, 1e3), (F.OLD_LOGPROBS, -30.0), (F.ROLLOUT_LOGPROBS, -30.0)):
+                    batch[name] = torch.where(holes, torch.full_like(batch[name], value), batch[name])
+            actor.update(batch)
+            after = actor.compute_logprobs(batch).get()[F.OLD_LOGPROBS]  # [B, R]
+        finally:
+            actor.shutdown()
+        return old, after
+
+    old, clean = update(False)
+    _, poisoned = update(True)
+    assert (clean - old)[mask.bool()].abs().max() > 1e-4  # the update did something
+    torch.testing.assert_close(poisoned, clean, rtol=0, atol=1e-6)
