@@ -6,6 +6,7 @@ trajectories for training.
     POST /sessions {"group": "q17"?}  -> {"session_id", "base_url": "/sessions/<id>/v1"}
     # the agent, unchanged: OpenAI(base_url=f"{gateway_url}/sessions/<id>/v1").chat.completions.create(...)
     POST /sessions/<id>/reward {"reward": 1.0}        -> the session is finished
+    POST /sessions/<id>/abort {"reason": "tool"}      -> the session is dropped (never a row)
     GET  /sessions/<id>                               -> its trajectory (ids, mask, logprobs, turns)
     source = GatewaySource(gw, group_size=4)          # rows(step) -> Batch (baton.trainers.sources)
 
@@ -34,7 +35,13 @@ Finished sessions (a reward reported) become rows through
 -100 on untrained tokens, inference_logprobs, scores): prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
 rollout_logprobs 0 on mask-0 tokens, rewards, policy_version (the oldest weights that
-sampled any of its turns), finish_reason (of the last turn) and completion text.
+sampled any of its turns), finish_reason (of the last turn), completion text and
+group_index (rows of one group share it; the advantage estimator groups by it).
+
+Faults: an agent that gives up calls `POST /sessions/<id>/abort {"reason"?}`; a session
+idle longer than `GatewaySource(session_idle_s=...)` is dropped as "deadline". A dropped
+session never becomes a row (it is not scored 0); its group completes with the sessions
+that finished, and `dropped` counts sessions by reason.
 """
 
 from __future__ import annotations
@@ -47,9 +54,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import torch
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from baton import fields as F
 from baton.batch import Batch
 from baton.rollout._server_batcher import Batcher, EngineRunner
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
@@ -111,6 +120,7 @@ class Session:
     id: str
     group: str | None
     created: float = field(default_factory=time.monotonic)
+    active: float = field(default_factory=time.monotonic)  # when a request last started or ended
     tokens: list[int] = field(default_factory=list)  # prompt + everything after it
     mask: list[int] = field(default_factory=list)  # 1 on sampled tokens
     logprobs: list[float] = field(default_factory=list)  # behaviour logprobs, 0 on mask-0 tokens
@@ -152,6 +162,11 @@ class NewSession(BaseModel):
     group: str | None = Field(None, max_length=256)
 
 
+class Abort(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("aborted", min_length=1, max_length=64)
+
+
 class Reward(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     reward: float
@@ -174,6 +189,8 @@ class Gateway:
         self.default_max_tokens, self.max_session_tokens = default_max_tokens, max_session_tokens
         self.sessions: dict[str, Session] = {}
         self.finished: list[str] = []  # session ids, in the order their rewards came
+        self.dropped: dict[str, int] = {}  # reason -> sessions dropped (never scored)
+        self.dropped_in: dict[Any, int] = {}  # group -> its sessions dropped so far
         self.cond = threading.Condition()
 
     # --- sessions ------------------------------------------------------------------------
@@ -200,22 +217,57 @@ class Gateway:
             self.finished.append(sid)
             self.cond.notify_all()
 
-    def take(self, n: int, timeout_s: float | None = None) -> list[Session]:
-        """The first `n` finished sessions of one group (or, for sessions without a group,
-        any `n`), removed from the gateway; waits for them (TimeoutError past timeout_s)."""
+    def abort(self, sid: str, reason: str = "aborted") -> None:
+        """Drop an unfinished session: it never becomes a row (and is never scored 0); its
+        group completes without it (`take`). Counted by reason in `dropped`."""
+        s = self.session(sid)
+        with self.cond:
+            if s.reward is not None:
+                raise HTTPException(409, f"session {sid!r} is finished (rewarded): it cannot be aborted")
+            del self.sessions[sid]
+            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+            if s.group is not None:
+                self.dropped_in[s.group] = self.dropped_in.get(s.group, 0) + 1
+            self.cond.notify_all()
+
+    def reap(self, idle_s: float) -> int:
+        """Drop ("deadline") every unfinished session idle for longer than idle_s (no
+        request running or made in that time); returns how many."""
+        now = time.monotonic()
+        stale = [sid for sid, s in list(self.sessions.items())
+                 if s.reward is None and not s.lock.locked() and now - s.active > idle_s]
+        for sid in stale:
+            try:
+                self.abort(sid, "deadline")
+            except HTTPException:
+                pass  # rewarded or removed meanwhile
+        return len(stale)
+
+    def take(self, n: int, timeout_s: float | None = None, idle_s: float | None = None) -> list[Session]:
+        """The first complete group, removed from the gateway: `n` finished sessions of one
+        group (or, without a group, any `n`), or fewer when the group's other sessions were
+        dropped (`abort`, `reap`). Waits for one (TimeoutError past timeout_s); with idle_s,
+        reaps idle sessions while it waits."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self.cond:
             while True:
+                if idle_s is not None:
+                    self.reap(idle_s)
                 picked = self._pick(n)
                 if picked is not None:
                     for sid in picked:
                         self.finished.remove(sid)
+                    g = self.sessions[picked[0]].group
+                    if g is not None and g in self.dropped_in:
+                        self.dropped_in[g] -= n - len(picked)
+                        if not self.dropped_in[g]:
+                            del self.dropped_in[g]
                     return [self.sessions.pop(sid) for sid in picked]
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"no group of {n} finished sessions in {timeout_s:g} s "
                                        f"({len(self.finished)} finished)")
-                self.cond.wait(left if left is not None else 1.0)
+                self.cond.wait(min(left, 0.5) if left is not None else 0.5)
 
     def _pick(self, n: int) -> list[str] | None:
         by_group: dict[Any, list[str]] = {}
@@ -224,6 +276,9 @@ class Gateway:
             by_group.setdefault(g, []).append(sid)
             if len(by_group[g]) == n:
                 return by_group[g]
+        for g, sids in by_group.items():  # groups that lost sessions complete without them
+            if g is not None and len(sids) + self.dropped_in.get(g, 0) >= n:
+                return sids[:n]
         return None
 
     # --- one turn ------------------------------------------------------------------------
@@ -264,8 +319,9 @@ class Gateway:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
         async with s.lock:
-            if s.reward is not None:
-                raise HTTPException(409, f"session {sid!r} is finished (rewarded)")
+            s.active = time.monotonic()
+            if s.reward is not None or sid not in self.sessions:
+                raise HTTPException(409, f"session {sid!r} is finished (rewarded or dropped)")
             if not s.turns:
                 s.tools = tools
                 s.tokens = self._encode(render(self.tok, messages, tools, True))
@@ -300,6 +356,7 @@ class Gateway:
             s.last_sampled, s.last_finish = out.token_ids, out.finish_reason
             s.versions.append(out.version)
             s.turns += 1
+            s.active = time.monotonic()
             text = self.tok.decode(out.token_ids, skip_special_tokens=True)
             if out.finish_reason == "stop" and params.stop:  # as OpenAI: the stop string is not returned
                 cut = min((i for i in (text.find(x) for x in params.stop if x) if i >= 0), default=-1)
@@ -334,6 +391,11 @@ class Gateway:
             gw.set_reward(sid, body.reward)
             return {"session_id": sid, "reward": body.reward}
 
+        @app.post("/sessions/{sid}/abort")
+        async def abort(sid: str, body: Abort | None = None) -> dict:
+            gw.abort(sid, body.reason if body else "aborted")
+            return {"session_id": sid, "dropped": True}
+
         @app.get("/sessions/{sid}/v1/models")
         async def models(sid: str) -> dict:
             gw.session(sid)
@@ -358,7 +420,10 @@ def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) 
                "scores": [s.reward for s in g],
                "finish_reasons": [s.last_finish for s in g],
                "policy_version": min(min(s.versions) for s in g), "env_id": "gateway"} for g in groups]
-    return groups_to_batch(scored, tokenizer, pad_id, len(groups[0]))
+    parts = [groups_to_batch([g], tokenizer, pad_id, len(g["tokens"])) for g in scored]
+    rows = Batch.concat(parts) if len(parts) > 1 else parts[0]
+    rows[F.GROUP_INDEX] = torch.tensor([i for i, g in enumerate(groups) for _ in g], dtype=torch.long)
+    return rows
 
 
 class GatewaySource:
@@ -367,17 +432,19 @@ class GatewaySource:
     Weight updates are the engine owner's business (an in-process engine shares the
     actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""
 
-    def __init__(self, gateway: Gateway, group_size: int, groups_per_step: int = 1, wait_s: float | None = None):
+    def __init__(self, gateway: Gateway, group_size: int, groups_per_step: int = 1, wait_s: float | None = None,
+                 session_idle_s: float | None = None):
         if group_size < 1 or groups_per_step < 1:
             raise ValueError("group_size and groups_per_step must be >= 1")
         self.gw, self.group_size, self.groups_per_step, self.wait_s = gateway, group_size, groups_per_step, wait_s
+        self.session_idle_s = session_idle_s  # an agent silent this long is dropped ("deadline")
         tok = gateway.tok
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         self.sessions_used = 0
         self.boundary_mismatches = 0
 
     def rows(self, step: int) -> Batch:
-        groups = [self.gw.take(self.group_size, self.wait_s) for _ in range(self.groups_per_step)]
+        groups = [self.gw.take(self.group_size, self.wait_s, self.session_idle_s) for _ in range(self.groups_per_step)]
         sessions = [s for g in groups for s in g]
         self.sessions_used += len(sessions)
         self.boundary_mismatches += sum(s.boundary_mismatches for s in sessions)
@@ -387,11 +454,14 @@ class GatewaySource:
         return [0.0] if check else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sessions_used": self.sessions_used, "boundary_mismatches": self.boundary_mismatches}
+        return {"sessions_used": self.sessions_used, "boundary_mismatches": self.boundary_mismatches,
+                "dropped": dict(self.gw.dropped)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sessions_used = int(state.get("sessions_used", 0))
         self.boundary_mismatches = int(state.get("boundary_mismatches", 0))
+        for reason, k in (state.get("dropped") or {}).items():
+            self.gw.dropped[reason] = self.gw.dropped.get(reason, 0) + int(k)
 
     def close(self) -> None:
         pass

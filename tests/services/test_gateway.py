@@ -223,3 +223,26 @@ def test_actor_update_ignores_inserted_tokens(gateway, tmp_path):
     _, poisoned = update(True)
     assert (clean - old)[mask.bool()].abs().max() > 1e-4  # the update did something
     torch.testing.assert_close(poisoned, clean, rtol=0, atol=1e-6)
+
+
+def test_dropped_sessions_leave_their_group(gateway):
+    """An aborted session and one idle past its deadline never become rows; their group
+    completes with the sessions that finished, which share a group_index."""
+    gw, _, url = gateway
+    client = httpx.Client(base_url=url)
+    body = {"messages": [{"role": "user", "content": "hi thanks"}], "max_tokens": 3}
+    sids = [client.post("/sessions", json={"group": g}).json()["session_id"] for g in ("a", "a", "a", "b", "b", "b")]
+    for sid in sids:
+        assert client.post(f"/sessions/{sid}/v1/chat/completions", json=body).status_code == 200
+    for sid in (sids[0], sids[3], sids[4], sids[5]):
+        assert client.post(f"/sessions/{sid}/reward", json={"reward": 1.0}).status_code == 200
+    assert client.post(f"/sessions/{sids[1]}/abort", json={"reason": "tool"}).json()["dropped"] is True
+    assert client.post(f"/sessions/{sids[1]}/v1/chat/completions", json=body).status_code == 404
+    assert client.post(f"/sessions/{sids[0]}/abort", json={}).status_code == 409  # finished
+    gw.sessions[sids[2]].active -= 100  # idle for 100 s (no timer raced: the clock is set back)
+    source = GatewaySource(gw, group_size=3, groups_per_step=2, wait_s=5, session_idle_s=50)
+    rows = source.rows(1)
+    assert gw.dropped == {"tool": 1, "deadline": 1} and not gw.sessions
+    assert len(rows) == 4 and rows[F.GROUP_INDEX].tolist() in ([0, 1, 1, 1], [0, 0, 0, 1])
+    assert source.state_dict()["dropped"] == {"tool": 1, "deadline": 1}
+    gw.dropped.clear()
