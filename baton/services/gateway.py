@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from baton import fields as F
 from baton.batch import Batch
 from baton.rollout._server_batcher import Batcher, EngineRunner
+from baton.rollout._server_guards import BearerAuth
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
 from baton.rollout._server_stream import chat_chunks, include_usage, sse
 from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render, template_message
@@ -373,9 +374,20 @@ class Gateway:
                           "total_tokens": n_prompt + len(out.token_ids)}}
 
     # --- HTTP ----------------------------------------------------------------------------
-    def app(self) -> FastAPI:
+    def app(self, api_key: str | None = None) -> FastAPI:
+        """The HTTP app; with api_key every route but /health needs `Authorization: Bearer
+        KEY` (the agent's `OpenAI(api_key=KEY)` sends it)."""
         app = FastAPI(title="baton gateway")
+        if api_key is not None:
+            if not api_key:
+                raise ValueError("api_key must be a non-empty string (None: no authentication)")
+            app.add_middleware(BearerAuth, api_key=api_key)
         gw = self
+
+        @app.get("/health")
+        async def health() -> dict:
+            return {"status": "ok", "sessions": len(gw.sessions), "finished": len(gw.finished),
+                    "dropped": dict(gw.dropped)}
 
         @app.post("/sessions")
         async def create(body: NewSession | None = None) -> dict:
@@ -465,3 +477,42 @@ class GatewaySource:
 
     def close(self) -> None:
         pass
+
+
+def gateway_main(argv: list[str] | None = None) -> None:
+    """`python -m baton.services.gateway --server URL --tokenizer MODEL_DIR [--port P]`:
+    a gateway in front of a running `baton serve` (keys: env BATON_API_KEY for the engine,
+    BATON_GATEWAY_KEY for the agents)."""
+    import argparse
+    import os
+    import socket
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser(prog="baton gateway", description=__doc__.split("\n")[0])
+    ap.add_argument("--server", required=True, help="the baton serve URL that samples (token in / token out)")
+    ap.add_argument("--tokenizer", required=True, help="model dir whose tokenizer and chat template to use")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8002, help="0 picks a free one (printed)")
+    ap.add_argument("--model-name", default="baton")
+    ap.add_argument("--default-max-tokens", type=int, default=256)
+    ap.add_argument("--max-session-tokens", type=int, default=None, help="token budget of one session")
+    args = ap.parse_args(argv)
+    from baton.models.load import load_tokenizer
+
+    try:
+        tok = load_tokenizer(args.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - one clear line
+        ap.exit(2, f"baton gateway: cannot load a tokenizer from {args.tokenizer}: {exc}\n")
+    if not getattr(tok, "chat_template", None):
+        ap.exit(2, f"baton gateway: the tokenizer in {args.tokenizer} has no chat template\n")
+    gw = Gateway(HttpEngine(args.server, os.environ.get("BATON_API_KEY") or None), tok, args.model_name,
+                 args.default_max_tokens, args.max_session_tokens)
+    sock = socket.create_server((args.host, args.port))
+    print(f"baton gateway: http://{args.host}:{sock.getsockname()[1]}/sessions/<id>/v1 -> {args.server}", flush=True)
+    uvicorn.Server(uvicorn.Config(gw.app(os.environ.get("BATON_GATEWAY_KEY") or None),
+                                  log_level="warning")).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    gateway_main()

@@ -246,3 +246,60 @@ def test_dropped_sessions_leave_their_group(gateway):
     assert len(rows) == 4 and rows[F.GROUP_INDEX].tolist() in ([0, 1, 1, 1], [0, 0, 0, 1])
     assert source.state_dict()["dropped"] == {"tool": 1, "deadline": 1}
     gw.dropped.clear()
+
+
+def test_api_key_and_cli_errors(gateway, tmp_path, capsys):
+    from baton.services.gateway import gateway_main
+
+    gw, _, _ = gateway
+    thread = ServerThread(gw.app(api_key="sekrit"))
+    try:
+        assert httpx.get(f"{thread.url}/health").status_code == 200
+        assert httpx.post(f"{thread.url}/sessions", json={}).status_code == 401
+        sid = httpx.post(f"{thread.url}/sessions", json={},
+                         headers={"Authorization": "Bearer sekrit"}).json()["session_id"]
+        client = openai.OpenAI(base_url=f"{thread.url}/sessions/{sid}/v1", api_key="sekrit", max_retries=0)
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi thanks"}], max_tokens=2)
+        assert r.usage.completion_tokens == 2
+        gw.abort(sid)
+    finally:
+        thread.stop()
+        gw.dropped.clear()
+    with pytest.raises(SystemExit) as exc:
+        gateway_main(["--server", "http://127.0.0.1:9", "--tokenizer", str(tmp_path / "missing")])
+    assert exc.value.code == 2 and "cannot load a tokenizer" in capsys.readouterr().err
+
+
+def test_gateway_main_process(tmp_path):
+    """`python -m baton.services.gateway` in front of a `baton serve` (in this process)."""
+    import os
+    import subprocess
+    import sys
+
+    from baton.models.load import load_model, load_tokenizer
+    from baton.models.make import make_tiny_checkpoint
+    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.server import build_app
+
+    model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=1))
+    tok = load_tokenizer(model_dir)
+    serve = ServerThread(build_app(EmbeddedEngine(load_model(model_dir), tok), tok, "m"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "baton.services.gateway", "--server", serve.url, "--tokenizer",
+                             model_dir, "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("baton gateway: http://"), line
+        url = line.split()[2].split("/sessions")[0]
+        sid = httpx.post(f"{url}/sessions", json={}).json()["session_id"]
+        client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], max_tokens=3,
+                                           temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 3
+        t = httpx.get(f"{url}/sessions/{sid}").json()
+        assert t["tokens"][:t["prompt_len"]] == list(tok("1+1=", add_special_tokens=False)["input_ids"])
+        assert sum(t["mask"]) == 3
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        serve.stop()
