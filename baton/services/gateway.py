@@ -302,7 +302,10 @@ class Gateway:
             raise HTTPException(400, f"session {s.id}: the chat template does not render this conversation "
                                      f"as a prefix of the next (it rewrites history): cannot keep one trajectory")
         sampled = self.tok.decode(s.last_sampled, skip_special_tokens=False)
-        boundary, ok = boundary_text(closed[len(before):], sampled, getattr(self.tok, "eos_token", None))
+        eot = getattr(self.tok, "eos_token", None)  # the turn's end marker: the stop token it sampled, if any
+        if s.last_finish == "stop" and s.last_sampled:
+            eot = self.tok.decode(s.last_sampled[-1:], skip_special_tokens=False) or eot
+        boundary, ok = boundary_text(closed[len(before):], sampled, eot)
         s.boundary_mismatches += int(not ok)
         inserted = self._encode(boundary + full[len(closed):])
         s.tokens += inserted

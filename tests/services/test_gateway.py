@@ -303,3 +303,20 @@ def test_gateway_main_process(tmp_path):
         proc.terminate()
         proc.wait(10)
         serve.stop()
+
+
+def test_rewritten_turn_keeps_sampled_tokens(gateway):
+    """The template re-writes the tool-call turn ("calling " -> "calling\\n"): the trajectory
+    keeps the sampled ids, the boundary is what follows the sampled end-of-turn, and the
+    mismatch is counted."""
+    gw, engine, url = gateway
+    engine.script = lambda p: "The answer is 42." if "<tool_response>" in p else "calling " + CALL
+    try:
+        (sid,) = _run_agents(url, 1, "rw", follow_up=False)
+    finally:
+        engine.script = _script
+    t = gw.sessions[sid].trajectory()
+    assert t["boundary_mismatches"] == 1 and t["reward"] == 1.0
+    text = gw.tok.decode(t["tokens"], skip_special_tokens=False)
+    assert ("assistant\ncalling " + CALL + "<eos>\n<|im_start|>user\n<tool_response>42</tool_response>") in text
+    gw.take(1, timeout_s=1)
