@@ -12,6 +12,8 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
+from baton.rollout._server_stream import chat_chunks, completion_chunks, include_usage, sse
+from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render
 from baton.rollout._server_schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
                                            unsupported)
 from baton.rollout.protocol import Completion, SamplingParams
@@ -25,7 +27,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
     documents the routes' error answers in the OpenAPI schema."""
 
     @app.post("/v1/completions", responses=responses)
-    async def completions(req: CompletionRequest, request: Request) -> dict:
+    async def completions(req: CompletionRequest, request: Request) -> Any:
         _reject_unsupported(req)
         prompts = _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
@@ -52,24 +54,21 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                 choice["token_ids"] = c.token_ids
                 choice["prompt_token_ids"] = prompts[c.prompt_index]
             choices.append(choice)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": srv.model_name, "choices": choices, "usage": _usage(prompts, comps),
-                "system_fingerprint": f"baton-v{srv.engine.version}"}
+        out = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+               "model": srv.model_name, "choices": choices, "usage": _usage(prompts, comps),
+               "system_fingerprint": f"baton-v{srv.engine.version}"}
+        return sse(completion_chunks(out, include_usage(req.stream_options))) if req.stream else out
 
     @app.post("/v1/chat/completions", responses=responses)
-    async def chat(req: ChatCompletionRequest, request: Request) -> dict:
+    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         _reject_unsupported(req)
         tok = srv.need_tokenizer()
-        if not getattr(tok, "chat_template", None):
-            raise HTTPException(400, "the tokenizer has no chat template; use /v1/completions")
+        tools = check_tools(req.tools, req.tool_choice)
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt,
-                                           **(req.chat_template_kwargs or {}))
-        except HTTPException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - template errors are the client's input
-            raise HTTPException(400, f"chat template failed: {exc}") from exc
+            messages = message_dicts(req.messages)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        text = render(tok, messages, tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
         # the template already holds any BOS it wants
         prompt = list(tok(text, add_special_tokens=False)["input_ids"])
         stops = stop_list(req.stop)
@@ -80,8 +79,9 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         comps = await srv.generate(request, [prompt], params)
         choices = []
         for i, c in enumerate(comps):
-            choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": srv.text(c, stops)},
-                                      "finish_reason": c.finish_reason, "logprobs": None}
+            message, called = assistant_message(srv.text(c, stops), parse=tools is not None)
+            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
+                                      "finish_reason": "tool_calls" if called else c.finish_reason}
             if req.logprobs:
                 content = []
                 for t, lp in zip(c.token_ids, c.logprobs):
@@ -97,13 +97,15 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                "model": srv.model_name, "choices": choices, "usage": _usage([prompt], comps)}
         if req.return_token_ids:
             out["prompt_token_ids"] = prompt
-        return out
+        return sse(chat_chunks(out, include_usage(req.stream_options))) if req.stream else out
 
     @app.post("/generate", responses=responses)
     async def generate(req: GenerateRequest, request: Request) -> Any:
         sp = req.sampling_params
         _reject_unsupported(req)
         _reject_unsupported(sp)
+        if req.stream:
+            raise HTTPException(400, "stream=True is not supported by /generate (use /v1/completions)")
         if (req.text is None) == (req.input_ids is None):
             raise HTTPException(400, "give exactly one of 'text' and 'input_ids'")
         if req.input_ids is not None:

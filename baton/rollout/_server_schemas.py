@@ -90,6 +90,7 @@ class CompletionRequest(_SamplingExtras):
     stop: Stop = None
     seed: int | None = _seed()
     echo: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
     best_of: int | None = None
     suffix: str | None = None
 
@@ -97,6 +98,9 @@ class CompletionRequest(_SamplingExtras):
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: OpenAI tool calls (baton.rollout._server_tools)
+    tool_call_id: str | None = None  # tool: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -124,6 +128,8 @@ class ChatCompletionRequest(_SamplingExtras):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None  # "auto" | "none" (see _server_tools.check_tools)
+    stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
 
 
 class GenerateSamplingParams(BaseModel):
@@ -214,9 +220,9 @@ class UnloadLoraAdapterRequest(_Lenient):
 
 def unsupported(req: BaseModel) -> str | None:
     """The first option set to a value baton cannot honour, as a reason string."""
-    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "stream": False,
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                "echo": False, "suffix": None, "min_new_tokens": 0, "json_schema": None, "regex": None,
-               "ebnf": None, "tools": None}
+               "ebnf": None}
     for name, value in neutral.items():
         if name in type(req).model_fields and getattr(req, name) != value:
             return f"{name}={getattr(req, name)!r} is not supported by baton serve"

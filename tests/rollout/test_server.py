@@ -105,7 +105,7 @@ def test_openai_chat(served, srv_tokenizer):
     ("/v1/completions", {"prompt": "1", "temperature": -1}, 422, "temperature"),
     ("/v1/completions", {"prompt": "1", "top_p": 0}, 422, "top_p"),
     ("/v1/completions", {"prompt": "1", "n": "many"}, 422, "n"),
-    ("/v1/completions", {"prompt": "1", "stream": True}, 400, "stream"),
+    ("/generate", {"input_ids": [1, 2], "stream": True}, 400, "stream"),  # /v1/* stream (test_server_tools.py)
     ("/v1/completions", {"prompt": "1", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
     ("/v1/completions", {"prompt": []}, 400, "empty"),
     ("/v1/chat/completions", {"messages": []}, 422, "messages"),
