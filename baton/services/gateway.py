@@ -31,7 +31,7 @@ the session's (other roles, edited non-assistant messages, other tools) is a 400
 new session.
 
 Finished sessions (a reward reported) become rows through
-`baton.trainers.api_source.groups_to_batch` (Atropos' ScoredData shape: tokens, masks with
+`baton.services.groups.groups_to_batch` (Atropos' ScoredData shape: tokens, masks with
 -100 on untrained tokens, inference_logprobs, scores): prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
 rollout_logprobs 0 on mask-0 tokens, rewards, policy_version (the oldest weights that
@@ -427,7 +427,7 @@ class Gateway:
 
 def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) -> Batch:
     """Groups of finished sessions as rows, group-major (see the module docstring)."""
-    from baton.trainers.api_source import groups_to_batch
+    from baton.services.groups import groups_to_batch
 
     scored = [{"tokens": [s.tokens for s in g],
                "masks": [[t if m else -100 for t, m in zip(s.tokens, s.mask)] for s in g],

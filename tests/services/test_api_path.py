@@ -25,7 +25,7 @@ from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app
 from baton.services.client import APIClient
 from baton.services.env_runner import EnvRunner
-from baton.trainers.api_source import groups_to_batch
+from baton.services.groups import groups_to_batch
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 
