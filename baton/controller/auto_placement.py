@@ -1,0 +1,129 @@
+"""`placement: auto`: choose data-parallel ranks, overlap and threads from the machine.
+
+A pure function of (cores, GPUs, model size, what the recipe set explicitly), so the choice
+is the same for the same machine and config, and a resumed run (whose saved config has every
+key set) keeps it. Every setting the recipe or the command line gave wins: `choose` only fills
+what was left unset.
+
+Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto"):
+- GPUs: one data-parallel rank per GPU (Ray when more than one), generation colocated with
+  the actor (it reads the weights in place), cores shared among the ranks.
+- 1 core: one process, one thread; a second process would only time-share the core.
+- >= 2 cores: one rank per core, one torch thread each, generation colocated (data
+  parallelism splits both generation and the update; overlap needs a third process on two
+  cores). Ranks must divide the step's prompts and mini-batch: the largest such count <=
+  cores. A model below MIN_DP_PARAMS stays in one process with one thread per core: its
+  step is too short to pay for the Ray round trips.
+
+The lead's driver calls it between reading the recipe and building the config:
+    view = view_from_raw(merged_recipe_dict)
+    choice = choose(os.cpu_count(), torch.cuda.device_count(), n_params, view)
+    print(choice.line()); overrides += choice.overrides()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MIN_DP_PARAMS = 0  # below this many parameters one process beats data parallel (0: DP always pays)
+
+
+@dataclass(frozen=True)
+class AutoView:
+    """What `choose` reads from a recipe: explicit settings (None: unset, auto decides) and the
+    batch sizes the ranks must divide."""
+
+    auto: bool = True  # placement.auto=false: today's defaults for whatever is unset
+    backend: str | None = None  # placement.backend
+    world_size: int | None = None  # placement.world_size
+    threads_per_worker: int | None = None  # placement.threads_per_worker
+    mode: str | None = None  # trainer.mode (sync | one_step_off | async)
+    prompts_per_step: int = 1
+    rows_per_update: int = 0  # actor.mini_batch_size (0: the whole step's rows)
+    has_pools: bool = False  # placement.pools / roles set: a hand-made placement, leave it alone
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    world_size: int
+    overlap: bool  # trainer.mode one_step_off rather than sync
+    threads_per_worker: int
+    reason: str
+    decided: tuple[str, ...] = ()  # the keys auto set (the others were explicit)
+
+    def overrides(self) -> list[str]:
+        """Dotted overrides for the keys auto decided (explicit keys are not repeated)."""
+        values = {"placement.backend": self.backend, "placement.world_size": self.world_size,
+                  "placement.threads_per_worker": self.threads_per_worker,
+                  "trainer.mode": "one_step_off" if self.overlap else "sync"}
+        return [f"{k}={values[k]}" for k in self.decided]
+
+    def line(self) -> str:
+        """The one line printed at start."""
+        mode = "generation overlapped (one_step_off)" if self.overlap else "generation colocated"
+        given = sorted({"placement.backend", "placement.world_size", "placement.threads_per_worker",
+                        "trainer.mode"} - set(self.decided))
+        tail = f"; kept as set: {', '.join(given)}" if given and self.decided else ""
+        return (f"placement auto: {self.world_size} rank(s) on {self.backend}, {self.threads_per_worker} "
+                f"thread(s) each, {mode} ({self.reason}{tail})")
+
+
+def _divides(ws: int, view: AutoView) -> bool:
+    rows = view.rows_per_update
+    return view.prompts_per_step % ws == 0 and (rows == 0 or rows % ws == 0)
+
+
+def _ranks(limit: int, view: AutoView) -> int:
+    return max(w for w in range(1, max(1, limit) + 1) if _divides(w, view))
+
+
+def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
+    """The placement for a machine with `cores` CPU cores and `gpus` GPUs; see the module doc."""
+    if cores < 1 or gpus < 0 or model_params < 0:
+        raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
+    if not view.auto or view.has_pools:
+        why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
+        return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
+                      view.threads_per_worker if view.threads_per_worker is not None else 0, why)
+    if gpus >= 1:
+        ws, overlap = _ranks(gpus, view), False
+        why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
+    elif cores == 1:
+        ws, overlap, why = 1, False, "1 core: one process"
+    elif model_params < MIN_DP_PARAMS:
+        ws, overlap = 1, False
+        why = f"{model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: too small for ranks to pay; one process"
+    else:
+        ws, overlap = _ranks(cores, view), False
+        why = f"{cores} cores: one rank per core, each generating and updating its share"
+        if ws < cores:
+            why += f"; {view.prompts_per_step} prompts/step split into at most {ws}"
+    if view.world_size is not None:
+        ws = view.world_size
+    if view.mode is not None:
+        overlap = view.mode != "sync"
+    backend = view.backend or ("ray" if ws > 1 else "local")
+    procs = ws + (1 if overlap else 0)  # the generator is a process of its own
+    threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
+    decided = tuple(k for k, v in (("placement.backend", view.backend), ("placement.world_size", view.world_size),
+                                   ("placement.threads_per_worker", view.threads_per_worker),
+                                   ("trainer.mode", view.mode)) if v is None)
+    return Choice(backend, ws, overlap, threads, why, decided)
+
+
+def view_from_raw(raw: dict[str, Any]) -> AutoView:
+    """An AutoView from the merged recipe mapping (YAML + overrides, before defaults are
+    filled in): a key is explicit when present. `placement: auto` (a string) means {}."""
+    place = raw.get("placement") or {}
+    if place == "auto":
+        place = {}
+    if not isinstance(place, dict):
+        raise ValueError(f"placement: expected a mapping or 'auto', got {place!r}")
+    data, actor, trainer = (raw.get(k) or {} for k in ("data", "actor", "trainer"))
+    return AutoView(auto=bool(place.get("auto", True)), backend=place.get("backend"),
+                    world_size=place.get("world_size"), threads_per_worker=place.get("threads_per_worker"),
+                    mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
+                    rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
+                    has_pools=bool(place.get("pools") or place.get("roles")))

@@ -1,0 +1,82 @@
+"""`placement: auto` (baton.controller.auto_placement.choose): hand-worked cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.controller.auto_placement import AutoView, choose, view_from_raw
+
+DEMO = AutoView(prompts_per_step=64)  # the demo recipe: 64 prompts, nothing placed by hand
+P = 820_000  # the demo model's parameters
+
+
+def test_two_cores_two_ranks_one_thread_each():
+    c = choose(2, 0, P, DEMO)
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("ray", 2, False, 1)
+    assert c.overrides() == ["placement.backend=ray", "placement.world_size=2",
+                             "placement.threads_per_worker=1", "trainer.mode=sync"]
+    assert c.line().startswith("placement auto: 2 rank(s) on ray, 1 thread(s) each, generation colocated (2 cores")
+
+
+def test_one_core_one_process():
+    c = choose(1, 0, P, DEMO)
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("local", 1, False, 1)
+
+
+def test_ranks_divide_the_prompts_and_the_mini_batch():
+    # 8 cores, 12 prompts: 8, 7 and 5 do not divide 12; 6 does
+    assert choose(8, 0, P, AutoView(prompts_per_step=12)).world_size == 6
+    # 6 divides 12 prompts but not a mini-batch of 16 rows: 4 does both
+    assert choose(8, 0, P, AutoView(prompts_per_step=12, rows_per_update=16)).world_size == 4
+    # 3 prompts on 2 cores: one rank, with both cores' threads
+    c = choose(2, 0, P, AutoView(prompts_per_step=3))
+    assert (c.world_size, c.backend, c.threads_per_worker) == (1, "local", 2)
+    assert "at most 1" in c.reason
+
+
+def test_gpus_one_rank_per_gpu():
+    c = choose(16, 1, P, DEMO)
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("local", 1, False, 16)
+    c = choose(16, 4, P, DEMO)
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("ray", 4, False, 4)
+
+
+def test_explicit_settings_win():
+    c = choose(2, 0, P, AutoView(prompts_per_step=64, world_size=1))
+    assert (c.backend, c.world_size, c.threads_per_worker) == ("local", 1, 2)
+    assert c.decided == ("placement.backend", "placement.threads_per_worker", "trainer.mode")
+    assert "kept as set: placement.world_size" in c.line()
+    c = choose(2, 0, P, AutoView(prompts_per_step=64, mode="one_step_off"))
+    assert (c.world_size, c.overlap, c.threads_per_worker) == (2, True, 1)  # 3 processes on 2 cores
+    assert "trainer.mode=one_step_off" not in c.overrides()
+    c = choose(2, 0, P, AutoView(prompts_per_step=64, backend="local", world_size=1, threads_per_worker=1,
+                                 mode="sync"))
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker, c.overrides()) == ("local", 1, False, 1, [])
+    c = choose(4, 0, P, AutoView(prompts_per_step=64, threads_per_worker=3))
+    assert (c.world_size, c.threads_per_worker) == (4, 3)
+
+
+def test_auto_off_and_hand_made_pools_are_left_alone():
+    assert choose(8, 0, P, AutoView(auto=False)).world_size == 1
+    c = choose(8, 0, P, AutoView(has_pools=True, backend="ray", world_size=2))
+    assert (c.backend, c.world_size, c.overrides()) == ("ray", 2, [])
+
+
+def test_deterministic():
+    assert choose(2, 0, P, DEMO) == choose(2, 0, P, DEMO)
+
+
+def test_view_from_raw():
+    raw = {"placement": {"world_size": 2, "pools": {}}, "data": {"prompts_per_step": 8},
+           "actor": {"mini_batch_size": 16}, "trainer": {"steps": 3}}
+    v = view_from_raw(raw)
+    assert (v.world_size, v.backend, v.mode, v.prompts_per_step, v.rows_per_update, v.has_pools) == \
+        (2, None, None, 8, 16, False)
+    assert view_from_raw({"placement": "auto"}) == AutoView()
+    with pytest.raises(ValueError, match="placement: expected"):
+        view_from_raw({"placement": 3})
+
+
+def test_bad_machine():
+    with pytest.raises(ValueError, match="cores >= 1"):
+        choose(0, 0, P, DEMO)
