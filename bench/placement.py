@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
+    ap.add_argument("--only", default="", help=";-separated candidate names (default: all)")
     add_smoke(ap)
     a = ap.parse_args()
     cands = candidates(a.cores)
@@ -73,7 +73,7 @@ def main() -> None:
         extra = ["trainer.steps=4", *SMOKE_TRAIN]
         cands = {k: v for k, v in cands.items() if k == "1 process, 1 thread"}
     if a.only:
-        cands = {k: v for k, v in cands.items() if k in a.only.split(",")}
+        cands = {k: v for k, v in cands.items() if k in a.only.split(";")}
     res: dict[str, list[dict]] = {k: [] for k in cands}
     with tempfile.TemporaryDirectory(prefix="bench-placement-") as tmp:
         for rd in range(a.rounds):

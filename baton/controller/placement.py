@@ -29,14 +29,30 @@ class PlacementConfig:
     threads_per_worker: int = 0  # torch threads in each worker process; 0 = torch's default
     # the main pool's (dp, fsdp, tp) sizes; missing dims are 1, dp takes what is left
     mesh: dict[str, int] = field(default_factory=dict)
+    # Many machines (Ray backend): how each pool's ranks are laid over nodes -- PACK (few nodes),
+    # SPREAD, STRICT_PACK (one node), STRICT_SPREAD (one rank per node) -- by default and per
+    # pool, and extra Ray resources per rank by pool, e.g. resources={gen: {gen_node: 1}} puts
+    # the pool "gen" (the generator) on the nodes started with that custom resource.
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    strategies: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def pool_sizes(self) -> dict[str, int]:
         return {"main": self.world_size, **self.pools}
 
     def pool_specs(self) -> dict[str, int | dict]:
         """`build_role_groups`' pools: sizes, and the main pool's mesh when one is set."""
-        main = {"world_size": self.world_size, "mesh": dict(self.mesh)} if self.mesh else self.world_size
-        return {**self.pool_sizes(), "main": main}
+        specs: dict[str, int | dict] = {**self.pool_sizes()}
+        if self.mesh:
+            specs["main"] = {"world_size": self.world_size, "mesh": dict(self.mesh)}
+        for name in specs:
+            extra = {**({"strategy": self.strategies.get(name, self.strategy)}
+                        if self.strategies.get(name, self.strategy) != "PACK" else {}),
+                     **({"resources": dict(self.resources[name])} if self.resources.get(name) else {})}
+            if extra:
+                spec = specs[name]
+                specs[name] = {**(spec if isinstance(spec, dict) else {"world_size": spec}), **extra}
+        return specs
 
     def pool_of(self, role: str) -> str:
         return self.roles.get(role, "main")
@@ -57,6 +73,17 @@ class PlacementConfig:
             except (ValueError, ZeroDivisionError) as e:
                 raise ValueError(f"placement.mesh={self.mesh} does not fit placement.world_size="
                                  f"{self.world_size}: {e}") from None
+        from baton.controller.pool import PG_STRATEGIES
+        bad_s = {k: v for k, v in self.strategies.items() if v not in PG_STRATEGIES}
+        if bad_s:
+            raise ValueError(f"placement.strategies: {bad_s}; each must be one of {PG_STRATEGIES}")
+        stray = sorted((set(self.strategies) | set(self.resources)) - set(self.pool_sizes()))
+        if stray:
+            raise ValueError(f"placement.strategies/resources name undefined pool(s) {stray} "
+                             f"(pools: {sorted(self.pool_sizes())})")
+        if self.backend == "local" and (self.strategy != "PACK" or self.strategies or self.resources):
+            raise ValueError("placement.strategy/strategies/resources lay Ray ranks over nodes: "
+                             "they need placement.backend=ray")
         unknown = sorted(set(self.roles) - set(known_roles))
         if unknown:
             raise ValueError(f"placement.roles: unknown role(s) {unknown}; this trainer's roles are {known_roles}")
