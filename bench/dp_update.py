@@ -8,7 +8,10 @@ on a Ray pool of 1 and of 2 ranks (one torch thread each), and in the driver's o
 `group.update(batch)`, the time inside the ranks' `update` (the slowest rank), and the rest
 (dispatch: splitting the batch, shipping it, collecting metrics), and the time the slowest
 rank spent in the gradient all-reduce (`par.sync_grads`, wrapped here; it includes waiting
-for the other rank to finish its backward).
+for the other rank to finish its backward), and the CPU time of the busiest rank's update
+(process CPU seconds): on a shared machine wall times say how the cores were shared, CPU
+seconds how the work was split; their ratio 1 rank / 2 ranks is the speed-up the update
+reaches when each rank has a core of its own.
 """
 
 from __future__ import annotations
@@ -36,19 +39,20 @@ class TimedActor(ActorWorker):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update(self, batch):
-        sync, t_sync = self.par.sync_grads, [0.0]
+        sync, t_sync = self.par.sync_grads, [0.0, 0.0]
 
         def timed_sync():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             sync()
             t_sync[0] += time.perf_counter() - t0
+            t_sync[1] += time.process_time() - c0
         self.par.sync_grads = timed_sync
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             out = super().update(batch)
         finally:
             self.par.sync_grads = sync
-        self._timing = (time.perf_counter() - t0, t_sync[0])
+        self._timing = (time.perf_counter() - t0, t_sync[0], time.process_time() - c0, t_sync[1])
         return out
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -58,16 +62,19 @@ class TimedActor(ActorWorker):
 
 def measure(group: WorkerGroup, batch, repeats: int) -> dict[str, float]:
     group.update(batch)  # warm-up
-    walls, ranks, syncs = [], [], []
+    walls, ranks, syncs, cpus, sync_cpus = [], [], [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         group.update(batch)
         walls.append(time.perf_counter() - t0)
         per_rank = group.timing()
-        ranks.append(max(t for t, _ in per_rank))
-        syncs.append(max(s for _, s in per_rank))
+        ranks.append(max(t[0] for t in per_rank))
+        syncs.append(max(t[1] for t in per_rank))
+        cpus.append(max(t[2] for t in per_rank))
+        sync_cpus.append(max(t[3] for t in per_rank))
     wall, rank = statistics.median(walls), statistics.median(ranks)
-    return {"wall": wall, "rank": rank, "sync": statistics.median(syncs), "dispatch": wall - rank}
+    return {"wall": wall, "rank": rank, "sync": statistics.median(syncs), "dispatch": wall - rank,
+            "cpu": statistics.median(cpus), "sync_cpu": statistics.median(sync_cpus)}
 
 
 def main() -> None:
@@ -109,12 +116,13 @@ def main() -> None:
         shutdown_ray()
     print(f"\nactor update, {rows} rows ({a.prompts} x G={a.G}), {rows // a.mini} optimizer steps of {a.mini}, "
           f"{Path(a.model).name}, 1 thread per rank, median of {a.repeats}, load {os.getloadavg()[0]:.1f}")
-    print("| ranks | update wall (s) | inside the slowest rank (s) | grad all-reduce (s) | dispatch (s) | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print("| ranks | update wall (s) | inside the slowest rank (s) | grad all-reduce (s) | dispatch (s) | speed-up "
+          "| CPU s, busiest rank | of which in the all-reduce | CPU-work speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = res.get("1") or res.get("local")
     for size, r in res.items():
         print(f"| {size} | {r['wall']:.3f} | {r['rank']:.3f} | {r['sync']:.4f} | {r['dispatch']:.3f} "
-              f"| {base['wall'] / r['wall']:.2f}x |")
+              f"| {base['wall'] / r['wall']:.2f}x | {r['cpu']:.3f} | {r['sync_cpu']:.3f} | {base['cpu'] / r['cpu']:.2f}x |")
 
 
 if __name__ == "__main__":

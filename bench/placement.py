@@ -88,9 +88,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, rs in res.items():
         sp = [b["step_s"] / r["step_s"] for b, r in zip(base, rs)] if base else []
+        vs = f"{statistics.median(sp):.2f}x" if sp else "-"
         print(f"| {name} | {statistics.median(r['step_s'] for r in rs):.3f} "
               f"| {statistics.median(r['rollout_s'] for r in rs):.3f} | {statistics.median(r['update_s'] for r in rs):.3f} "
-              f"| {statistics.median(sp):.2f}x | {'; '.join(r['load'] for r in rs)} |")
+              f"| {vs} | {'; '.join(r['load'] for r in rs)} |")
 
 
 if __name__ == "__main__":

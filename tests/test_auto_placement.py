@@ -24,14 +24,16 @@ def test_one_core_one_process():
 
 
 def test_ranks_divide_the_prompts_and_the_mini_batch():
-    # 8 cores, 12 prompts: 8, 7 and 5 do not divide 12; 6 does
-    assert choose(8, 0, P, AutoView(prompts_per_step=12)).world_size == 6
+    # 8 cores, 12 prompts: 8, 7 and 5 do not divide 12; 6 does, and a 7th process generates
+    c = choose(8, 0, P, AutoView(prompts_per_step=12))
+    assert (c.world_size, c.overlap, c.threads_per_worker) == (6, True, 1)
     # 6 divides 12 prompts but not a mini-batch of 16 rows: 4 does both
     assert choose(8, 0, P, AutoView(prompts_per_step=12, rows_per_update=16)).world_size == 4
-    # 3 prompts on 2 cores: one rank, with both cores' threads
+    # 3 prompts on 2 cores: one rank, and the generator in a second process; 1 thread each
     c = choose(2, 0, P, AutoView(prompts_per_step=3))
-    assert (c.world_size, c.backend, c.threads_per_worker) == (1, "local", 2)
+    assert (c.world_size, c.backend, c.overlap, c.threads_per_worker) == (1, "local", True, 1)
     assert "at most 1" in c.reason
+    assert c.overrides()[-1] == "trainer.mode=one_step_off"
 
 
 def test_gpus_one_rank_per_gpu():
@@ -42,13 +44,15 @@ def test_gpus_one_rank_per_gpu():
 
 
 def test_explicit_settings_win():
-    c = choose(2, 0, P, AutoView(prompts_per_step=64, world_size=1))
-    assert (c.backend, c.world_size, c.threads_per_worker) == ("local", 1, 2)
+    c = choose(2, 0, P, AutoView(prompts_per_step=64, world_size=1))  # the other core generates
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("local", 1, True, 1)
     assert c.decided == ("placement.backend", "placement.threads_per_worker", "trainer.mode")
     assert "kept as set: placement.world_size" in c.line()
     c = choose(2, 0, P, AutoView(prompts_per_step=64, mode="one_step_off"))
     assert (c.world_size, c.overlap, c.threads_per_worker) == (2, True, 1)  # 3 processes on 2 cores
     assert "trainer.mode=one_step_off" not in c.overrides()
+    c = choose(2, 0, P, AutoView(prompts_per_step=64, world_size=1, mode="sync"))  # 1 process: both cores
+    assert (c.world_size, c.overlap, c.threads_per_worker) == (1, False, 2)
     c = choose(2, 0, P, AutoView(prompts_per_step=64, backend="local", world_size=1, threads_per_worker=1,
                                  mode="sync"))
     assert (c.backend, c.world_size, c.overlap, c.threads_per_worker, c.overrides()) == ("local", 1, False, 1, [])

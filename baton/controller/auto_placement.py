@@ -9,11 +9,15 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
 - GPUs: one data-parallel rank per GPU (Ray when more than one), generation colocated with
   the actor (it reads the weights in place), cores shared among the ranks.
 - 1 core: one process, one thread; a second process would only time-share the core.
-- >= 2 cores: one rank per core, one torch thread each, generation colocated (data
-  parallelism splits both generation and the update; overlap needs a third process on two
-  cores). Ranks must divide the step's prompts and mini-batch: the largest such count <=
-  cores. A model below MIN_DP_PARAMS stays in one process with one thread per core: its
-  step is too short to pay for the Ray round trips.
+- >= 2 cores: one rank per core, one torch thread each, generation colocated: data
+  parallelism splits both generation and the update (measured CPU work per rank at half the
+  batch: 0.67x of the full batch's on the demo model, 0.59x on 5M params, so up to ~1.5x /
+  ~1.7x), while overlapping generation can only hide it (the demo: (g + u) / u = 1.2x).
+  Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
+  fewer ranks than cores the generator runs in a process of its own (trainer.mode=
+  one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
+  was 8.6x slower than with 1 on this shared 2-core machine. Threads per process: cores /
+  processes, at least 1.
 
 The lead's driver calls it between reading the recipe and building the config:
     view = view_from_raw(merged_recipe_dict)
@@ -26,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MIN_DP_PARAMS = 0  # below this many parameters one process beats data parallel (0: DP always pays)
+MIN_DP_PARAMS = 0  # below this many parameters one process beats data parallel (none measured so far)
 
 
 @dataclass(frozen=True)
@@ -88,20 +92,24 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
         return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
                       view.threads_per_worker if view.threads_per_worker is not None else 0, why)
     if gpus >= 1:
-        ws, overlap = _ranks(gpus, view), False
+        ws, overlap = view.world_size or _ranks(gpus, view), False
         why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
     elif cores == 1:
-        ws, overlap, why = 1, False, "1 core: one process"
+        ws, overlap, why = view.world_size or 1, False, "1 core: one process"
     elif model_params < MIN_DP_PARAMS:
-        ws, overlap = 1, False
-        why = f"{model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: too small for ranks to pay; one process"
+        ws, overlap = view.world_size or 1, True
+        why = f"{model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: too small for ranks to pay"
     else:
-        ws, overlap = _ranks(cores, view), False
-        why = f"{cores} cores: one rank per core, each generating and updating its share"
-        if ws < cores:
-            why += f"; {view.prompts_per_step} prompts/step split into at most {ws}"
-    if view.world_size is not None:
-        ws = view.world_size
+        ws = view.world_size or _ranks(cores, view)
+        overlap = ws < cores  # a core without a rank generates ahead, in a process of its own
+        if view.world_size is not None:
+            why = f"{cores} cores, {ws} rank(s) as set"
+        elif ws == cores:
+            why = f"{cores} cores: one rank per core, each generating and updating its share"
+        else:
+            why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
+        if overlap:
+            why += "; the generator overlaps the update on a core of its own"
     if view.mode is not None:
         overlap = view.mode != "sync"
     backend = view.backend or ("ray" if ws > 1 else "local")
