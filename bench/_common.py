@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "checkpoints" / "arith-sft"
 
 # Recipe overrides that shrink a training run to a smoke test: 2 prompts x 2 samples x 4 tokens.
-SMOKE_TRAIN = ["data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4", "data.eval_size=2",
+SMOKE_TRAIN = ["data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
+               "data.eval_size=2",
                "actor.mini_batch_size=0", "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false"]
-SMOKE_PPO = [*SMOKE_TRAIN, "critic.warmup_steps=0", "critic.mini_batch_size=0"]  # the critic-free methods drop the critic section
+# PPO with its critic (a critic-free method's `critic=null` would lose these keys: use SMOKE_TRAIN)
+SMOKE_PPO = [*SMOKE_TRAIN, "critic.warmup_steps=0", "critic.mini_batch_size=0"]
 
 
 def driver(algorithm: str = "grpo") -> tuple[Callable[[Any], Any], type]:

@@ -122,7 +122,8 @@ def main() -> None:
     base = res.get("1") or res.get("local")
     for size, r in res.items():
         print(f"| {size} | {r['wall']:.3f} | {r['rank']:.3f} | {r['sync']:.4f} | {r['dispatch']:.3f} "
-              f"| {base['wall'] / r['wall']:.2f}x | {r['cpu']:.3f} | {r['sync_cpu']:.3f} | {base['cpu'] / r['cpu']:.2f}x |")
+              f"| {base['wall'] / r['wall']:.2f}x | {r['cpu']:.3f} | {r['sync_cpu']:.3f} "
+              f"| {base['cpu'] / r['cpu']:.2f}x |")
 
 
 if __name__ == "__main__":

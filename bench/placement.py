@@ -89,9 +89,9 @@ def main() -> None:
     for name, rs in res.items():
         sp = [b["step_s"] / r["step_s"] for b, r in zip(base, rs)] if base else []
         vs = f"{statistics.median(sp):.2f}x" if sp else "-"
-        print(f"| {name} | {statistics.median(r['step_s'] for r in rs):.3f} "
-              f"| {statistics.median(r['rollout_s'] for r in rs):.3f} | {statistics.median(r['update_s'] for r in rs):.3f} "
-              f"| {vs} | {'; '.join(r['load'] for r in rs)} |")
+        med = {k: statistics.median(r[k] for r in rs) for k in ("step_s", "rollout_s", "update_s")}
+        print(f"| {name} | {med['step_s']:.3f} | {med['rollout_s']:.3f} | {med['update_s']:.3f} | {vs} "
+              f"| {'; '.join(r['load'] for r in rs)} |")
 
 
 if __name__ == "__main__":

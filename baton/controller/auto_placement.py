@@ -9,10 +9,12 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
 - GPUs: one data-parallel rank per GPU (Ray when more than one), generation colocated with
   the actor (it reads the weights in place), cores shared among the ranks.
 - 1 core: one process, one thread; a second process would only time-share the core.
-- >= 2 cores: one rank per core, one torch thread each, generation colocated: data
-  parallelism splits both generation and the update (measured CPU work per rank at half the
-  batch: 0.67x of the full batch's on the demo model, 0.59x on 5M params, so up to ~1.5x /
-  ~1.7x), while overlapping generation can only hide it (the demo: (g + u) / u = 1.2x).
+- >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
+  generation colocated: data parallelism splits both generation and the update (CPU work
+  per rank at half the batch: 0.60x of the full batch's at 5M params).
+- >= 2 cores, a smaller model (the demo): one core runs the generator ahead of the update
+  (trainer.mode=one_step_off), the others hold ranks: at 0.82M the work splits badly (half
+  the batch costs 0.66x) and two ranks wait on each other for a core on a busy machine.
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
   fewer ranks than cores the generator runs in a process of its own (trainer.mode=
   one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
@@ -30,7 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MIN_DP_PARAMS = 0  # below this many parameters one process beats data parallel (none measured so far)
+# Below this many parameters a core generates ahead (one_step_off) and the other cores hold
+# ranks; from it on, every core holds a rank. Measured: at 0.82M (the demo) one rank + the
+# generator beat 2 ranks (0.390 / 0.423 s vs 0.608 / 0.816 s per step, two rounds under load;
+# quiet in issue 20: 1.25x vs 1.28x); at 5M the update's work splits 1.48x over 2 ranks,
+# above the 1.44x that overlap can reach there ((g + u) / u from issue 20's phases).
+MIN_DP_PARAMS = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -96,9 +103,10 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
         why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
     elif cores == 1:
         ws, overlap, why = view.world_size or 1, False, "1 core: one process"
-    elif model_params < MIN_DP_PARAMS:
-        ws, overlap = view.world_size or 1, True
-        why = f"{model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: too small for ranks to pay"
+    elif model_params < MIN_DP_PARAMS and view.world_size is None:
+        ws, overlap = _ranks(cores - 1, view), True
+        why = (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one core generates "
+               f"ahead, {ws} rank(s) update")
     else:
         ws = view.world_size or _ranks(cores, view)
         overlap = ws < cores  # a core without a rank generates ahead, in a process of its own
