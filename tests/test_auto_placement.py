@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.controller.auto_placement import AutoView, choose, view_from_raw
+from baton.controller.auto_placement import MIN_DP_PARAMS, AutoView, choose, view_from_raw
 
 DEMO = AutoView(prompts_per_step=64)  # the demo recipe: 64 prompts, nothing placed by hand
 P = 5_000_000  # at MIN_DP_PARAMS: data parallel on every core
@@ -99,3 +99,16 @@ def test_view_from_raw():
 def test_bad_machine():
     with pytest.raises(ValueError, match="cores >= 1"):
         choose(0, 0, P, DEMO)
+
+
+def test_machine_and_model_size_probes():
+    from pathlib import Path
+
+    from baton.controller.auto_placement import count_model_params, detect_machine
+    from baton.models.load import load_model
+
+    cores, gpus = detect_machine()
+    assert cores >= 1 and gpus >= 0
+    demo = Path(__file__).resolve().parents[1] / "checkpoints" / "arith-sft"
+    real = sum(p.numel() for p in load_model(demo).parameters())  # the weights, really loaded
+    assert count_model_params(str(demo)) == real < MIN_DP_PARAMS

@@ -21,10 +21,11 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
   was 8.6x slower than with 1 on this shared 2-core machine. Threads per process: cores /
   processes, at least 1.
 
-The lead's driver calls it between reading the recipe and building the config:
-    view = view_from_raw(merged_recipe_dict)
-    choice = choose(os.cpu_count(), torch.cuda.device_count(), n_params, view)
-    print(choice.line()); overrides += choice.overrides()
+A driver calls it between merging the recipe with its overrides and building the config:
+    choice = choose(*detect_machine(), count_model_params(model_path), view_from_raw(merged))
+    print(choice.line())
+    config = build(merged + choice.overrides())   # overrides only for the keys auto decided
+A resumed run reads its saved config, where every key is explicit: the choice is kept.
 """
 
 from __future__ import annotations
@@ -143,3 +144,24 @@ def view_from_raw(raw: dict[str, Any]) -> AutoView:
                     mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
                     rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
                     has_pools=bool(place.get("pools") or place.get("roles")))
+
+
+def detect_machine() -> tuple[int, int]:
+    """(CPU cores this process may run on, CUDA GPUs visible): `choose`'s first two arguments."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores, torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def count_model_params(path: str) -> int:
+    """Parameters of the HF model at `path` (tied weights once), from its config alone: the
+    model is built on the meta device, so nothing is allocated or read but config.json."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
