@@ -1,5 +1,6 @@
 """The `placement:` section of a recipe: backend, pools of slots, and which role runs where.
 
+`auto` (default on) lets `auto_placement.choose` pick what the recipe leaves unset.
 Roles default to the pool "main" (`world_size` slots); `pools` adds named pools and `roles`
 maps a role to one of them. Roles on one pool are colocated (one process per slot hosts
 them all); roles on different pools run concurrently. `check` validates the map against
@@ -18,6 +19,10 @@ from typing import Literal
 
 @dataclass
 class PlacementConfig:
+    # placement: auto (baton.controller.auto_placement.choose) fills backend, world_size,
+    # threads_per_worker and trainer.mode from the machine when the recipe leaves them unset;
+    # auto: false keeps the defaults below. Read from the raw recipe by view_from_raw.
+    auto: bool = True
     backend: Literal["local", "ray"] = "local"
     world_size: int = 1  # size of the "main" pool: data-parallel actor ranks
     # Extra pools (name -> workers) and a role -> pool map. E.g. pools={aux: 1},
