@@ -65,12 +65,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--only", default="", help=";-separated candidate names (default: all)")
+    ap.add_argument("overrides", nargs="*", help="extra dotted.key=value for every run (e.g. model.path=DIR)")
     add_smoke(ap)
     a = ap.parse_args()
     cands = candidates(a.cores)
-    extra: list[str] = [f"trainer.steps={a.steps}"]
+    extra: list[str] = [f"trainer.steps={a.steps}", *a.overrides]
     if a.smoke:
-        extra = ["trainer.steps=4", *SMOKE_TRAIN]
+        extra = ["trainer.steps=4", *SMOKE_TRAIN, *a.overrides]
         cands = {k: v for k, v in cands.items() if k == "1 process, 1 thread"}
     if a.only:
         cands = {k: v for k, v in cands.items() if k in a.only.split(";")}
