@@ -10,11 +10,11 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
   the actor (it reads the weights in place), cores shared among the ranks.
 - 1 core: one process, one thread; a second process would only time-share the core.
 - >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
-  generation colocated: data parallelism splits both generation and the update (CPU work
-  per rank at half the batch: 0.60x of the full batch's at 5M params).
-- >= 2 cores, a smaller model (the demo): one core runs the generator ahead of the update
-  (trainer.mode=one_step_off), the others hold ranks: at 0.82M the work splits badly (half
-  the batch costs 0.66x) and two ranks wait on each other for a core on a busy machine.
+  generation colocated: data parallelism splits both generation and the update.
+- >= 2 cores, a smaller model (the demo's 0.82M, the 5M benchmark shape): one core runs the
+  generator ahead of the update (trainer.mode=one_step_off), the others hold ranks: measured
+  faster than one rank per core at both sizes (the work splits unevenly at small sizes, and
+  ranks wait on each other for a core on a busy machine).
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
   fewer ranks than cores the generator runs in a process of its own (trainer.mode=
   one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 # Below this many parameters a core generates ahead (one_step_off) and the other cores hold
-# ranks; from it on, every core holds a rank. Measured: at 0.82M (the demo) one rank + the
-# generator beat 2 ranks (0.390 / 0.423 s vs 0.608 / 0.816 s per step, two rounds under load;
-# quiet in issue 20: 1.25x vs 1.28x); at 5M the update's work splits 1.48x over 2 ranks,
-# above the 1.44x that overlap can reach there ((g + u) / u from issue 20's phases).
-MIN_DP_PARAMS = 5_000_000
+# ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
+# load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
+# at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
+# 0.66x of the whole at 0.82M, 0.60x at 5M). 10M is the next size up, not measured yet:
+# re-measure on a quiet machine and move it.
+MIN_DP_PARAMS = 10_000_000
 
 
 @dataclass(frozen=True)
