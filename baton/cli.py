@@ -51,7 +51,7 @@ def _algorithm(recipe: str, overrides: list[str], default: str | None = "grpo") 
 def _train(args: argparse.Namespace) -> int:
     """`baton train RECIPE`: the driver the recipe's `algorithm:` names. The per-algorithm
     commands (`baton sft`, `rm`, `online-dpo`, `dpo`) are aliases that also check the name."""
-    from baton.trainers.algorithms import DEFAULT, config_class, driver
+    from baton.trainers.algorithms import DEFAULT, config_class, driver, load_recipe
 
     declared, expected = _algorithm(args.recipe, args.overrides, default=None), args.algorithm
     if expected and declared not in (None, expected):
@@ -59,11 +59,11 @@ def _train(args: argparse.Namespace) -> int:
                           f"{declared}; run `baton train {args.recipe}`")
     name = expected or declared or DEFAULT
     try:
-        cls = config_class(name)
+        config_class(name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     overrides = [o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"]
-    cfg = load_config(cls, args.recipe, [*overrides, f"algorithm={name}"])
+    cfg = load_recipe(name, args.recipe, [*overrides, f"algorithm={name}"])  # placement.auto applied
     result = driver(name)(cfg)
     if name == "dpo":
         _print_preferences(result)

@@ -130,6 +130,13 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> Any:
     """Build `cls` from a YAML file (or a dict) plus `key.sub=value` overrides."""
+    return _build(cls, merge_recipe(path, overrides, data))
+
+
+def merge_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
+                 data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recipe's mapping with `data` and the overrides applied, before any default is
+    filled in (what `load_config` builds from; a key present here was set explicitly)."""
     merged: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -143,7 +150,7 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
     for text in overrides or []:
         key, value = _parse_override(text)
         _set_dotted(merged, key, value)
-    return _build(cls, merged)
+    return merged
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

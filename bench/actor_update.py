@@ -20,11 +20,10 @@ import torch
 import baton.workers.actor as actor_mod
 from baton import fields as F
 from baton.batch import Batch
-from baton.config import load_config
-from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers import sequences
 from baton.workers.sequences import response_logprobs
+from _common import add_smoke, load_rl_config  # bench/_common.py (scripts run from bench/ on sys.path)
 
 
 def grpo_batch(prompts: int, G: int, P: int, R: int, vocab: int) -> Batch:
@@ -48,10 +47,13 @@ def main() -> None:
     p.add_argument("--P", type=int, default=9, help="prompt tokens")
     p.add_argument("--R", type=int, default=8, help="max response tokens (lengths uniform in 1..R)")
     p.add_argument("--repeats", type=int, default=7)
+    add_smoke(p)
     a = p.parse_args()
+    if a.smoke:
+        a.prompts, a.G, a.R, a.repeats = 2, 2, 4, 1
     torch.set_num_threads(1)
     rows = a.prompts * a.G
-    cfg = load_config(PPOConfig, overrides=[
+    cfg = load_rl_config("grpo", None, [
         f"model.path={a.model}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.G}",
         f"actor.micro_batch_size={rows}", "actor.mini_batch_size=0", f"rollout.max_new_tokens={a.R}"])
     worker = ActorWorker(cfg.model, cfg.actor, cfg.algo, temperature=cfg.rollout.temperature,

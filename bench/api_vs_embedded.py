@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import SMOKE_TRAIN, add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,8 +63,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--sync", default="broadcast", choices=["broadcast", "checkpoint"])
     ap.add_argument("--api-first", action="store_true", help="run the API path first (load drifts)")
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.steps = 3  # summary() reads steps 3..N
     common = [f"trainer.steps={args.steps}", "data.eval_size=20", "trainer.eval_every=0", "trainer.progress=false"]
+    common += SMOKE_TRAIN if args.smoke else []
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-"))
     out = []
 

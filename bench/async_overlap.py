@@ -50,10 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _latency_reward, in this and Ray's processes
 
-from baton.config import load_config  # noqa: E402
 from baton.metrics import read_metrics  # noqa: E402
-from baton.trainers.ppo import train  # noqa: E402
-from baton.trainers.ppo_config import PPOConfig  # noqa: E402
+from _common import SMOKE_TRAIN, add_smoke, driver, load_rl_config  # noqa: E402
 
 MODES = {
     "sync": [],
@@ -82,12 +80,13 @@ def load() -> str:
 
 def run(case: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
     run_dir = root / f"{case}-{mode}"
-    cfg = load_config(PPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
+    cfg = load_rl_config("grpo", ROOT / "recipes/grpo_arithmetic.yaml", [
         f"model.path={ROOT / 'checkpoints/arith-sft'}", f"trainer.run_dir={run_dir}", "trainer.progress=false",
-        "placement.threads_per_worker=1", *case_overrides(case, args), *MODES[mode]])
+        "placement.threads_per_worker=1", *case_overrides(case, args), *MODES[mode],
+        *(SMOKE_TRAIN if args.smoke else [])])
     before = load()
     t0 = time.perf_counter()
-    train(cfg)
+    driver("grpo")[0](cfg)
     wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(run_dir) if r["step"] > 0]
     plain = [r for r in rows if r["step"] >= 3 and not any(k.startswith("eval/") for k in r)]
@@ -117,7 +116,7 @@ def push_costs(args: argparse.Namespace, root: Path) -> None:
     print("|---|---|---|---|---|")
     for label, path in models.items():
         for transport in ("object_store", "broadcast"):
-            cfg = load_config(PPOConfig, ROOT / "recipes/grpo_arithmetic.yaml", [
+            cfg = load_rl_config("grpo", ROOT / "recipes/grpo_arithmetic.yaml", [
                 f"model.path={path}", f"trainer.run_dir={root / 'push'}", "trainer.mode=one_step_off",
                 f"rollout.weight_sync={transport}", "placement.threads_per_worker=1", "data.eval_size=1"])
             state = RunState.fresh(cfg.data)
@@ -199,7 +198,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="speed, latency: interleaved rounds of every mode")
     ap.add_argument("--reward-workers", type=int, default=32)
     ap.add_argument("--out", help="also write the runs' results here (JSON)")
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.cases, args.modes, args.rounds, args.push_reps = ["speed"], ["sync", "one_step_off"], 1, 1
+        args.short_steps = 4  # medians from step 3 on; the last step evaluates
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results: list[dict] = []
     plan = [(0, "demo", m) for m in args.modes if "demo" in args.cases]

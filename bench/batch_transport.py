@@ -21,6 +21,7 @@ import torch
 
 from baton.batch import Batch
 from baton.controller import ensure_ray, shutdown_ray
+from _common import add_smoke  # bench/_common.py
 from _timing import median_ms  # bench/_timing.py (scripts run from bench/ on sys.path)
 
 
@@ -56,7 +57,10 @@ def measure(obj, echo, iters: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=30)
+    add_smoke(ap)
     a = ap.parse_args()
+    sizes = ((8, 16),) if a.smoke else ((64, 512), (256, 2048))
+    a.iters = 2 if a.smoke else a.iters
     torch.set_num_threads(1)
     ensure_ray(num_cpus=8)
     try:
@@ -64,7 +68,7 @@ def main() -> None:
         print(f"\nmedian of {a.iters}; bytes are the pickled size (in-band part for protocol 5)")
         print(f"{'size':<12}{'container':<12}{'pickle B':>12}{'pickle ms':>11}{'p5 inband B':>13}"
               f"{'p5 ms':>9}{'ray ms':>9}")
-        for rows, cols in ((64, 512), (256, 2048)):
+        for rows, cols in sizes:
             data = tensors(rows, cols)
             for name, obj in (("Batch", Batch(dict(data))), ("dict", dict(data))):
                 m = measure(obj, echo, a.iters)

@@ -20,6 +20,7 @@ import torch
 
 from baton.batch import Batch
 from baton.controller import Dispatch, ResourcePool, Worker, WorkerGroup, ensure_ray, register, shutdown_ray
+from _common import add_smoke  # bench/_common.py
 from _timing import median_ms  # bench/_timing.py (scripts run from bench/ on sys.path)
 
 
@@ -51,7 +52,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=512)
+    add_smoke(ap)
     a = ap.parse_args()
+    if a.smoke:
+        a.iters, a.rows, a.cols = 2, 4, 8
     torch.set_num_threads(1)
     batch = make_batch(a.rows, a.cols)
     mb = sum(t.numel() * t.element_size() for t in batch.tensors.values()) / 2**20

@@ -21,8 +21,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from _common import SMOKE_TRAIN, add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 REPO = Path(__file__).resolve().parent.parent
 SIDES = {"grpo": ("train", "recipes/grpo_arithmetic.yaml"),
@@ -34,7 +37,7 @@ def run_side(name: str, a: argparse.Namespace, extra: list[str]) -> dict:
     run_dir = Path(a.out) / name
     args = [sys.executable, "-m", "baton.cli", command, str(REPO / recipe), f"trainer.steps={a.steps}",
             f"trainer.eval_every={a.eval_every}", f"trainer.run_dir={run_dir}", "trainer.overwrite=true",
-            "trainer.progress=false", "placement.threads_per_worker=1", *extra]
+            "trainer.progress=false", "placement.threads_per_worker=1", *(SMOKE_TRAIN if a.smoke else []), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     subprocess.run(args, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -53,7 +56,10 @@ def main() -> None:
     p.add_argument("--out", default="runs/dpo_vs_grpo")
     p.add_argument("--dpo", nargs="*", default=[], help="extra overrides for online DPO")
     p.add_argument("--grpo", nargs="*", default=[], help="extra overrides for GRPO")
+    add_smoke(p)
     a = p.parse_args()
+    if a.smoke:
+        a.steps, a.eval_every, a.out = 2, 0, tempfile.mkdtemp(prefix="bench-smoke-")
     res = {"grpo": run_side("grpo", a, a.grpo), "online_dpo": run_side("online_dpo", a, a.dpo)}
     print(f"held-out accuracy (greedy / sampled), {a.steps} steps of 64 prompts x 8 samples")
     print(f"{'step':>5} | {'GRPO':>15} | {'online DPO':>15}")

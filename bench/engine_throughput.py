@@ -23,6 +23,7 @@ from transformers import GenerationConfig
 from baton.models import build_tiny_model
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
+from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 # name -> tiny_config overrides (Qwen2 family, tied embeddings as in the presets)
 SIZES = {
@@ -114,7 +115,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="0.75m,5m,25m")
     ap.add_argument("--no-hf-runner", action="store_true", help="skip the engine's generic HF path")
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.sizes, args.no_hf_runner = 1, "0.75m", True
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"threads={args.threads} repeats={args.repeats} prompts={N_PROMPTS} new_tokens={NEW_TOKENS} "

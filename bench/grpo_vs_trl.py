@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: _common, _trl_side (also in --child runs)
+from _common import add_smoke  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "grpo_arithmetic.yaml"
 DEFAULT_MODEL = REPO / "checkpoints" / "arith-sft"
@@ -58,12 +61,10 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
 # ----------------------------------------------------------------------------- child processes
 
 def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
-    from baton.config import load_config
-    from baton.trainers.ppo import train
-    from baton.trainers.ppo_config import PPOConfig
+    from _common import driver, load_rl_config
 
-    cfg = load_config(PPOConfig, str(RECIPE), spec["overrides"])
-    train(cfg)
+    cfg = load_rl_config("grpo", RECIPE, spec["overrides"])
+    driver("grpo")[0](cfg)
     records = []
     for line in open(Path(cfg.trainer.run_dir) / "metrics.jsonl"):
         m = json.loads(line)
@@ -79,7 +80,6 @@ def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
 
 
 def run_trl_side(spec: dict[str, Any]) -> list[dict[str, float]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _trl_side import run_trl
 
     return run_trl(spec["model"], spec["step_rows"], G=spec["G"], max_new_tokens=spec["max_new_tokens"],
@@ -105,8 +105,8 @@ def child_main(side: str, spec_path: str, out_path: str) -> None:
 
 def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Resolve the model, load baton's config, and draw the prompts of every step."""
-    from baton.config import load_config
-    from baton.trainers.ppo_config import PPOConfig
+    from _common import load_rl_config
+
     from baton.trainers.run_state import RunState
 
     if a.model is None:
@@ -121,8 +121,8 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
     overrides = baton_overrides(a, str(work / "baton_run"))
-    cfg = load_config(PPOConfig, str(RECIPE), overrides)
-    state = RunState.fresh(cfg)  # the very sampler the baton trainer draws its prompts from
+    cfg = load_rl_config("grpo", RECIPE, overrides)
+    state = RunState.fresh(cfg.data)  # the very sampler the baton trainer draws its prompts from
     step_rows = [state.sampler.next_batch(a.prompts) for _ in range(a.steps)]
     return {"overrides": overrides, "model": a.model, "step_rows": step_rows, "G": a.G,
             "max_new_tokens": a.max_new_tokens, "lr": cfg.actor.lr, "seed": a.seed, "threads": a.threads,
@@ -158,7 +158,13 @@ def summarise(records: list[dict[str, float]], k: int) -> dict[str, float]:
 
 def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
     k = max(1, min(5, a.steps // 4))  # steps averaged for "first" and "last" reward
-    b, t = summarise(res["baton"]["records"], k), summarise(res["trl"]["records"], k)
+    b = summarise(res["baton"]["records"], k)
+    if "trl" not in res:
+        print(f"\nbaton only (TRL not installed: `pip install -e .[bench]` for the comparison): "
+              f"median step {b['step_s']:.3f} s (rollout {b['rollout_s']:.3f}, update {b['update_s']:.3f}), "
+              f"{a.prompts} prompts x G={a.G}, max_new_tokens={a.max_new_tokens}, {a.steps} steps")
+        return
+    t = summarise(res["trl"]["records"], k)
     print(f"\nGRPO step: baton vs TRL {res['trl'].get('version', '?')} | model {a.model}")
     print(f"{a.prompts} prompts x G={a.G} = {a.prompts * a.G} samples/step, max_new_tokens={a.max_new_tokens}, "
           f"{a.steps} steps, torch threads={a.threads}, fp32, CPU")
@@ -196,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--order", default="baton,trl", help="which side runs first")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, run dirs)")
+    add_smoke(p)
     a = p.parse_args(argv)
+    if a.smoke:
+        a.steps, a.prompts, a.G, a.max_new_tokens, a.preset = 2, 2, 2, 4, "0.75m"
     if a.steps < 2 or a.G < 2:
         p.error("need --steps >= 2 (step 1 is a warm-up) and --G >= 2 (GRPO groups)")
     order = a.order.split(",")
@@ -207,6 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         spec_path = work / "spec.json"
         spec_path.write_text(json.dumps(prepare(a, work)))
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("note: TRL is not installed: running baton's side only")
+            order = ["baton"]
         res = {side: launch(side, spec_path, work, a.threads) for side in order}
         print_table(a, res)
     finally:

@@ -37,6 +37,7 @@ from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.sync import CheckpointSync, check_logprob_parity
 from baton.sync.lora import LoraSync
+from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 PROMPT = [5, 9, 11, 4, 7, 30, 31]
 
@@ -75,7 +76,10 @@ def main() -> None:
     ap.add_argument("--size", default="25m")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.reps, args.size = 1, "0.75m"
     torch.set_num_threads(args.threads)
     base = build_tiny_model(args.size, seed=0).eval()
     n_base = count_params(base)

@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import psutil  # noqa: E402  (after the thread setting)
 import torch  # noqa: E402
 
-SIZES = {"25m": dict(preset="25m"),
+SIZES = {"0.75m": dict(preset="0.75m"), "25m": dict(preset="25m"),
          "100m": dict(preset=None, hidden=768, layers=12, heads=12, kv_heads=4, intermediate=2304)}
 # name -> (world size, mesh, strategy, extra actor overrides)
 CONFIGS = {
@@ -177,7 +177,10 @@ def main():
     ap.add_argument("--sizes", default="25m,100m")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="the 0.75m model, ddp1 and fsdp2, 1 step: only checks it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes, args.configs, args.steps = "0.75m", "ddp1,fsdp2", 1
     from baton.models.make import make_tiny_checkpoint
     from baton.models.tiny import build_tiny_model, count_params
 

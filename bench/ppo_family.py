@@ -23,10 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from baton.config import load_config
 from baton.metrics import read_metrics
-from baton.trainers.ppo import train
-from baton.trainers.ppo_config import PPOConfig
+from _common import SMOKE_PPO, add_smoke, driver, load_rl_config  # bench/_common.py (run from bench/)
 
 METHODS = {
     "ppo": [],
@@ -38,11 +36,11 @@ METHODS = {
 
 def run(recipe: str, name: str, steps: int, eval_every: int, extra: list[str], root: Path) -> dict:
     run_dir = root / name
-    cfg = load_config(PPOConfig, recipe, [f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
+    cfg = load_rl_config("ppo", recipe, [f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
                                           f"trainer.eval_every={eval_every}", "trainer.progress=false",
                                           "placement.backend=local", *METHODS[name], *extra])
     t0 = time.perf_counter()
-    train(cfg)
+    driver("ppo")[0](cfg)
     wall = time.perf_counter() - t0
     rows = read_metrics(run_dir)
     curve = [(r["step"], r["eval/accuracy_greedy"], r["eval/accuracy_sampled"])
@@ -59,7 +57,11 @@ def main() -> None:
     p.add_argument("--only", default=",".join(METHODS))
     p.add_argument("--out", default="")
     p.add_argument("overrides", nargs="*", help="extra dotted.key=value for every run")
+    add_smoke(p)
     args = p.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_PPO, *args.overrides]
+        args.steps, args.eval_every, args.only = 2, 1, "ppo"
     results = {}
     with tempfile.TemporaryDirectory(prefix="ppo_family_") as tmp:
         for name in args.only.split(","):

@@ -25,11 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.trainers import timeline
-from baton.trainers.ppo import train
-from baton.trainers.ppo_config import PPOConfig
+from _common import SMOKE_PPO, add_smoke, driver, load_rl_config  # bench/_common.py (run from bench/)
 
 PLACEMENTS = {
     "colocated": ["placement.world_size=1"],
@@ -39,12 +37,12 @@ PLACEMENTS = {
 
 def run(recipe: str, name: str, steps: int, extra: list[str], root: Path) -> dict[str, float]:
     run_dir = root / name
-    cfg = load_config(PPOConfig, recipe, [
+    cfg = load_rl_config("ppo", recipe, [
         f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_every=0",
         "data.eval_size=8", "critic.pretrain_steps=0", "placement.backend=ray", "placement.threads_per_worker=1",
         *PLACEMENTS[name], *extra])
     t0 = time.perf_counter()
-    train(cfg)
+    driver("ppo")[0](cfg)
     wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(run_dir) if r["step"] > 1]  # step 1 warms caches up
     recs = [r for r in timeline.read(run_dir / timeline.TIMELINE_FILE) if r["step"] > 1]
@@ -66,7 +64,11 @@ def main() -> None:
     p.add_argument("--recipe", default="recipes/ppo_arithmetic.yaml")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("overrides", nargs="*", help="extra dotted.key=value for both runs")
+    add_smoke(p)
     args = p.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_PPO, *args.overrides]
+        args.steps = 3
     with tempfile.TemporaryDirectory(prefix="ppo_split_") as tmp:
         results = {name: run(args.recipe, name, args.steps, args.overrides, Path(tmp)) for name in PLACEMENTS}
     print(f"\nPPO, {args.steps} steps ({args.recipe}), medians over steps 2..{args.steps}")

@@ -30,6 +30,7 @@ import time
 import baton.envs  # noqa: F401  (registers arithmetic/correct and arithmetic/format)
 from baton.envs.arithmetic import ArithmeticTask
 from baton.rewards.runner import RewardRunner, resolve_reward
+from _common import add_smoke  # bench/_common.py
 from _timing import median_ms  # bench/_timing.py (scripts run from bench/ on sys.path)
 
 
@@ -102,7 +103,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--hung", action="store_true", help="the hung-samples scenario instead")
     ap.add_argument("--hang-s", type=float, default=HANG_S)
+    add_smoke(ap)
     a = ap.parse_args()
+    if a.smoke:
+        a.rows, a.iters, a.workers = 12, 1, 2
     logging.basicConfig(level=logging.ERROR)
     if a.hung:
         return hung(a)

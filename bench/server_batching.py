@@ -28,6 +28,7 @@ from baton.models.tokenizer import build_char_tokenizer
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from baton.rollout.server import ServerThread, build_app
+from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -63,7 +64,10 @@ def main() -> None:
     ap.add_argument("--wait-ms", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on an oversubscribed CPU multi-threaded ops stall)")
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.clients, args.new_tokens, args.reps, args.preset = 3, 4, 1, "0.75m"
     torch.set_num_threads(args.threads)
 
     tok = build_char_tokenizer()

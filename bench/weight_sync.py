@@ -29,6 +29,7 @@ from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.sync import BroadcastSync, CheckpointSync, InplaceSync, check_logprob_parity
+from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 PROMPT = [5, 9, 11, 4, 7, 30, 31]
 
@@ -99,7 +100,10 @@ def main() -> None:
     ap.add_argument("--buckets", default="0,4,64", help="broadcast bucket sizes in MB (0 = per tensor)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on an oversubscribed CPU multi-threaded copies stall)")
+    add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.reps, args.sizes, args.buckets = 1, "0.75m", "0,4"
     torch.set_num_threads(args.threads)
     buckets = [float(b) for b in args.buckets.split(",")]
     rows = []

@@ -23,11 +23,14 @@ from baton.controller.local_backend import LocalBackend
 _NAMES = itertools.count()
 
 
+PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
 class ResourcePool:
     def __init__(self, world_size: int, backend: str = "local", cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, mesh: Any = None, name: str | None = None,
                  dist_timeout_s: float = 60.0, ready_timeout_s: float = 120.0,
-                 threads_per_worker: int = 0) -> None:
+                 threads_per_worker: int = 0, strategy: str = "PACK",
+                 resources: dict[str, float] | None = None) -> None:
         if backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
         if world_size < 1:
@@ -40,6 +43,12 @@ class ResourcePool:
         if threads_per_worker < 0:
             raise ValueError(f"threads_per_worker must be >= 0 (0 = torch's default), got {threads_per_worker}")
         self.threads_per_worker = int(threads_per_worker)
+        if strategy not in PG_STRATEGIES:
+            raise ValueError(f"strategy must be one of {PG_STRATEGIES}, got {strategy!r}")
+        # Ray placement-group strategy of the pool's bundles (PACK: as few nodes as fit; SPREAD:
+        # over nodes when it can; STRICT_SPREAD: one rank per node) and extra Ray resources each
+        # bundle asks for (custom node resources pin a pool to nodes that offer them).
+        self.strategy, self.resources = strategy, dict(resources or {})
         self.topology = Topology(self.world_size, normalize_mesh(mesh, self.world_size))
         self.name = name or f"pool{next(_NAMES)}"
         self.dist_timeout_s, self.ready_timeout_s = dist_timeout_s, ready_timeout_s

@@ -41,6 +41,10 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
     global _STARTED_BY_POOL
     if ray.is_initialized():
         return False
+    if os.environ.get("RAY_ADDRESS"):  # an existing cluster (`ray job submit`, a KubeRay RayJob): join it,
+        # sized as it is; not ours to stop (docs/MULTINODE.md)
+        ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in init_kwargs.items() if k == "runtime_env"})
+        return False
     _STARTED_BY_POOL = False
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -146,10 +150,10 @@ class RayBackend:
     def start(self) -> None:
         ensure_ray_for_pool()
         p = self.pool
-        bundle = {"CPU": float(p.cpus_per_worker)}
+        bundle = {"CPU": float(p.cpus_per_worker), **{k: float(v) for k, v in p.resources.items()}}
         if p.gpus_per_worker:
             bundle["GPU"] = float(p.gpus_per_worker)
-        self.pg = placement_group([dict(bundle) for _ in range(p.world_size)], strategy="PACK")
+        self.pg = placement_group([dict(bundle) for _ in range(p.world_size)], strategy=p.strategy)
         try:
             ray.get(self.pg.ready(), timeout=p.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -157,7 +161,8 @@ class RayBackend:
             raise RuntimeError(f"pool {p.name!r}: {p.world_size} bundles of {bundle} not placed within "
                                f"{p.ready_timeout_s} s; free resources: {ray.available_resources()}") from None
         self.hosts = [_Host.options(
-            num_cpus=p.cpus_per_worker, num_gpus=p.gpus_per_worker or None, max_restarts=0,
+            num_cpus=p.cpus_per_worker, num_gpus=p.gpus_per_worker or None, resources=p.resources or None,
+            max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
         ).remote(p.uid, self.topo, i) for i in range(p.world_size)]
         self.actor_ranks = {h._actor_id.hex(): i for i, h in enumerate(self.hosts)}

@@ -45,3 +45,30 @@ def config_class(name: str) -> type:
 def driver(name: str) -> Callable[[Any], dict[str, Any]]:
     check_algorithm(name)
     return _load(ALGORITHMS[name][1])
+
+
+def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
+    """The algorithm's config from a recipe and dotted overrides, with `placement.auto: true`
+    applied: the machine's choice of ranks, overlap and threads for whatever the recipe left
+    unset (`baton.controller.auto_placement`), printed in one line; what it decided becomes
+    explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice."""
+    import dataclasses
+
+    from baton.config import ConfigError, load_config, merge_recipe
+
+    cls = config_class(name)
+    merged = merge_recipe(recipe, overrides)
+    if merged.get("placement") == "auto":
+        merged["placement"] = {"auto": True}
+    place = merged.get("placement")
+    if isinstance(place, dict) and place.get("auto") is True and "placement" in {f.name for f in dataclasses.fields(cls)}:
+        if name not in ("grpo", "ppo"):
+            raise ConfigError(f"placement.auto=true chooses ranks and generation overlap for the PPO family (grpo, "
+                              f"ppo); algorithm {name} places its roles as the recipe says: remove placement.auto")
+        from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
+
+        path = (merged.get("model") or {}).get("path")
+        choice = choose(*detect_machine(), count_model_params(path) if path else 0, view_from_raw(merged))
+        print(choice.line(), flush=True)
+        merged = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+    return load_config(cls, data=merged)

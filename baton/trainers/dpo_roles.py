@@ -44,7 +44,7 @@ def build_dpo_roles(cfg: Any, *, temperature: float, probe_prompt: str, task: st
     }
     classes = {role: classes[role] for role in ("actor", "rollout", "reward", "reference") if role in cfg.roles}
     p = cfg.placement
-    return build_role_groups(p.pool_sizes(), {role: p.pool_of(role) for role in classes}, classes,
+    return build_role_groups(p.pool_specs(), {role: p.pool_of(role) for role in classes}, classes,
                              backend=p.backend, cpus_per_worker=p.cpus_per_worker,
                              gpus_per_worker=p.gpus_per_worker, threads_per_worker=p.threads_per_worker)
 

@@ -1,0 +1,168 @@
+"""`placement: auto`: choose data-parallel ranks, overlap and threads from the machine.
+
+A pure function of (cores, GPUs, model size, what the recipe set explicitly), so the choice
+is the same for the same machine and config, and a resumed run (whose saved config has every
+key set) keeps it. Every setting the recipe or the command line gave wins: `choose` only fills
+what was left unset.
+
+Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto"):
+- GPUs: one data-parallel rank per GPU (Ray when more than one), generation colocated with
+  the actor (it reads the weights in place), cores shared among the ranks.
+- 1 core: one process, one thread; a second process would only time-share the core.
+- >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
+  generation colocated: data parallelism splits both generation and the update.
+- >= 2 cores, a smaller model (the demo's 0.82M, the 5M benchmark shape): one core runs the
+  generator ahead of the update (trainer.mode=one_step_off), the others hold ranks: measured
+  faster than one rank per core at both sizes (the work splits unevenly at small sizes, and
+  ranks wait on each other for a core on a busy machine).
+  Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
+  fewer ranks than cores the generator runs in a process of its own (trainer.mode=
+  one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
+  was 8.6x slower than with 1 on this shared 2-core machine. Threads per process: cores /
+  processes, at least 1.
+
+A driver calls it between merging the recipe with its overrides and building the config:
+    choice = choose(*detect_machine(), count_model_params(model_path), view_from_raw(merged))
+    print(choice.line())
+    config = build(merged + choice.overrides())   # overrides only for the keys auto decided
+A resumed run reads its saved config, where every key is explicit: the choice is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Below this many parameters a core generates ahead (one_step_off) and the other cores hold
+# ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
+# load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
+# at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
+# 0.66x of the whole at 0.82M, 0.60x at 5M). 10M is the next size up, not measured yet:
+# re-measure on a quiet machine and move it.
+MIN_DP_PARAMS = 10_000_000
+
+
+@dataclass(frozen=True)
+class AutoView:
+    """What `choose` reads from a recipe: explicit settings (None: unset, auto decides) and the
+    batch sizes the ranks must divide."""
+
+    auto: bool = True  # placement.auto=false: today's defaults for whatever is unset
+    backend: str | None = None  # placement.backend
+    world_size: int | None = None  # placement.world_size
+    threads_per_worker: int | None = None  # placement.threads_per_worker
+    mode: str | None = None  # trainer.mode (sync | one_step_off | async)
+    prompts_per_step: int = 1
+    rows_per_update: int = 0  # actor.mini_batch_size (0: the whole step's rows)
+    has_pools: bool = False  # placement.pools / roles set: a hand-made placement, leave it alone
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    world_size: int
+    overlap: bool  # trainer.mode one_step_off rather than sync
+    threads_per_worker: int
+    reason: str
+    decided: tuple[str, ...] = ()  # the keys auto set (the others were explicit)
+
+    def overrides(self) -> list[str]:
+        """Dotted overrides for the keys auto decided (explicit keys are not repeated)."""
+        values = {"placement.backend": self.backend, "placement.world_size": self.world_size,
+                  "placement.threads_per_worker": self.threads_per_worker,
+                  "trainer.mode": "one_step_off" if self.overlap else "sync"}
+        return [f"{k}={values[k]}" for k in self.decided]
+
+    def line(self) -> str:
+        """The one line printed at start."""
+        mode = "generation overlapped (one_step_off)" if self.overlap else "generation colocated"
+        given = sorted({"placement.backend", "placement.world_size", "placement.threads_per_worker",
+                        "trainer.mode"} - set(self.decided))
+        tail = f"; kept as set: {', '.join(given)}" if given and self.decided else ""
+        return (f"placement auto: {self.world_size} rank(s) on {self.backend}, {self.threads_per_worker} "
+                f"thread(s) each, {mode} ({self.reason}{tail})")
+
+
+def _divides(ws: int, view: AutoView) -> bool:
+    rows = view.rows_per_update
+    return view.prompts_per_step % ws == 0 and (rows == 0 or rows % ws == 0)
+
+
+def _ranks(limit: int, view: AutoView) -> int:
+    return max(w for w in range(1, max(1, limit) + 1) if _divides(w, view))
+
+
+def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
+    """The placement for a machine with `cores` CPU cores and `gpus` GPUs; see the module doc."""
+    if cores < 1 or gpus < 0 or model_params < 0:
+        raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
+    if not view.auto or view.has_pools:
+        why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
+        return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
+                      view.threads_per_worker if view.threads_per_worker is not None else 0, why)
+    if gpus >= 1:
+        ws, overlap = view.world_size or _ranks(gpus, view), False
+        why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
+    elif cores == 1:
+        ws, overlap, why = view.world_size or 1, False, "1 core: one process"
+    elif model_params < MIN_DP_PARAMS and view.world_size is None:
+        ws, overlap = _ranks(cores - 1, view), True
+        why = (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one core generates "
+               f"ahead, {ws} rank(s) update")
+    else:
+        ws = view.world_size or _ranks(cores, view)
+        overlap = ws < cores  # a core without a rank generates ahead, in a process of its own
+        if view.world_size is not None:
+            why = f"{cores} cores, {ws} rank(s) as set"
+        elif ws == cores:
+            why = f"{cores} cores: one rank per core, each generating and updating its share"
+        else:
+            why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
+    if view.mode is not None:
+        overlap = view.mode != "sync"
+    elif overlap and gpus == 0 and cores > 1 and not (model_params < MIN_DP_PARAMS and view.world_size is None):
+        why += "; the generator overlaps the update on a core of its own"
+    backend = view.backend or ("ray" if ws > 1 else "local")
+    procs = ws + (1 if overlap else 0)  # the generator is a process of its own
+    threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
+    decided = tuple(k for k, v in (("placement.backend", view.backend), ("placement.world_size", view.world_size),
+                                   ("placement.threads_per_worker", view.threads_per_worker),
+                                   ("trainer.mode", view.mode)) if v is None)
+    return Choice(backend, ws, overlap, threads, why, decided)
+
+
+def view_from_raw(raw: dict[str, Any]) -> AutoView:
+    """An AutoView from the merged recipe mapping (YAML + overrides, before defaults are
+    filled in): a key is explicit when present. `placement: auto` (a string) means {}."""
+    place = raw.get("placement") or {}
+    if place == "auto":
+        place = {}
+    if not isinstance(place, dict):
+        raise ValueError(f"placement: expected a mapping or 'auto', got {place!r}")
+    data, actor, trainer = (raw.get(k) or {} for k in ("data", "actor", "trainer"))
+    return AutoView(auto=bool(place.get("auto", True)), backend=place.get("backend"),
+                    world_size=place.get("world_size"), threads_per_worker=place.get("threads_per_worker"),
+                    mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
+                    rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
+                    has_pools=bool(place.get("pools") or place.get("roles")))
+
+
+def detect_machine() -> tuple[int, int]:
+    """(CPU cores this process may run on, CUDA GPUs visible): `choose`'s first two arguments."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores, torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def count_model_params(path: str) -> int:
+    """Parameters of the HF model at `path` (tied weights once), from its config alone: the
+    model is built on the meta device, so nothing is allocated or read but config.json."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
