@@ -28,14 +28,19 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
+def has_smoke(name: str) -> bool:
+    text = (BENCH / f"{name}.py").read_text()
+    return "add_smoke(" in text or '"--smoke"' in text
+
+
 def test_every_script_has_a_smoke_mode():
-    missing = [n for n in SCRIPTS if "--smoke" not in (BENCH / f"{n}.py").read_text()]
+    missing = [n for n in SCRIPTS if not has_smoke(n)]
     assert not missing, f"bench scripts without --smoke (call _common.add_smoke): {missing}"
 
 
 @pytest.mark.parametrize("name", list(_params()))
 def test_bench_smoke(name, tmp_path):
-    if "--smoke" not in (BENCH / f"{name}.py").read_text():
+    if not has_smoke(name):
         pytest.skip(f"bench/{name}.py has no --smoke")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
