@@ -375,6 +375,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     app = FastAPI(title="baton serve", lifespan=lifespan)
     app.router.route_class = StrictJSONRoute  # NaN literals, lone surrogates ... -> 400
     app.state.baton = srv
+    instance = os.environ.get("BATON_INSTANCE")
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -404,6 +405,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     async def health(request: Request) -> JSONResponse:
         status, reason = srv.health()
         body: dict[str, Any] = {"status": status, "version": engine.version, "model": model_name}
+        if instance:
+            body["instance"] = instance  # `baton launch`'s nonce: it started this process
         if reason:
             body["reason"] = reason
         busy = srv.busy()

@@ -363,9 +363,11 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
     async def root() -> dict:
         return {"message": "baton trajectory API (Atropos-compatible)"}
 
+    instance = os.environ.get("BATON_INSTANCE")  # set by `baton launch`: its readiness check's nonce
+
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", **({"instance": instance} if instance else {})}
 
     @app.post("/register")
     async def register(request: Request) -> JSONResponse:
