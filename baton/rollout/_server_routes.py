@@ -6,7 +6,6 @@ checked by `srv.check_request` (token ids, context length, token caps) before it
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Any
@@ -67,7 +66,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
             raise HTTPException(400, "the tokenizer has no chat template; use /v1/completions")
         try:
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            text = await asyncio.to_thread(  # off the event loop, as the tokenizing below
+            text = await srv.off_loop(  # off the event loop, as the tokenizing below
                 tok.apply_chat_template, messages, tokenize=False, add_generation_prompt=req.add_generation_prompt,
                 **(req.chat_template_kwargs or {}))
         except HTTPException:
@@ -75,7 +74,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         except Exception as exc:  # noqa: BLE001 - template errors are the client's input
             raise HTTPException(400, f"chat template failed: {exc}") from exc
         # the template already holds any BOS it wants
-        prompt = await asyncio.to_thread(lambda: list(tok(text, add_special_tokens=False)["input_ids"]))
+        prompt = await srv.off_loop(lambda: list(tok(text, add_special_tokens=False)["input_ids"]))
         stops = stop_list(req.stop)
         max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,

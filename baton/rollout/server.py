@@ -105,6 +105,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from concurrent.futures import ThreadPoolExecutor
+
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -142,6 +144,7 @@ class _Server:
         self.weights_path = model_path  # what the served weights were last loaded from
         self.default_max_tokens = default_max_tokens
         self.runner = EngineRunner(engine)
+        self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-tokenize")
         self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs)
         self.receiver = WeightReceiver(engine)
         self.auth = BearerAuth(None, api_key) if api_key is not None else None
@@ -171,10 +174,15 @@ class _Server:
     def encode(self, text: str) -> list[int]:
         return list(self.need_tokenizer()(text)["input_ids"])
 
+    async def off_loop(self, fn, *args, **kwargs) -> Any:
+        """`fn(*args, **kwargs)` on the one tokenizer thread: a huge prompt never stalls the
+        event loop (/health, other requests), and prompts are tokenized one at a time (peak
+        memory as when they ran on the loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self.tok_pool, lambda: fn(*args, **kwargs))
+
     async def encode_async(self, texts: list[str]) -> list[list[int]]:
-        """Tokenize on a thread: a huge prompt must not stall the event loop (/health, others)."""
         self.need_tokenizer()
-        return await asyncio.to_thread(lambda: [self.encode(t) for t in texts])
+        return await self.off_loop(lambda: [self.encode(t) for t in texts])
 
     def check_model(self, name: Any) -> None:
         """404 for a `model` that is neither the served model (or an alias) nor a LoRA adapter."""
@@ -371,6 +379,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         await srv.batcher.close()
         srv.receiver.close()
         srv.runner.close()
+        srv.tok_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="baton serve", lifespan=lifespan)
     app.router.route_class = StrictJSONRoute  # NaN literals, lone surrogates ... -> 400
