@@ -272,6 +272,7 @@ def _interrupted(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from baton.runs.checkpoints import DiskFullError
     from baton.trainers.run import Preempted, RewardFailureError
     from baton.user_modules import add_user_path
 
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:  # SIGTERM: the last step saved, exit as a terminated process does
         print(f"baton: {e}", file=sys.stderr)
         return 143
-    except (RunDirError, FloatingPointError, RewardFailureError) as e:  # busy/finished run dir; bad training
+    except (RunDirError, FloatingPointError, RewardFailureError, DiskFullError) as e:  # busy/finished run dir; bad training; disk full
         print(f"baton: error: {e}", file=sys.stderr)
         return 1
 

@@ -5,6 +5,15 @@ one at a time, so the driver raises as soon as any rank fails (an exception, or 
 process) even while its peers sit blocked in a collective; the pool is then marked broken.
 Futures passed between groups move as object refs: the same dp layout passes each rank's
 ref straight on; otherwise a small task on the cluster collects and re-splits the data.
+
+Stuck is as loud as dead: while the driver waits it looks at the ranks it waits for (on its
+own node, from /proc): a process that is stopped (SIGSTOP, a debugger) for STOPPED_GRACE_S
+is a WorkerError naming class, rank, pid and method. Every wait has a deadline: the
+caller's `timeout`, else the pool's `call_timeout_s` (config), else one derived from the
+method's history (HISTORY_FACTOR x its longest call once it has run HISTORY_MIN_CALLS
+times, at least HISTORY_MIN_S). When a rank fails, the driver gives the others
+CAUSE_GRACE_S to fail too and names a rank that *died* as the cause (a survivor's
+"Connection closed by peer" from gloo is listed as a consequence).
 """
 
 from __future__ import annotations
@@ -136,6 +145,28 @@ def _collect_split_task(collect: Any, topo: Topology, rank_zero: bool, split: An
 
 
 _SMALL = (int, float, bool, str, bytes, type(None))
+STOPPED_GRACE_S = 2.0  # a rank stopped this long is an error (a debugger's brief stop is not)
+POLL_S = 0.5  # how often a waiting driver looks at the ranks it waits for
+CAUSE_GRACE_S = 5.0  # after a failure, how long the other ranks get to show whether one died
+HISTORY_MIN_CALLS, HISTORY_FACTOR, HISTORY_MIN_S = 3, 20.0, 600.0
+
+
+def pick_cause(failures: list[tuple[str, int, str]]) -> tuple[tuple[str, int, str], list[tuple[str, int, str]]]:
+    """(cause, consequences) of a call's failures, each (kind, rank, text) with kind "died"
+    (the rank's process is gone), "stopped" or "raised": a dead or stopped rank is the cause,
+    in preference to the first that merely raised (its peers see the connection close)."""
+    order = {"died": 0, "stopped": 1}
+    cause = min(failures, key=lambda f: order.get(f[0], 2))
+    return cause, [f for f in failures if f is not cause]
+
+
+def _proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, T, Z, ...), or None (gone / not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class RayBackend:
@@ -145,6 +176,8 @@ class RayBackend:
         self.pg: Any = None
         self.pids: list[int] = []
         self.actor_ranks: dict[str, int] = {}
+        self.local: list[bool] = []  # per rank: on the driver's node (its /proc can be read)
+        self.history: dict[tuple[str, str], tuple[int, float]] = {}  # (cls, method) -> (calls, longest s)
 
     # --- life cycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +209,8 @@ class RayBackend:
             self.pids = self.wait([h.setup.remote(local[i], use_cuda, p.dist_timeout_s, (addr, port),
                                                   p.threads_per_worker)
                                    for i, h in enumerate(self.hosts)], "Host", "setup")
+            here = ray.get_runtime_context().get_node_id()
+            self.local = [n == here for n, _ in nodes]
         except BaseException:
             self.shutdown()
             raise
@@ -256,29 +291,109 @@ class RayBackend:
             collect, p, rank_zero, spec.mode.split, target, *fut.refs)
         return list(out) if target.world_size > 1 else [out]
 
+    def deadline_s(self, cls_name: str, method: str, timeout: float | None) -> float | None:
+        """The wait's deadline: the caller's, the pool's `call_timeout_s`, or the history's."""
+        if timeout is not None:
+            return timeout
+        if cls_name == "Host" or method == "__init__":  # start-up (placement, model loading): its own bounds
+            return None
+        configured = getattr(self.pool, "call_timeout_s", None)
+        if configured:
+            return float(configured)
+        calls, longest = self.history.get((cls_name, method), (0, 0.0))
+        return max(HISTORY_MIN_S, HISTORY_FACTOR * longest) if calls >= HISTORY_MIN_CALLS else None
+
+    def _pid(self, rank: int) -> str:
+        return f"pid {self.pids[rank]}" if rank < len(self.pids) else "pid unknown"
+
+    def _stopped(self, ranks: list[int], since: dict[int, float]) -> int | None:
+        """A rank among `ranks` whose process has been stopped for STOPPED_GRACE_S, else None."""
+        now = time.monotonic()
+        for r in ranks:
+            if r < len(self.pids) and r < len(self.local) and self.local[r] and _proc_state(self.pids[r]) in ("T", "t"):
+                if now - since.setdefault(r, now) >= STOPPED_GRACE_S:
+                    return r
+            else:
+                since.pop(r, None)
+        return None
+
+    def _fail(self, err: WorkerError, sources: dict[str, Any] | None) -> WorkerError:
+        self.pool.mark_broken(str(err))
+        origin = (sources or {}).get(err.origin)
+        if origin is not None:
+            origin.mark_broken(str(err))
+        return err
+
     def wait(self, refs: list[Any], cls_name: str, method: str, ranks: list[int] | None = None,
              timeout: float | None = None, sources: dict[str, Any] | None = None) -> list[Any]:
-        """All results in order; raise a WorkerError at the first failure, as it happens."""
+        """All results in order; raise a WorkerError at the first failure, as it happens (a
+        dead rank named as the cause), when a rank is stopped, or past the deadline."""
         ranks = list(range(len(refs))) if ranks is None else ranks
         index = {ref: i for i, ref in enumerate(refs)}
         out: list[Any] = [None] * len(refs)
-        pending, deadline = list(refs), None if timeout is None else time.monotonic() + timeout
+        t0 = time.monotonic()
+        limit = self.deadline_s(cls_name, method, timeout)
+        pending, deadline = list(refs), None if limit is None else t0 + limit
+        stopped_since: dict[int, float] = {}
         while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
-                raise TimeoutError(f"{cls_name}.{method}: {len(pending)} rank(s) not done within {timeout} s")
+                waiting = [ranks[index[r]] for r in pending]
+                stuck = self._stopped(waiting, stopped_since)
+                if stuck is not None:
+                    raise self._fail(WorkerError(cls_name, stuck, method, (
+                        f"its worker process ({self._pid(stuck)}) is stopped (SIGSTOP, or a debugger) and has not run "
+                        f"for {STOPPED_GRACE_S:g} s while running {method}(): resume it (kill -CONT "
+                        f"{self.pids[stuck]}) or kill it"), self.pool.uid), sources)
+                if deadline is not None and time.monotonic() >= deadline:
+                    if timeout is not None:  # the caller's own deadline: its TimeoutError, group intact
+                        raise TimeoutError(f"{cls_name}.{method}: {len(pending)} rank(s) not done within {timeout} s")
+                    who = ", ".join(f"rank {r} ({self._pid(r)})" for r in waiting)
+                    raise self._fail(WorkerError(cls_name, waiting[0], method, (
+                        f"no answer within {limit:g} s from {who}, running {method}() (deadline: "
+                        f"{'call_timeout_s' if getattr(self.pool, 'call_timeout_s', None) else 'history'})"),
+                        self.pool.uid), sources)
+                continue
             i = index[ready[0]]
             try:
                 out[i] = ray.get(ready[0])
             except Exception as e:  # noqa: BLE001 - every Ray failure becomes a WorkerError
-                err = self._to_worker_error(e, cls_name, ranks[i], method)
-                self.pool.mark_broken(str(err))
-                origin = (sources or {}).get(err.origin)
-                if origin is not None:
-                    origin.mark_broken(str(err))
-                raise err from None
+                raise self._fail(self._explain(e, cls_name, ranks, i, method, pending, index), sources) from None
+        calls, longest = self.history.get((cls_name, method), (0, 0.0))
+        self.history[(cls_name, method)] = (calls + 1, max(longest, time.monotonic() - t0))
         return out
+
+    def _explain(self, e: Exception, cls_name: str, ranks: list[int], i: int, method: str, pending: list[Any],
+                 index: dict[Any, int]) -> WorkerError:
+        """The WorkerError of a failed call: if the first failure is not a death, the other
+        ranks get CAUSE_GRACE_S to show one (a peer's death surfaces as a survivor's gloo
+        error first); a rank that died is the cause, the rest are listed as consequences."""
+        first = self._to_worker_error(e, cls_name, ranks[i], method)
+        if "the worker process died" in first.detail or not pending:
+            return first
+        failures = [(first, "raised")]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=CAUSE_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e2:  # noqa: BLE001
+                err = self._to_worker_error(e2, cls_name, ranks[index[ref]], method)
+                failures.append((err, "died" if "the worker process died" in err.detail else "raised"))
+        for ref in pending:
+            r = ranks[index[ref]]
+            if ref not in ready and r < len(self.local) and self.local[r]:
+                state = _proc_state(self.pids[r])
+                if state in (None, "Z", "X"):
+                    failures.append((WorkerError(cls_name, r, method, f"the worker process died ({self._pid(r)} is "
+                                                 f"gone)", self.pool.uid), "died"))
+        cause, rest = pick_cause([(kind, err.rank, err) for err, kind in failures])
+        err: WorkerError = cause[2]
+        if not rest:
+            return err
+        tail = "\n".join(f"  rank {c[1]}: {str(c[2]).splitlines()[0]}" for c in rest)
+        return WorkerError(err.worker_cls, err.rank, err.method,
+                           f"{err.detail}\nConsequences (other ranks, after it):\n{tail}", err.origin)
 
     def _to_worker_error(self, e: Exception, cls_name: str, rank: int, method: str) -> WorkerError:
         cause = getattr(e, "cause", None)

@@ -8,7 +8,8 @@ opens a fresh one in its place.
 * `ProcessSlot`: a fresh Python interpreter running `baton.rewards.serve.main`, started
   with `subprocess` (a fork+exec, which is safe in a process full of torch threads) and
   given the parent's `sys.path`. The progress buffer is a shared memory file (memfd) both
-  map. `kill()` is SIGKILL: it stops any call, whatever it is doing, and never waits.
+  map. It runs in a process group of its own; `kill()` is SIGKILL to that group: it stops
+  any call, whatever it is doing, subprocesses the call started included, and never waits.
 * `ThreadSlot`: a daemon thread of this process running the same loop. `kill()` can only
   abandon the thread (Python cannot stop one): it keeps its stuck call and exits when that
   returns, but it never blocks the process from exiting.
@@ -165,8 +166,9 @@ class ProcessSlot(Slot):
                 deathsig = threading.current_thread() is threading.main_thread()
                 code = (f"import sys; sys.path[:] = {sys.path!r}; from baton.rewards.serve import main; "
                         f"main({theirs.fileno()}, {fd}, {cap}, {os.getpid()}, {deathsig})")
+                # a process group of its own: kill() takes whatever the reward function started too
                 self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                                             pass_fds=(theirs.fileno(), fd))
+                                             pass_fds=(theirs.fileno(), fd), start_new_session=True)
             finally:
                 theirs.close()
         finally:
@@ -177,8 +179,13 @@ class ProcessSlot(Slot):
             pass
 
     def kill(self) -> None:
-        """SIGKILL, no waiting (the process is reaped later by `reap`)."""
+        """SIGKILL to the worker's process group (its subprocesses too), no waiting (the
+        process is reaped later by `reap`)."""
         self._close_conn()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # start_new_session: the group id is its pid
+        except OSError:
+            pass
         try:
             self.proc.kill()
         except OSError:

@@ -13,8 +13,9 @@ was in flight. A request whose client went away before its batch started is drop
 batch itself is cancelled between decode steps (`should_stop`, for engines whose `generate`
 takes it, e.g. `EmbeddedEngine`), so a long generation nobody waits for frees the engine.
 
-`EngineRunner.current` says which call runs on the engine thread and since when; the
-server's /health reads it to spot an engine call stuck far past its deadline.
+`EngineRunner.current` says which call runs on the engine thread and since when, and
+`last_beat` when it last made progress (a decode step: the batcher's `should_stop` hook
+beats): /health tells a busy engine (stepping) from a wedged one (no step for the deadline).
 """
 
 from __future__ import annotations
@@ -37,10 +38,19 @@ class EngineRunner:
         self.engine = engine
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-engine")
         self.current: tuple[str, float] | None = None  # (label, time.monotonic() at start) while a call runs
+        self.last_beat = 0.0  # time.monotonic() of the running call's last decode step
         try:
             self.cancellable = "should_stop" in inspect.signature(engine.generate).parameters
         except (TypeError, ValueError, AttributeError):
             self.cancellable = False
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    def quiet_s(self) -> float | None:
+        """Seconds since the running call started or last made progress (None: idle)."""
+        current = self.current
+        return None if current is None else time.monotonic() - max(current[1], self.last_beat)
 
     async def call(self, fn: Callable[..., Any], *args, label: str = "engine call", **kwargs) -> Any:
         def run() -> Any:
@@ -80,6 +90,10 @@ class Batcher:
         self._pending: list[_Item] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
 
     async def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Completions for `prompts` (prompt-major, prompt_index local to this request).
@@ -141,7 +155,12 @@ class Batcher:
 
             for it in live:
                 it.future.add_done_callback(withdrawn)
-            kwargs["should_stop"] = stop.is_set
+            runner = self.runner
+
+            def should_stop() -> bool:  # polled by the engine thread before each step
+                runner.beat()
+                return stop.is_set()
+            kwargs["should_stop"] = should_stop
         try:
             outs = await self.runner.call(self.runner.engine.generate, prompts, live[0].params, label="generate",
                                           **kwargs)

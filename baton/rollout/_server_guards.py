@@ -8,6 +8,13 @@ allow-list, and the checks a checkpoint passes before it replaces the served wei
                     Python's parser would accept but no client means: NaN / Infinity
                     literals, numbers that overflow to infinity, strings with lone UTF-16
                     surrogates (they cannot be tokenized or encoded), over-long integers.
+  BodyLimit         ASGI middleware: a request body past `max_bytes` (declared or counted
+                    while it streams) is a 413 before it is buffered whole.
+  check_admin_request  admin endpoints take only `Content-Type: application/json` (415) and
+                    no cross-site browser request (an `Origin` that is not this host, or
+                    `Sec-Fetch-Site: cross-site`: 403): a web page the user opens can send a
+                    form or text/plain POST to 127.0.0.1 without a CORS preflight, never a
+                    JSON one, so with no API key nothing a page sends reaches the engine.
   WeightsAllowList  a weights path is resolved (symlinks, `..`) and must lie inside one of
                     the allowed directories (403 otherwise), and be .safetensors (400).
   open_checkpoint / check_checkpoint
@@ -18,6 +25,7 @@ allow-list, and the checks a checkpoint passes before it replaces the served wei
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -32,6 +40,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PUBLIC_PATHS = frozenset({"/health"})
+OFF_LOOP_BYTES = 1 << 16  # bodies above this are parsed off the event loop
 
 
 # --- authentication ------------------------------------------------------------------------
@@ -68,6 +77,62 @@ class BearerAuth:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"www-authenticate", b'Bearer realm="baton"')]})
         await send({"type": "http.response.body", "body": body})
+
+
+# --- body size -----------------------------------------------------------------------------
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Pure ASGI: 413 for a body past `max_bytes`, by Content-Length at once, else counted as
+    it arrives (BodyTooLarge is raised into the reader; the app's handler answers 413)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = next((v for k, v in scope.get("headers") or [] if k.lower() == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            body = json.dumps({"detail": f"request body of {int(declared)} bytes exceeds this server's limit of "
+                                         f"{self.max_bytes} bytes (--max-body-mb)"}).encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(f"request body exceeds this server's limit of {self.max_bytes} bytes "
+                                       f"(--max-body-mb)")
+            return message
+
+        await self.app(scope, counted, send)
+
+
+# --- admin requests ------------------------------------------------------------------------
+def check_admin_request(request: Request) -> None:
+    """HTTPException 415 / 403 for an admin request a browser could have sent cross-site."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise HTTPException(415, f"admin endpoints take only 'Content-Type: application/json' (got "
+                                 f"{ctype or 'none'!r}); send a JSON body, e.g. {{}}")
+    if request.headers.get("sec-fetch-site", "").lower() == "cross-site":
+        raise HTTPException(403, "cross-site browser requests may not call admin endpoints")
+    origin = request.headers.get("origin")
+    if origin is not None:
+        host = request.headers.get("host", "")
+        if origin.split("://", 1)[-1].rstrip("/") != host:
+            raise HTTPException(403, f"Origin {origin!r} is not this server ({host!r}): browser requests from "
+                                     f"other sites may not call admin endpoints")
 
 
 # --- strict JSON ---------------------------------------------------------------------------
@@ -127,7 +192,9 @@ class StrictJSONRoute(APIRoute):
             ctype = request.headers.get("content-type", "")
             if request.method in ("POST", "PUT", "PATCH") and (not ctype or "json" in ctype):
                 body = await request.body()
-                if body:
+                if len(body) > OFF_LOOP_BYTES:  # a big body is parsed on a thread: the loop keeps serving
+                    data = await asyncio.to_thread(check_json, body)
+                elif body:
                     data = check_json(body)
                     if data is not None:
                         request._json = data  # Starlette's cache: FastAPI does not parse it again

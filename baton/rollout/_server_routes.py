@@ -29,7 +29,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
     @app.post("/v1/completions", responses=responses)
     async def completions(req: CompletionRequest, request: Request) -> Any:
         _reject_unsupported(req)
-        prompts = _completion_prompts(srv, req.prompt)
+        srv.check_model(req.model)
+        prompts = await _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
         max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
         params = _params(n=req.n, max_new_tokens=max_new,
@@ -62,15 +63,17 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
     @app.post("/v1/chat/completions", responses=responses)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         _reject_unsupported(req)
+        srv.check_model(req.model)
         tok = srv.need_tokenizer()
         tools = check_tools(req.tools, req.tool_choice)
         try:
             messages = message_dicts(req.messages)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
-        text = render(tok, messages, tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+        text = await srv.off_loop(  # off the event loop, as the tokenizing below
+            render, tok, messages, tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
         # the template already holds any BOS it wants
-        prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+        prompt = await srv.off_loop(lambda: list(tok(text, add_special_tokens=False)["input_ids"]))
         stops = stop_list(req.stop)
         max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
@@ -113,7 +116,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
             prompts = [list(req.input_ids)] if single else [list(p) for p in req.input_ids]
         else:
             single = isinstance(req.text, str)
-            prompts = [srv.encode(t) for t in ([req.text] if single else req.text)]
+            prompts = await srv.encode_async([req.text] if single else req.text)
         if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
             raise HTTPException(400, "seed and sampling_seed disagree")
         stops = stop_list(sp.stop)
@@ -152,16 +155,16 @@ def _usage(prompts: list[list[int]], comps: list[Completion]) -> dict:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _completion_prompts(srv, prompt) -> list[list[int]]:
+async def _completion_prompts(srv, prompt) -> list[list[int]]:
     """OpenAI `prompt`: str | [str] | [int] (one tokenized prompt) | [[int]]."""
     if isinstance(prompt, str):
-        return [srv.encode(prompt)]
+        return await srv.encode_async([prompt])
     if not prompt:
         raise HTTPException(400, "prompt is empty")
     if isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
-        return [srv.encode(p) for p in prompt]
+        return await srv.encode_async(prompt)
     return [list(p) for p in prompt]
 
 

@@ -51,6 +51,9 @@ ERRORS: dict[int, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Impossible request; `detail` says why"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (`Authorization: Bearer <key>`)"},
     403: {"model": ErrorResponse, "description": "Admin endpoints disabled, or weights path outside the allow-list"},
+    404: {"model": ErrorResponse, "description": "Unknown `model`; `detail` lists the served names"},
+    413: {"model": ErrorResponse, "description": "Request body too large (--max-body-mb)"},
+    415: {"model": ErrorResponse, "description": "Admin endpoints take only application/json"},
     499: {"description": "The client disconnected; its generation was dropped or cancelled"},
     503: {"model": ErrorResponse, "description": "The engine is asleep (release_memory_occupation)"},
 }
@@ -93,6 +96,7 @@ class CompletionRequest(_SamplingExtras):
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
     best_of: int | None = None
     suffix: str | None = None
+    response_format: Any = None  # refused (400) until supported
 
 
 class ChatMessage(_Lenient):
@@ -130,6 +134,7 @@ class ChatCompletionRequest(_SamplingExtras):
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" | "none" (see _server_tools.check_tools)
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
+    response_format: Any = None  # refused (400) until supported
 
 
 class GenerateSamplingParams(BaseModel):
@@ -222,10 +227,15 @@ def unsupported(req: BaseModel) -> str | None:
     """The first option set to a value baton cannot honour, as a reason string."""
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                "echo": False, "suffix": None, "min_new_tokens": 0, "json_schema": None, "regex": None,
-               "ebnf": None}
+               "ebnf": None, "response_format": None}
     for name, value in neutral.items():
         if name in type(req).model_fields and getattr(req, name) != value:
             return f"{name}={getattr(req, name)!r} is not supported by baton serve"
+    for name in ("logprobs", "top_logprobs"):  # the engine computes the chosen token's logprob only
+        value = getattr(req, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return (f"{name}={value} is not supported by baton serve: it returns the chosen token's logprob "
+                    f"only (use {name}=1)")
     best_of = getattr(req, "best_of", None)
     if best_of is not None and best_of != getattr(req, "n", 1):
         return "best_of != n is not supported by baton serve"

@@ -9,7 +9,9 @@ Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requ
                                     "ok", else 503 (load balancers notice), the body says
                                     why. "wedged": an engine call has run longer than
                                     --wedged-after-s. Paths only for authenticated callers.
-  GET  /v1/models                   OpenAI model list (one model)
+  GET  /v1/models, /v1/models/{id}  OpenAI model list (the served name with its `aliases`:
+                                    the model's path and dir name, and LoRA adapters); any
+                                    other `model` in a request is a 404 listing these
   POST /v1/completions              OpenAI completions; `prompt` may be text or token ids
                                     (vLLM style); extras: top_k, min_p, stop_token_ids,
                                     ignore_eos, return_token_ids, return_tokens_as_token_ids
@@ -37,7 +39,7 @@ Admin endpoints (off with --no-admin: 403):
        (/v1/unload_lora_adapter)
 LoRA adapters are selected per request as vLLM does (`"model": lora_name` in
 /v1/completions and /v1/chat/completions) and as SGLang does (`"lora_path": lora_name` in
-/generate); /v1/models lists them. Any other `model` value serves the base weights.
+/generate); /v1/models lists them. An unknown `model` is a 404.
 Weight endpoints answer {"success": true, "message": str, "version": int}, or
 {"success": false, "message": str, "detail": str} with a 4xx.
 
@@ -58,7 +60,14 @@ Security and bounds (CLI flags; the same keyword arguments on `build_app`):
   --max-model-len N (default: the model's max_position_embeddings): prompt + max_tokens
         must fit, else 400. n x (prompt + max_tokens) must also fit --max-batch-tokens (the
         engine's KV-cache budget; one prompt's samples are never split), else 400.
-  --wedged-after-s S (default 300): /health says "wedged" while an engine call runs longer.
+  --wedged-after-s S (default 300): /health says "wedged" while an engine call makes no
+        progress (no decode step) for longer; a call that steps is reported under "busy"
+        (call, running_s, last_progress_s_ago, queued_requests) with status "ok".
+  --max-body-mb M (default 32): larger bodies get 413 (declared or counted as they stream);
+        big bodies are parsed and prompts tokenized off the event loop.
+  Admin endpoints take only `Content-Type: application/json` (415) and refuse cross-site
+        browser requests (`Origin` not this host: 403), so no web page can reach them.
+  --log-requests: one log line per request (method, path, status, tokens, time).
 
 /generate request:
     {"input_ids": [1, 2, 3] | [[1, 2], [3, 4, 5]],      # or "text": str | [str]
@@ -75,7 +84,8 @@ len(prompts) * n objects, prompt-major (the n samples of prompt 0 first):
         "weight_version": int,
         "output_token_logprobs": [[logprob, token_id, null], ...]}}   # if return_logprob
 Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen token);
-OpenAI `top_logprobs` only ever hold the chosen token (the engine computes no others).
+OpenAI `top_logprobs` only ever hold the chosen token (the engine computes no others), so
+`logprobs` / `top_logprobs` above 1 are a 400, as is `response_format`.
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one
@@ -97,13 +107,17 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from concurrent.futures import ThreadPoolExecutor
+
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from baton.rollout._server_batcher import Batcher, EngineRunner
-from baton.rollout._server_guards import (BearerAuth, StrictJSONRoute, WeightsAllowList, check_checkpoint,
-                                          iter_handles, open_checkpoint, param_shapes)
+from baton.rollout._server_guards import (BearerAuth, BodyLimit, BodyTooLarge, StrictJSONRoute, WeightsAllowList,
+                                          check_admin_request, check_checkpoint, iter_handles, open_checkpoint,
+                                          param_shapes)
+from baton.rollout._server_log import RequestLog
 from baton.rollout._server_routes import add_generation_routes
 from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
                                            LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
@@ -113,6 +127,7 @@ from baton.sync.broadcast import WeightReceiver, validate_specs
 
 DEFAULT_MAX_REQUEST_TOKENS = 65536
 DEFAULT_WEDGED_AFTER_S = 300.0
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 
 
 class _Disconnected(Exception):
@@ -131,6 +146,7 @@ class _Server:
         self.weights_path = model_path  # what the served weights were last loaded from
         self.default_max_tokens = default_max_tokens
         self.runner = EngineRunner(engine)
+        self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-tokenize")
         self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs)
         self.receiver = WeightReceiver(engine)
         self.auth = BearerAuth(None, api_key) if api_key is not None else None
@@ -147,6 +163,9 @@ class _Server:
         ctx = [x for x in (getattr(cfg, "max_position_embeddings", None), max_model_len) if isinstance(x, int)]
         self.context_len = min(ctx) if ctx else None
         self.kv_budget = getattr(engine, "max_batch_tokens", None)
+        # the names a request's `model` may give: the served name, the model's path and dir name
+        self.aliases = [model_name] + sorted({x for x in (model_path, model_path and Path(model_path).name)
+                                              if x and x != model_name})
 
     # --- helpers -----------------------------------------------------------------------
     def need_tokenizer(self) -> Any:
@@ -156,6 +175,24 @@ class _Server:
 
     def encode(self, text: str) -> list[int]:
         return list(self.need_tokenizer()(text)["input_ids"])
+
+    async def off_loop(self, fn, *args, **kwargs) -> Any:
+        """`fn(*args, **kwargs)` on the one tokenizer thread: a huge prompt never stalls the
+        event loop (/health, other requests), and prompts are tokenized one at a time (peak
+        memory as when they ran on the loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self.tok_pool, lambda: fn(*args, **kwargs))
+
+    async def encode_async(self, texts: list[str]) -> list[list[int]]:
+        self.need_tokenizer()
+        return await self.off_loop(lambda: [self.encode(t) for t in texts])
+
+    def check_model(self, name: Any) -> None:
+        """404 for a `model` that is neither the served model (or an alias) nor a LoRA adapter."""
+        if name is None or name in self.aliases or name in getattr(self.engine, "adapters", {}):
+            return
+        served = self.aliases + sorted(getattr(self.engine, "adapters", {}))
+        raise HTTPException(404, f"model {name!r} is not served here; this server serves {', '.join(map(repr, served))}"
+                                 f" (GET /v1/models)")
 
     def default_tokens(self, prompts: list[list[int]]) -> int:
         """max_tokens for a client that gave none: the default, shortened to fit the context."""
@@ -232,7 +269,9 @@ class _Server:
             task.cancel()  # withdraws it; a running batch nobody else waits for is cancelled
             raise _Disconnected()
         try:
-            return task.result()
+            comps = task.result()
+            request.state.baton_tokens = (sum(map(len, prompts)), sum(len(c.token_ids) for c in comps))
+            return comps
         except (ValueError, KeyError) as exc:
             raise HTTPException(400, f"generation failed: {exc}") from exc
         except Exception as exc:
@@ -242,19 +281,26 @@ class _Server:
 
     # --- state -------------------------------------------------------------------------
     def health(self) -> tuple[str, str | None]:
-        """(status, reason): wedged > updating > sleeping > ok."""
-        current = self.runner.current
-        if current is not None:
-            label, since = current
-            running = time.monotonic() - since
-            if running > self.wedged_after_s:
-                return "wedged", (f"engine call {label!r} has been running for {running:.0f} s "
-                                  f"(deadline {self.wedged_after_s:g} s)")
+        """(status, reason): wedged > updating > sleeping > ok. Wedged: the running engine call
+        has made no progress (no decode step) for --wedged-after-s; a call that steps is busy."""
+        current, quiet = self.runner.current, self.runner.quiet_s()
+        if current is not None and quiet is not None and quiet > self.wedged_after_s:
+            running = time.monotonic() - current[1]
+            return "wedged", (f"engine call {current[0]!r} has made no progress for {quiet:.0f} s (running "
+                              f"{running:.0f} s; deadline {self.wedged_after_s:g} s)")
         if self.updating:
             return "updating", "a weight update is in progress"
         if self.asleep:
             return "sleeping", "the engine released its memory; /resume_memory_occupation wakes it"
         return "ok", None
+
+    def busy(self) -> dict[str, Any] | None:
+        """What the engine is doing (None: idle): the call, how long it runs, its last step."""
+        current, quiet = self.runner.current, self.runner.quiet_s()
+        if current is None or quiet is None:
+            return None
+        return {"call": current[0], "running_s": round(time.monotonic() - current[1], 3),
+                "last_progress_s_ago": round(quiet, 3), "queued_requests": self.batcher.queued}
 
     def authorized(self, request: Request) -> bool:
         return self.auth is None or self.auth.authorized(request.scope.get("headers") or []) is None
@@ -310,7 +356,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
               default_max_tokens: int = 256, model_path: str | None = None, api_key: str | None = None,
               admin: bool = True, weights_dirs: Sequence[str | os.PathLike] | None = None,
               max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS, max_model_len: int | None = None,
-              wedged_after_s: float = DEFAULT_WEDGED_AFTER_S) -> FastAPI:
+              wedged_after_s: float = DEFAULT_WEDGED_AFTER_S, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              log_requests: bool = False) -> FastAPI:
     """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only).
 
     The options are the CLI's (see the module docstring), with defaults for an app the
@@ -334,32 +381,48 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         await srv.batcher.close()
         srv.receiver.close()
         srv.runner.close()
+        srv.tok_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="baton serve", lifespan=lifespan)
     app.router.route_class = StrictJSONRoute  # NaN literals, lone surrogates ... -> 400
     app.state.baton = srv
+    instance = os.environ.get("BATON_INSTANCE")
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if log_requests:
+        app.add_middleware(RequestLog)
     auth = (401,) if api_key is not None else ()
 
-    async def require_admin() -> None:
+    async def require_admin(request: Request) -> None:
         if not srv.admin:
             raise HTTPException(403, "admin endpoints (weight updates, update groups, sleep/wake) are disabled on "
                                      "this server; start it with --admin to enable them")
+        check_admin_request(request)  # JSON only, no cross-site browser request (CSRF)
 
-    admin_route = {"dependencies": [Depends(require_admin)], "responses": errors(400, *auth, 403, weights=True)}
+    admin_route = {"dependencies": [Depends(require_admin)],
+                   "responses": errors(400, *auth, 403, 415, weights=True)}
 
     @app.exception_handler(_Disconnected)
     async def _gone(request: Request, exc: _Disconnected) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=413, headers={"Connection": "close"})
 
     @app.get("/health", responses={503: {"description": "Not ok: sleeping, updating or wedged; "
                                                         "the body's `status` and `reason` say which"}})
     async def health(request: Request) -> JSONResponse:
         status, reason = srv.health()
         body: dict[str, Any] = {"status": status, "version": engine.version, "model": model_name}
+        if instance:
+            body["instance"] = instance  # `baton launch`'s nonce: it started this process
         if reason:
             body["reason"] = reason
+        busy = srv.busy()
+        if busy is not None:
+            body["busy"] = busy
         if srv.authorized(request):  # paths are not for anonymous probes
             body["model_path"] = model_path
             body["weights_path"] = srv.weights_path
@@ -370,7 +433,14 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         data = [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "baton", "parent": model_name,
                   "root": srv.lora_paths.get(name)} for name in sorted(getattr(engine, "adapters", {}))]
+        data[0]["aliases"] = srv.aliases
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}", responses=errors(*auth, 404))
+    async def model(model_id: str) -> dict:
+        srv.check_model(model_id)
+        listed = await models()
+        return next((m for m in listed["data"] if m["id"] == model_id), listed["data"][0])
 
     @app.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
@@ -384,7 +454,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     async def stats() -> dict:
         return dict(srv.batcher.stats)
 
-    add_generation_routes(app, srv, errors(400, *auth, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
+    add_generation_routes(app, srv, errors(400, *auth, 404, 413, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
 
     @app.post("/update_weights_from_disk", **admin_route)
     async def update_from_disk(req: UpdateWeightsFromDiskRequest) -> Any:
@@ -558,6 +628,10 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
                          "loopback address, off otherwise)")
     ap.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
                     help="/health reports 'wedged' (503) while one engine call runs longer than this")
+    ap.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                    help="largest request body (413 beyond; default %(default)s)")
+    ap.add_argument("--log-requests", action="store_true",
+                    help="log one line per request (method, path, status, tokens, time) to stderr")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
@@ -590,7 +664,8 @@ def serve_main(argv: list[str] | None = None) -> None:
                     max_batch_seqs=args.max_batch_seqs, default_max_tokens=args.default_max_tokens,
                     model_path=str(model_dir), api_key=api_key, admin=admin, weights_dirs=weights_dirs,
                     max_request_tokens=args.max_request_tokens, max_model_len=args.max_model_len,
-                    wedged_after_s=args.wedged_after_s)
+                    wedged_after_s=args.wedged_after_s, max_body_bytes=int(args.max_body_mb * 2**20),
+                    log_requests=args.log_requests)
     sock = socket.create_server((args.host, args.port))
     print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {args.dtype})", flush=True)
     print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "

@@ -16,10 +16,15 @@ directory is not a loadable checkpoint (a required file missing or empty, a safe
 file whose header does not parse or does not cover the file, a torn JSON file, a
 truncated torch.save archive); `latest_complete_checkpoint` skips such directories and
 names them; `prune_checkpoints` keeps the newest K complete ones.
+
+A write that fills the disk (torch.save's C++ writer, safetensors, any OSError ENOSPC) is a
+`DiskFullError`: one line naming ENOSPC, the checkpoint's path and the free space; the old
+checkpoint is left as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -35,7 +40,7 @@ from baton.runs.fsutil import fsync_dir, fsync_tree, unused_sibling
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CHECKPOINTS_DIR", "DEFAULT_REQUIRED", "TRAINER_STATE", "atomic_dir", "check_checkpoint",
+    "CHECKPOINTS_DIR", "DEFAULT_REQUIRED", "DiskFullError", "TRAINER_STATE", "atomic_dir", "check_checkpoint",
     "checkpoint_step", "is_complete", "latest_complete_checkpoint", "list_checkpoints",
     "prune_checkpoints", "recover_checkpoints",
 ]
@@ -59,6 +64,46 @@ _HF = re.compile(r"\.(?P<name>.+)\.(?P<tag>tmp|old)-[A-Za-z0-9_]+")       # bato
 
 
 # --- writing ------------------------------------------------------------------------------
+class DiskFullError(OSError):
+    """A checkpoint write ran out of disk space (errno ENOSPC); one line, no C++ traceback."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return None
+
+
+def _disk_full(exc: BaseException, parent: Path) -> bool:
+    """Whether `exc` is a write that failed for lack of space: an OSError ENOSPC anywhere in
+    its chain, or a writer's error (torch's "file write failed", safetensors' I/O error) on
+    a filesystem with no space left."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, (RuntimeError, OSError)) or type(exc).__name__ == "SafetensorError":
+        text = str(exc).lower()
+        if any(k in text for k in ("no space", "write failed", "iostream", "unexpected pos", "i/o error", "ioerror")):
+            free = _free_bytes(parent)
+            return free is not None and free < 1 << 20
+    return False
+
+
+def _disk_full_error(final: Path, exc: BaseException) -> DiskFullError:
+    free = _free_bytes(final.parent)
+    where = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return DiskFullError(errno.ENOSPC, f"ENOSPC: no space left on device writing checkpoint {final} ({where}; "
+                                       f"the previous checkpoint is kept): {first}")
+
+
 @contextmanager
 def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temp dir beside `final`; when the block succeeds, publish it as `final`
@@ -72,8 +117,11 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
-    except BaseException:
+    except BaseException as exc:
+        full = not isinstance(exc, DiskFullError) and _disk_full(exc, parent)  # before the space is freed
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise _disk_full_error(final, exc) from None
         raise
     old = None
     try:

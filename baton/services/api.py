@@ -9,19 +9,21 @@ runs against it unchanged (shapes: `docs/` and shared/reference/atropos-protocol
   POST /register          trainer: {wandb_group, wandb_project, batch_size, max_token_len,
                           checkpoint_dir, save_checkpoint_interval, starting_step, num_steps}
                           (+ baton's optional `max_staleness`) -> {"uuid"}; the first fixes
-                          the settings, later ones (a trainer reconnecting) keep them
+                          the settings, later ones (a trainer reconnecting) must repeat them
   POST /register-env      {max_token_length, desired_name, weight, group_size,
                           min_batch_allocation?} -> {"status": "wait for trainer to start"}
                           until the trainer's first GET /batch, then {"status": "success",
                           env_id, wandb_name, checkpoint_dir, starting_step,
                           checkpoint_interval, num_steps}
   POST /disconnect-env    {env_id}
-  GET  /info, /wandb_info, /status, /latest_example, /reset_data
+  GET  /info, /wandb_info, /status, /latest_example
+  POST /reset_data[?force=true]  (refused with 409 while a trainer is registered, unless forced)
   GET  /status-env        JSON body {env_id} on a GET -> current_step, queue_size (in groups),
                           self_queue_size, env_weight, unallocated_fraction, max_group_size
                           (+ baton's max_queue, trainer_version, max_staleness, batch_size)
   GET  /batch             {"batch": null} or {"batch": [ScoredData, ...]}: exactly batch_size
-                          sequences of whole groups, each delivered once, every key present
+                          sequences of whole groups, every key present; with ?ack=BATCH_ID
+                          (baton) at-least-once: served again until acknowledged
   POST /scored_data       one ScoredData; /scored_data_list a JSON array of them. Bodies may
                           be gzip (Content-Encoding: gzip). Unknown keys are ignored.
 
@@ -41,6 +43,9 @@ Where it departs from (improves on) Atropos:
   * malformed ScoredData (shape mismatch, non-finite score, mask that is neither -100 nor
     the token) is a 422 naming the group, sequence and field; in a list the valid groups are
     queued and the 422 lists which were not;
+  * the registration fixes batch_size, max_token_len (+ baton's group_size, vocab_size): a
+    push that breaks them is a 422 naming the field, a trainer asking for others a 409
+    naming both values; bodies are capped (--max-body-mb, plain and decompressed);
   * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise.
 """
 
@@ -55,16 +60,21 @@ import socket
 import time
 import uuid
 import zlib
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from baton.services.store import GroupStore
 
 MIN_ENV_WEIGHT = 0.01  # as Atropos: no env is starved entirely
-MAX_BODY_BYTES = 256 * 2**20  # decompressed; a gzip bomb stops here
+MAX_BODY_BYTES = 64 * 2**20  # plain and decompressed (--max-body-mb); a gzip bomb stops here, while streaming
+# Integers the store and the trainer can hold (SQLite is int64; token ids index an embedding):
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MaskId = Annotated[int, Field(ge=-100, le=2**31 - 1)]
 SCORED_KEYS = ("tokens", "masks", "scores", "advantages", "ref_logprobs", "messages", "generation_params",
                "inference_logprobs", "overrides", "group_overrides", "images", "env_id")
 
@@ -97,33 +107,39 @@ class Registration(BaseModel):
     model_config = ConfigDict(extra="ignore")
     wandb_group: str = ""
     wandb_project: str = ""
-    batch_size: int
-    max_token_len: int
+    batch_size: Count
+    max_token_len: Count
     checkpoint_dir: str = ""
-    save_checkpoint_interval: int = 0
-    starting_step: int = 0
-    num_steps: int = -1
-    max_staleness: Optional[int] = None  # baton: refuse pushes older than this many versions
+    save_checkpoint_interval: Int64 = 0
+    starting_step: Int64 = 0
+    num_steps: Int64 = -1
+    max_staleness: Optional[Int64] = None  # baton: refuse pushes older than this many versions
+    group_size: Optional[Count] = None  # baton: every pushed group must have exactly this many sequences
+    vocab_size: Optional[Count] = None  # baton: every token id must be below it
+
+
+# Settings a second registration must repeat (a reconnecting trainer) or be refused, naming both values.
+FIXED_SETTINGS = ("batch_size", "max_token_len", "group_size", "vocab_size")
 
 
 class RegisterEnv(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    max_token_length: int
+    max_token_length: Count
     desired_name: str
     weight: float = 1.0
-    group_size: int
+    group_size: Count
     min_batch_allocation: Optional[float] = None
 
 
 class EnvIdentifier(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    env_id: int
+    env_id: Int64
 
 
 class ScoredData(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    tokens: list[list[int]]
-    masks: list[list[int]]
+    tokens: list[list[TokenId]]
+    masks: list[list[MaskId]]
     scores: list[float]
     advantages: Optional[list[list[float]]] = None
     ref_logprobs: Optional[list[list[float]]] = None
@@ -133,9 +149,9 @@ class ScoredData(BaseModel):
     overrides: Optional[list[dict]] = None
     group_overrides: Optional[dict] = None
     images: Optional[Any] = None
-    env_id: Optional[int] = None
+    env_id: Optional[Int64] = None
     # baton's additions (ignored by Atropos trainers):
-    policy_version: Optional[int] = None  # the weight version that sampled the group
+    policy_version: Optional[Int64] = None  # the weight version that sampled the group
     finish_reasons: Optional[list[str]] = None  # "stop" | "length" per sequence
 
 
@@ -164,10 +180,47 @@ def check_group(g: ScoredData) -> str | None:
             continue
         if len(v) != n or any(len(a) != len(t) for a, t in zip(v, g.tokens)):
             return f"{name} must be aligned to tokens (one list per sequence, one value per token)"
+        for i, row in enumerate(v):
+            for j, x in enumerate(row):
+                if not math.isfinite(x):
+                    return (f"{name}: sequence {i}, position {j}: {x} is not finite (JSON cannot carry it to the "
+                            f"trainer; clamp it, e.g. -inf logprobs to -1e4)")
     for name in ("overrides", "finish_reasons"):
         v = getattr(g, name)
         if v not in (None, []) and len(v) != n:
             return f"{name} must have one entry per sequence (got {len(v)} for {n})"
+    return None
+
+
+def check_against(g: ScoredData, reg: dict[str, Any]) -> str | None:
+    """Why a well-formed group cannot be trained on by the registered trainer, or None."""
+    n = len(g.tokens)
+    if reg.get("batch_size") and n > reg["batch_size"]:
+        return f"group of {n} sequences can never fit a batch of {reg['batch_size']}"
+    if reg.get("group_size") and n != reg["group_size"]:
+        return f"group_size: the group has {n} sequences, the trainer's group_size is {reg['group_size']}"
+    limit, vocab = reg.get("max_token_len"), reg.get("vocab_size")
+    for i, t in enumerate(g.tokens):
+        if limit and len(t) > limit:
+            return f"sequence {i}: {len(t)} tokens, past the trainer's max_token_len={limit}"
+        if vocab and max(t) >= vocab:
+            return f"sequence {i}: token id {max(t)} is not below the trainer's vocab_size={vocab}"
+    return None
+
+
+def encode_json(body: Any) -> bytes:
+    """`body` as the response bytes (ValueError for NaN/inf, UnicodeEncodeError for a lone surrogate)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def check_encodable(body: Any) -> str | None:
+    """Why `body` could not be sent back as JSON (checked at push, so a batch never fails to encode)."""
+    try:
+        encode_json(body)
+    except UnicodeEncodeError as exc:
+        return f"a string holds a lone surrogate ({exc.reason}): not valid UTF-8"
+    except ValueError as exc:
+        return f"a value is not valid JSON ({exc}): non-finite numbers cannot be served"
     return None
 
 
@@ -182,25 +235,42 @@ def _json_response(body: Any, status: int = 200, headers: dict[str, str] | None 
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _read_json(request: Request, required: bool = True) -> Any:
+async def _read_json(request: Request, required: bool = True, limit: int = MAX_BODY_BYTES) -> Any:
     """The body as JSON, gunzipped when `Content-Encoding: gzip` (Atropos envs gzip bodies
-    of 1 KB or more); 400 with the reason for a bad body."""
-    raw = await request.body()
-    encoding = request.headers.get("content-encoding", "").lower()
-    if "gzip" in encoding and raw:
-        try:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            raw = d.decompress(raw, MAX_BODY_BYTES + 1)
-            if len(raw) > MAX_BODY_BYTES or d.unconsumed_tail:
-                raise HTTPException(413, f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
-        except zlib.error as exc:
-            raise HTTPException(400, f"invalid gzip body: {exc}") from exc
+    of 1 KB or more); 413 past `limit` bytes (plain or decompressed: checked while the body
+    streams in, so a gzip bomb never expands in memory), 400 with the reason for a bad body."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds {limit} bytes (--max-body-mb)")
+    gz = "gzip" in request.headers.get("content-encoding", "").lower()
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
+    parts, size = [], 0
+    try:
+        async for chunk in request.stream():
+            while chunk:
+                if d is None:
+                    out, chunk = chunk, b""
+                else:
+                    out = d.decompress(chunk, limit + 1 - size)
+                    chunk = d.unconsumed_tail
+                size += len(out)
+                if size > limit:
+                    what = "decompressed body" if gz else "body"
+                    raise HTTPException(413, f"{what} exceeds {limit} bytes (--max-body-mb)")
+                parts.append(out)
+                if d is not None and not out and chunk:
+                    break
+    except zlib.error as exc:
+        raise HTTPException(400, f"invalid gzip body: {exc}") from exc
+    raw = b"".join(parts)
     if not raw:
         if required:
             raise HTTPException(400, "empty body: expected JSON")
         return None
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise HTTPException(400, "body is not acceptable JSON: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
 
@@ -239,14 +309,12 @@ class TrajectoryAPI:
     def admit(self, groups: list[ScoredData]) -> tuple[list[tuple], list[dict[str, Any]]]:
         """(rows to queue, rejections) for pushed groups."""
         reg = self.registration or {}
-        batch_size, max_staleness = reg.get("batch_size"), reg.get("max_staleness")
+        max_staleness = reg.get("max_staleness")
         trainer_version = self.trainer_version()
         rows, rejected = [], []
         for i, g in enumerate(groups):
-            why = check_group(g)
+            why = check_group(g) or check_against(g, reg)
             version = group_version(g)
-            if why is None and batch_size and len(g.tokens) > batch_size:
-                why = f"group of {len(g.tokens)} sequences can never fit a batch of {batch_size}"
             if (why is None and version is not None and trainer_version is not None and max_staleness is not None
                     and max_staleness >= 0 and version < trainer_version - max_staleness):
                 rejected.append({"index": i, "status": 409, "reason": (
@@ -259,6 +327,10 @@ class TrajectoryAPI:
             body = {k: getattr(g, k) for k in SCORED_KEYS}
             body["finish_reasons"] = g.finish_reasons
             body["policy_version_source"] = "pusher" if version is not None else "stamped"
+            why = check_encodable(body)
+            if why is not None:
+                rejected.append({"index": i, "status": 422, "reason": why})
+                continue
             if version is None:
                 version = trainer_version or 0
             rows.append((body, g.env_id, len(g.tokens), version))
@@ -266,7 +338,8 @@ class TrajectoryAPI:
 
 
 def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = None, retry_after_s: float = 1.0,
-                  env_timeout_s: float = 60.0, keep_served: int = 1000) -> FastAPI:
+                  env_timeout_s: float = 60.0, keep_served: int = 1000,
+                  max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI app of `baton api` over the store at `db_path` (created if missing)."""
     if token is not None and not token:
         raise ValueError("token must be a non-empty string (None: no authentication)")
@@ -279,6 +352,9 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         app.add_middleware(BearerAuth, token=token)
     store = api.store
 
+    async def read(request: Request, required: bool = True) -> Any:
+        return await _read_json(request, required, max_body_bytes)
+
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _json_response({"detail": exc.detail}, exc.status_code, getattr(exc, "headers", None))
@@ -287,29 +363,38 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
     async def root() -> dict:
         return {"message": "baton trajectory API (Atropos-compatible)"}
 
+    instance = os.environ.get("BATON_INSTANCE")  # set by `baton launch`: its readiness check's nonce
+
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", **({"instance": instance} if instance else {})}
 
     @app.post("/register")
     async def register(request: Request) -> JSONResponse:
-        reg = _parse(Registration, await _read_json(request))
-        if reg.batch_size < 1:
-            raise HTTPException(422, f"batch_size must be >= 1, got {reg.batch_size}")
+        reg = _parse(Registration, await read(request), "registration")
         current = api.registration
         if current is None:  # the first trainer fixes the settings (as Atropos)
             store.set(registration=reg.model_dump(), current_step=reg.starting_step)
-        elif reg.max_staleness != current.get("max_staleness"):  # a reconnecting trainer may change the bound
+            return _json_response({"uuid": uuid.uuid4().int})
+        conflicts = [f"{k}: registered {current.get(k)}, this trainer asks for {getattr(reg, k)}"
+                     for k in FIXED_SETTINGS if getattr(reg, k) != current.get(k)]
+        if conflicts:  # never train silently on another trainer's settings (an earlier run's --db)
+            raise HTTPException(409, "a trainer with other settings is registered (" + "; ".join(conflicts) +
+                                "): use a new --db, or POST /reset_data?force=true to drop its queue")
+        if reg.max_staleness != current.get("max_staleness"):  # a reconnecting trainer may change the bound
             store.set(registration={**current, "max_staleness": reg.max_staleness})
         requester = uuid.uuid4().int
         return _json_response({"uuid": requester})
 
     @app.post("/register-env")
     async def register_env(request: Request) -> JSONResponse:
-        env = _parse(RegisterEnv, await _read_json(request))
+        env = _parse(RegisterEnv, await read(request), "register-env")
         reg = api.registration
         if reg is None or not store.get("started", False):
             return _json_response({"status": "wait for trainer to start"})
+        if reg.get("group_size") and env.group_size != reg["group_size"]:
+            raise HTTPException(409, f"group_size: this environment sends groups of {env.group_size}, the trainer "
+                                     f"trains on groups of {reg['group_size']}")
         added = store.add_env(env.desired_name, env.max_token_length, env.weight if env.weight is not None else 1.0,
                               env.group_size, env.min_batch_allocation)
         return _json_response({"status": "success", "env_id": added["env_id"], "wandb_name": added["real_name"],
@@ -320,7 +405,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/disconnect-env")
     async def disconnect_env(request: Request) -> JSONResponse:
-        env = _parse(EnvIdentifier, await _read_json(request))
+        env = _parse(EnvIdentifier, await read(request))
         if not store.touch_env(env.env_id, connected=False):
             return _json_response({"status": "failure", "error": f"no env with id {env.env_id}"})
         return _json_response({"status": "success"})
@@ -338,10 +423,18 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         return _json_response({"batch_size": reg["batch_size"], "max_token_len": reg["max_token_len"]})
 
     @app.get("/batch")
-    async def batch(version: Optional[int] = None, max_staleness: Optional[int] = None) -> JSONResponse:
+    async def batch(version: Optional[int] = None, max_staleness: Optional[int] = None,
+                    ack: Optional[int] = None) -> Response:
         """One batch (oldest groups first) or {"batch": null}. `version`: the trainer's
         current weight version (remembered: it stamps pushes without one and bounds them);
-        `max_staleness`: serve no group sampled more than this many versions before it."""
+        `max_staleness`: serve no group sampled more than this many versions before it.
+        `ack`: at-least-once delivery: the `batch_id` of the last batch the trainer has
+        (0: none yet). Its groups are then marked served, and a batch not acknowledged yet is
+        served again (same `batch_id`) until it is; without `ack` a batch is marked served
+        in the transaction that encodes it (a batch that cannot be encoded stays queued)."""
+        for name, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack)):
+            if v is not None and not -(2**63) <= v < 2**63:
+                raise HTTPException(422, f"{name}: {v} is out of range")
         reg = api.registration
         if reg is None:
             raise HTTPException(409, "no trainer has registered: POST /register first")
@@ -352,15 +445,23 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         if max_staleness is None:
             max_staleness = reg.get("max_staleness")
         step = store.get("current_step", 0) + 1
-        groups, stale = store.take_batch(reg["batch_size"], step, version, max_staleness)
-        body: dict[str, Any] = {"batch": groups}
-        if stale:
-            body["stale_groups"] = stale
-        if groups is not None:
-            for g in groups:  # every ScoredData key present (null where absent)
+
+        def encode(groups: list[dict[str, Any]] | None, stale: int, batch_id: int | None) -> bytes:
+            body: dict[str, Any] = {"batch": groups}
+            if stale:
+                body["stale_groups"] = stale
+            if batch_id is not None:
+                body["batch_id"] = batch_id
+            for g in groups or ():  # every ScoredData key present (null where absent)
                 for k in SCORED_KEYS:
                     g.setdefault(k, None)
-        return _json_response(body)
+            return encode_json(body)
+
+        try:
+            raw = store.take_batch(reg["batch_size"], step, version, max_staleness, encode=encode, ack=ack)
+        except (ValueError, UnicodeEncodeError) as exc:  # rows from before push-time checks: kept queued
+            raise HTTPException(422, f"a queued group cannot be sent as JSON ({exc}); it stays queued") from None
+        return Response(raw, media_type="application/json")
 
     @app.get("/latest_example")
     async def latest_example() -> JSONResponse:
@@ -385,7 +486,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/scored_data")
     async def scored_data(request: Request) -> JSONResponse:
-        data = await _read_json(request)
+        data = await read(request)
         if not isinstance(data, dict):
             raise HTTPException(422, f"expected one ScoredData object, got {type(data).__name__}")
         group = _parse(ScoredData, data, "ScoredData")
@@ -396,7 +497,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/scored_data_list")
     async def scored_data_list(request: Request) -> JSONResponse:
-        data = await _read_json(request)
+        data = await read(request)
         if not isinstance(data, list):
             raise HTTPException(422, f"expected a JSON array of ScoredData, got {type(data).__name__}")
         groups, bad = [], []
@@ -422,12 +523,13 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         return _json_response({"current_step": store.get("current_step", 0), "queue_size": counts["queued_groups"],
                                **counts, "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
                                "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1),
-                               "registered": bool(reg), "started": bool(store.get("started", False)),
+                               "group_size": reg.get("group_size"), "max_token_len": reg.get("max_token_len"),
+                               "vocab_size": reg.get("vocab_size"), "registered": bool(reg), "started": bool(store.get("started", False)),
                                "envs": api.env_status()})
 
     @app.get("/status-env")
     async def status_env(request: Request) -> JSONResponse:
-        env_req = _parse(EnvIdentifier, await _read_json(request))
+        env_req = _parse(EnvIdentifier, await read(request))
         envs = {e["env_id"]: e for e in store.envs()}
         me = envs.get(env_req.env_id)
         if me is None:
@@ -451,8 +553,14 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
             "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
             "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1)})
 
-    @app.get("/reset_data")
-    async def reset_data() -> PlainTextResponse:
+    @app.post("/reset_data")
+    async def reset_data(force: bool = False) -> PlainTextResponse:
+        """Drop every group, environment and the registration. Refused while a trainer is
+        registered unless `force=true` (one request must not wipe a running trainer's queue)."""
+        if api.registration is not None and not force:
+            counts = store.counts()
+            raise HTTPException(409, f"a trainer is registered and {counts['queued_groups']} groups are queued: "
+                                     f"POST /reset_data?force=true to drop them anyway")
         store.reset()
         return PlainTextResponse("Reset successful", status_code=200)
 
@@ -470,6 +578,8 @@ def parse_api_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="an env not heard from for this long is reported as not alive in /status")
     ap.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: env "
                                                   "BATON_API_TOKEN; unset: no authentication)")
+    ap.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20,
+                    help="largest request body, plain or decompressed (413 beyond)")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     args.token = args.token or os.environ.get("BATON_API_TOKEN") or None
@@ -481,7 +591,7 @@ def api_main(argv: list[str] | None = None) -> None:
 
     args = parse_api_args(argv)
     app = build_api_app(args.db, max_queue=args.max_queue, token=args.token, retry_after_s=args.retry_after_s,
-                        env_timeout_s=args.env_timeout_s)
+                        env_timeout_s=args.env_timeout_s, max_body_bytes=int(args.max_body_mb * 2**20))
     sock = socket.create_server((args.host, args.port))
     counts = app.state.api.store.counts()
     print(f"baton api: http://{args.host}:{sock.getsockname()[1]} (db {args.db}: {counts['queued_groups']} groups "

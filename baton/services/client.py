@@ -100,15 +100,23 @@ class APIClient:
     # --- trainer ------------------------------------------------------------------------
     def register(self, *, batch_size: int, max_token_len: int, checkpoint_dir: str = "", save_checkpoint_interval: int = 0,
                  starting_step: int = 0, num_steps: int = -1, wandb_group: str = "", wandb_project: str = "",
-                 max_staleness: int | None = None) -> dict:
-        return self.request("POST", "/register", {
+                 max_staleness: int | None = None, group_size: int | None = None,
+                 vocab_size: int | None = None) -> dict:
+        """Register the trainer. `group_size` / `vocab_size` (optional): the API then refuses
+        (422 naming the field) pushes the trainer could not train on."""
+        extra = {k: v for k, v in (("group_size", group_size), ("vocab_size", vocab_size)) if v is not None}
+        return self.request("POST", "/register", {**extra,
             "wandb_group": wandb_group, "wandb_project": wandb_project, "batch_size": batch_size,
             "max_token_len": max_token_len, "checkpoint_dir": checkpoint_dir,
             "save_checkpoint_interval": save_checkpoint_interval, "starting_step": starting_step,
             "num_steps": num_steps, "max_staleness": max_staleness})
 
-    def batch(self, version: int | None = None, max_staleness: int | None = None, **kw: Any) -> dict:
-        params = {k: v for k, v in (("version", version), ("max_staleness", max_staleness)) if v is not None}
+    def batch(self, version: int | None = None, max_staleness: int | None = None, ack: int | None = None,
+              **kw: Any) -> dict:
+        """A batch ({"batch": [...] or None}). `ack`: the `batch_id` of the last batch received
+        (0: none): at-least-once delivery, an unacknowledged batch comes back until acked."""
+        params = {k: v for k, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack))
+                  if v is not None}
         return self.request("GET", "/batch", params=params, **kw)
 
     def status(self, **kw: Any) -> dict:

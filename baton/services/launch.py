@@ -17,17 +17,26 @@ any other process exits with an error (an environment that exits 0 on its own is
 every process still running is sent SIGTERM (its whole process group), and SIGKILL after
 `--grace-s`. SIGINT / SIGTERM to `baton launch` does the same. The exit code is the
 trainer's, or 1 when something else failed first.
+
+Nothing outlives the launcher: a watchdog process (`baton.services.watchdog`) holds the
+read end of a pipe and the children's process groups; if the launcher dies without saying
+"done" (SIGKILL, a crash) it stops every group the same way. Each child also gets
+PR_SET_PDEATHSIG=SIGTERM (Linux). Readiness is checked against the process started: each
+service gets BATON_INSTANCE=<nonce> and its /health must echo it; an answer with another
+instance (an orphan of an earlier run on the port) fails the launch at once, naming it.
 """
 
 from __future__ import annotations
 
 import os
+import ctypes
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -96,6 +105,34 @@ class Launcher:
         self._threads: list[threading.Thread] = []
         self.stop = threading.Event()
         self.reason = ""
+        self.instance = uuid.uuid4().hex[:12]  # this launch; each service's /health echoes it
+        self._watchdog: subprocess.Popen | None = None
+        self._watch_fd: int | None = None
+
+    def _start_watchdog(self) -> None:
+        r, w = os.pipe()  # non-inheritable: only the watchdog holds the read end, only we the write end
+        self._watchdog = subprocess.Popen([sys.executable, "-m", "baton.services.watchdog", str(self.grace_s)],
+                                          stdin=r, start_new_session=True)
+        os.close(r)
+        self._watch_fd = w
+
+    def _tell_watchdog(self, word: str) -> None:
+        if self._watch_fd is not None:
+            try:
+                os.write(self._watch_fd, f"{word}\n".encode())
+            except OSError:
+                pass
+
+    def _close_watchdog(self) -> None:
+        if self._watch_fd is not None:
+            self._tell_watchdog("done")
+            os.close(self._watch_fd)
+            self._watch_fd = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
 
     def say(self, name: str, line: str) -> None:
         with self._print_lock:
@@ -109,15 +146,21 @@ class Launcher:
 
     def start(self, spec: Spec) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
-               **spec.env}
+               "BATON_INSTANCE": self.instance_of(spec), **spec.env}
         self.say("launch", f"starting {spec.name}: {shlex.join(spec.argv)}")
+        if self._watchdog is None:
+            self._start_watchdog()
         p = subprocess.Popen(spec.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             start_new_session=True, bufsize=1)
+                             start_new_session=True, bufsize=1, preexec_fn=_die_with_parent)
+        self._tell_watchdog(str(p.pid))  # start_new_session: its group id is its pid
         self.procs[spec.name] = p
         th = threading.Thread(target=self._stream, args=(spec.name, p.stdout), daemon=True)
         th.start()
         self._threads.append(th)
         return p
+
+    def instance_of(self, spec: Spec) -> str:
+        return f"{self.instance}-{spec.name}"
 
     def wait_healthy(self, spec: Spec, p: subprocess.Popen) -> bool:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -126,8 +169,18 @@ class Launcher:
                 self.reason = f"{spec.name} exited with {p.returncode} while starting"
                 return False
             try:
-                if httpx.get(spec.health, timeout=2).status_code == 200:
-                    return True
+                r = httpx.get(spec.health, timeout=2)
+                if r.status_code == 200:
+                    try:
+                        got = r.json().get("instance")
+                    except (ValueError, AttributeError):
+                        got = None
+                    if got == self.instance_of(spec):
+                        return True
+                    self.reason = (f"{spec.health} answered, but not the process it started (instance {got!r}, "
+                                   f"expected {self.instance_of(spec)!r}): another process holds the port - "
+                                   f"stop it (an earlier run's?) or choose another port")
+                    return False
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
@@ -184,6 +237,16 @@ class Launcher:
             return code
         finally:
             self.stop_all()
+            self._close_watchdog()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launcher dies (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

@@ -8,7 +8,8 @@ registration, in one SQLite file in WAL mode.
 Every write is one transaction with `synchronous=FULL`, so a group the API answered 200 for
 is on disk: a process killed with SIGKILL (or a power cut, as far as the disk honours
 fsync) and restarted on the same file serves it. Groups move `queued` -> `served` (handed
-to the trainer in a batch, once) or `queued` -> `stale` (older than the trainer's staleness
+to the trainer in a batch, once; or `queued` -> `leased` -> `served` when the trainer
+acknowledges batches: at-least-once) or `queued` -> `stale` (older than the trainer's staleness
 bound when it pulled: kept and counted, never silently deleted). Served groups beyond the
 newest `keep_served` are pruned.
 
@@ -23,7 +24,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -38,7 +39,7 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE INDEX IF NOT EXISTS groups_state ON groups(state, id);
 """
 
-QUEUED, SERVED, STALE = "queued", "served", "stale"
+QUEUED, SERVED, STALE, LEASED = "queued", "served", "stale", "leased"
 
 
 class GroupStore:
@@ -133,7 +134,7 @@ class GroupStore:
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute("SELECT state, COUNT(*), COALESCE(SUM(size), 0) FROM groups GROUP BY state").fetchall()
-        out = {f"{s}_groups": 0 for s in (QUEUED, SERVED, STALE)} | {"queued_sequences": 0}
+        out = {f"{s}_groups": 0 for s in (QUEUED, SERVED, STALE, LEASED)} | {"queued_sequences": 0}
         for state, n, seqs in rows:
             out[f"{state}_groups"] = n
             if state == QUEUED:
@@ -152,40 +153,63 @@ class GroupStore:
         return None if row is None else json.loads(row[0])
 
     def take_batch(self, batch_size: int, step: int, version: int | None = None,
-                   max_staleness: int | None = None) -> tuple[list[dict[str, Any]] | None, int]:
-        """Oldest-first whole groups summing to exactly `batch_size` sequences, marked served
-        (delivered once) in one transaction with the step counter; or None if the queue cannot
-        form one yet. Queued groups older than `version - max_staleness` are marked stale
-        first (kept, counted). Returns (groups, groups newly marked stale)."""
+                   max_staleness: int | None = None, *, encode: Callable | None = None,
+                   ack: int | None = None) -> Any:
+        """Oldest-first whole groups summing to exactly `batch_size` sequences, or None if the
+        queue cannot form one yet. Queued groups older than `version - max_staleness` are
+        marked stale first (kept, counted). Returns (groups, groups newly marked stale), or
+        with `encode(groups, stale, batch_id)` what it returns, computed inside the
+        transaction: if encoding raises, nothing is marked (no batch is lost to a response
+        that could not be written).
+
+        Without `ack` the groups are marked served (delivered once). With `ack` (the batch_id
+        of the last batch the caller holds, 0 for none) delivery is at least once: the groups
+        of batches up to `ack` become served; a batch handed out but not acknowledged yet is
+        handed out again (same batch_id, its groups `leased`) before any new one is formed."""
         with self._lock, self._tx():
             stale = 0
             if version is not None and max_staleness is not None and max_staleness >= 0:
                 stale = self._db.execute(
                     "UPDATE groups SET state=? WHERE state=? AND policy_version IS NOT NULL AND policy_version < ?",
                     (STALE, QUEUED, version - max_staleness)).rowcount
-            picked, total = [], 0
-            for gid, size in self._db.execute("SELECT id, size FROM groups WHERE state=? ORDER BY id",
-                                              (QUEUED,)).fetchall():
-                if total + size <= batch_size:  # greedy, oldest first; a group that does not fit waits
-                    picked.append(gid)
-                    total += size
-                    if total == batch_size:
-                        break
-            if total != batch_size:
-                return None, stale
+            batch_id = None
+            if ack is not None:
+                self._db.execute("UPDATE groups SET state=? WHERE state=? AND batch_step<=?", (SERVED, LEASED, ack))
+                leased = self._db.execute("SELECT id, batch_step FROM groups WHERE state=? ORDER BY id",
+                                          (LEASED,)).fetchall()
+                if leased:  # an unacknowledged batch: the same again
+                    batch_id = leased[0][1]
+                    picked = [gid for gid, b in leased if b == batch_id]
+            if batch_id is None:
+                picked, total = [], 0
+                for gid, size in self._db.execute("SELECT id, size FROM groups WHERE state=? ORDER BY id",
+                                                  (QUEUED,)).fetchall():
+                    if total + size <= batch_size:  # greedy, oldest first; a group that does not fit waits
+                        picked.append(gid)
+                        total += size
+                        if total == batch_size:
+                            break
+                if total != batch_size:
+                    return encode(None, stale, None) if encode is not None else (None, stale)
+                marks = ",".join("?" * len(picked))
+                self._db.execute(f"UPDATE groups SET state=?, batch_step=? WHERE id IN ({marks})",
+                                 (SERVED if ack is None else LEASED, step, *picked))
+                self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('current_step', ?)",
+                                 (json.dumps(step),))
+                batch_id = step if ack is not None else None
             marks = ",".join("?" * len(picked))
-            self._db.execute(f"UPDATE groups SET state=?, batch_step=? WHERE id IN ({marks})", (SERVED, step, *picked))
             rows = self._db.execute(f"SELECT body, policy_version FROM groups WHERE id IN ({marks}) ORDER BY id",
                                     picked).fetchall()
-            self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('current_step', ?)", (json.dumps(step),))
             if self.keep_served:
                 self._db.execute("DELETE FROM groups WHERE state=? AND id NOT IN (SELECT id FROM groups WHERE state=? "
                                  "ORDER BY id DESC LIMIT ?)", (SERVED, SERVED, self.keep_served))
-        groups = []
-        for body, pv in rows:
-            g = json.loads(body)
-            g["policy_version"] = pv
-            groups.append(g)
+            groups = []
+            for body, pv in rows:
+                g = json.loads(body)
+                g["policy_version"] = pv
+                groups.append(g)
+            if encode is not None:
+                return encode(groups, stale, batch_id)  # raises inside the transaction: rolled back
         return groups, stale
 
     def reset(self) -> None:

@@ -228,9 +228,9 @@ def test_update_weights_from_disk(fresh_served, tmp_path, make_tiny_qwen):
 def test_sleep_wake(fresh_served):
     s = fresh_served()
     with httpx.Client(base_url=s.url) as c:
-        assert c.post("/release_memory_occupation").json()["success"]
+        assert c.post("/release_memory_occupation", json={}).json()["success"]
         r = c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY})
         assert r.status_code == 503 and "asleep" in r.text  # the server's state, not the client's fault
         assert c.get("/health").json()["status"] == "sleeping"
-        assert c.post("/resume_memory_occupation").json()["success"]
+        assert c.post("/resume_memory_occupation", json={}).json()["success"]
         assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}).status_code == 200

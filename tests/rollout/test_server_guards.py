@@ -221,12 +221,12 @@ def test_health_states(fresh_served, srv_tokenizer, make_tiny_qwen, dirs):
         assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["version"] == 0
         assert r.json()["model_path"] == str(allowed)
 
-        assert c.post("/release_memory_occupation").status_code == 200
+        assert c.post("/release_memory_occupation", json={}).status_code == 200
         r = c.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "sleeping" and "resume" in r.json()["reason"]
         g = _gen(c)
         assert g.status_code == 503 and "asleep" in g.json()["detail"]
-        assert c.post("/resume_memory_occupation").status_code == 200
+        assert c.post("/resume_memory_occupation", json={}).status_code == 200
         assert c.get("/health").status_code == 200
 
         srv = s.app.state.baton

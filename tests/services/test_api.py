@@ -98,7 +98,7 @@ class AtroposEnv:
 
 def atropos_trainer_register(url, batch_size=4):
     r = httpx.post(f"{url}/register", json={
-        "wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": 64,
+        "wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": 256,
         "checkpoint_dir": "ckpt", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 100})
     assert r.status_code == 200 and "uuid" in r.json()
 
@@ -124,7 +124,7 @@ def test_atropos_handshake_and_batches(api):
                                              "group_size": 2})
     assert r.json() == {"status": "wait for trainer to start"}
     atropos_trainer_register(url, batch_size=4)
-    assert httpx.get(f"{url}/info").json() == {"batch_size": 4, "max_token_len": 64}
+    assert httpx.get(f"{url}/info").json() == {"batch_size": 4, "max_token_len": 256}  # the big group below fits (longer: 422)
     assert httpx.get(f"{url}/wandb_info").json()["group"] == "g"
     r = env.http.post("/register-env", json={"max_token_length": 64, "desired_name": "e", "weight": 1.0,
                                              "group_size": 2})
@@ -149,7 +149,7 @@ def test_atropos_handshake_and_batches(api):
     assert httpx.get(f"{url}/status").json()["current_step"] == step0 + 1
     assert httpx.get(f"{url}/latest_example").json()["tokens"][0][-3] == 12
     assert env.http.post("/disconnect-env", json={"env_id": env.env_id}).json() == {"status": "success"}
-    assert httpx.get(f"{url}/reset_data").text == "Reset successful"
+    assert httpx.post(f"{url}/reset_data", params={"force": "true"}).text == "Reset successful"
     assert httpx.get(f"{url}/info").json()["batch_size"] == -1
 
 

@@ -1,0 +1,140 @@
+"""`baton serve` stays responsive and answers what it accepts (issues 22 §2, 21 §5): a body
+cap, tokenizing off the event loop, /health telling busy from wedged, admin endpoints a web
+page cannot reach, top-N logprobs refused, response_format refused, unknown model names 404,
+a request log line. Real HTTP against a tiny model on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import httpx
+
+from baton.rollout.engine import EmbeddedEngine
+
+GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+
+
+def test_request_bodies_are_capped(fresh_served):
+    s = fresh_served(max_body_bytes=1 << 20)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.post("/v1/completions", json={"prompt": "x" * (2 << 20), "max_tokens": 1})
+        assert r.status_code == 413 and "exceeds" in r.json()["detail"], r.text
+
+        def chunks():  # no Content-Length: counted while it streams
+            for _ in range(4):
+                yield b" " * (512 << 10)
+        r = c.post("/generate", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert c.get("/health").status_code == 200
+        assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}).status_code == 200
+
+
+class _SlowTokenizer:
+    """The served tokenizer, except that encoding waits for `gate` (a huge prompt)."""
+
+    def __init__(self, tok):
+        self.tok, self.gate, self.entered = tok, threading.Event(), threading.Event()
+
+    def __call__(self, *a, **kw):
+        self.entered.set()
+        self.gate.wait(30)
+        return self.tok(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_tokenizing_runs_off_the_event_loop(fresh_served):
+    s = fresh_served()
+    srv = s.app.state.baton
+    slow = srv.tokenizer = _SlowTokenizer(srv.tokenizer)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        t = threading.Thread(target=lambda: c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2}))
+        t.start()
+        assert slow.entered.wait(30)
+        try:
+            r = httpx.get(s.url + "/health", timeout=5)  # the loop answers while a prompt is tokenized
+            assert r.status_code == 200
+        finally:
+            slow.gate.set()
+            t.join()
+
+
+class _SteppingEngine(EmbeddedEngine):
+    """A real engine whose decode steps are slowed (a long generation on a busy GPU)."""
+
+    step_s = 0.02
+
+    def generate(self, prompts, params, should_stop=None):
+        def stop():
+            time.sleep(self.step_s)
+            return should_stop() if should_stop is not None else False
+        return super().generate(prompts, params, stop)
+
+
+def test_health_tells_busy_from_wedged(fresh_served, srv_tokenizer, make_tiny_qwen):
+    model = make_tiny_qwen(0)
+    engine = _SteppingEngine(model, srv_tokenizer)
+    s = fresh_served(engine=engine, model=model, wedged_after_s=1.0)
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        out = {}
+        t = threading.Thread(target=lambda: out.update(r=c.post("/generate", json={
+            "input_ids": [5], "sampling_params": {**GREEDY, "max_new_tokens": 200}})))
+        t.start()
+        seen = []
+        while t.is_alive():
+            r = c.get("/health")
+            seen.append((r.status_code, r.json()["status"], r.json().get("busy", {}).get("running_s", 0)))
+            time.sleep(0.05)
+        t.join()
+        assert out["r"].status_code == 200
+        assert all(st == "ok" and code == 200 for code, st, _ in seen), seen  # never "wedged" while stepping
+        assert max(run for *_, run in seen) > 1.0  # ... though the call ran past wedged_after_s
+        assert c.get("/health").json().get("busy") is None
+
+
+def test_admin_endpoints_refuse_what_a_web_page_can_send(fresh_served):
+    s = fresh_served()
+    srv = s.app.state.baton
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.post("/release_memory_occupation", content=b"x", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415 and "application/json" in r.text, r.text
+        r = c.post("/release_memory_occupation", data={"a": "b"})  # a form post
+        assert r.status_code == 415, r.text
+        r = c.post("/release_memory_occupation", json={}, headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403 and "Origin" in r.text, r.text
+        assert not srv.asleep
+        assert c.post("/release_memory_occupation", json={}).status_code == 200  # what baton's sync sends
+        assert srv.asleep
+        assert c.post("/resume_memory_occupation", json={}).status_code == 200
+
+
+def test_openai_options_it_cannot_honour_are_refused(served):
+    with httpx.Client(base_url=served.url, timeout=30) as c:
+        for path, body in (("/v1/completions", {"prompt": [5, 6], "max_tokens": 2, "logprobs": 2}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                     "logprobs": True, "top_logprobs": 2}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                     "response_format": {"type": "json_object"}})):
+            r = c.post(path, json=body)
+            assert r.status_code == 400, (body, r.text)
+        r = c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2, "logprobs": 1})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 1
+        r = c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2, "model": "gpt-4"})
+        assert r.status_code == 404 and "tiny-qwen" in r.json()["detail"], r.text
+        assert c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2, "model": "tiny-qwen"}).status_code == 200
+        assert c.get("/v1/models/tiny-qwen").json()["id"] == "tiny-qwen"
+        r = c.get("/v1/models/gpt-4")
+        assert r.status_code == 404 and "tiny-qwen" in r.json()["detail"]
+
+
+def test_request_log_line(fresh_served, caplog):
+    s = fresh_served(log_requests=True)
+    with caplog.at_level(logging.INFO, logger="baton.serve"), httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}).status_code == 200
+        assert c.post("/generate", json={"input_ids": []}).status_code in (400, 422)
+    lines = [r.getMessage() for r in caplog.records if r.name == "baton.serve"]
+    assert any("POST /generate 200" in m and "tokens" in m for m in lines), lines
+    assert any("POST /generate 4" in m for m in lines), lines
