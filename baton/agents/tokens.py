@@ -60,6 +60,7 @@ class Trajectory:
     segments: list[Segment] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)  # one per policy turn
     statuses: list[str] = field(default_factory=list)  # parse status per policy turn
+    truncated: bool = False  # cut at the token budget: trailing template tokens may be missing
     _text: str = ""  # the rendered text the tokens so far stand for
 
     def __post_init__(self) -> None:
@@ -109,6 +110,12 @@ class Trajectory:
             lp += s.logprobs if s.kind == POLICY else [0.0] * len(s.ids)
         return ids, mask, lp
 
+    def cut(self, max_tokens: int) -> None:
+        """Truncated at the budget: drop trailing non-policy segments past it."""
+        self.truncated = True
+        while self.response_len > max_tokens and self.segments[-1].kind != POLICY:
+            self.segments.pop()
+
     def turn_ends(self) -> list[int]:
         """Response index of each policy turn's last token."""
         out, pos = [], 0
@@ -131,6 +138,6 @@ class Trajectory:
             if got != s.ids:
                 out.append(Mismatch(s.kind, s.turn, pos))
             pos += len(s.ids)
-        if pos != len(expect) and not out:
+        if pos != len(expect) and not out and not self.truncated:
             out.append(Mismatch("end", self.turns - 1, pos))
         return out

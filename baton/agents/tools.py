@@ -22,17 +22,31 @@ import asyncio
 import inspect
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
+# Sync tools run here, not in asyncio's default executor: a hung tool keeps its thread, and
+# the default executor's shutdown would wait for it.
+_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="baton-tool")
+
+
+class AgentFault(RuntimeError):
+    """A fault that drops its trajectory from the group; `kind` is what the rollout counts."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
 # parse statuses of one assistant turn
 OK, MALFORMED, UNKNOWN_TOOL, NONE = "ok", "malformed", "unknown_tool", "none"
 
 
-def function_schema(fn: Callable) -> dict[str, Any]:
+def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
     """OpenAI function-tool schema from a signature and docstring. The docstring's first
     paragraph is the description; lines `name: text` describe parameters."""
     doc = inspect.getdoc(fn) or ""
@@ -54,7 +68,7 @@ def function_schema(fn: Callable) -> dict[str, Any]:
         if p.default is inspect.Parameter.empty:
             required.append(name)
     return {"type": "function", "function": {
-        "name": fn.__name__, "description": head.strip(),
+        "name": name or fn.__name__, "description": head.strip(),
         "parameters": {"type": "object", "properties": props, "required": required}}}
 
 
@@ -90,7 +104,8 @@ def parse_tool_calls(text: str, known: set[str] | frozenset[str]) -> tuple[list[
 
 @dataclass
 class ToolSet:
-    """The tools of an episode. `specs`: functions and classes as given; `fresh()` returns a
+    """The tools of an episode. `specs`: functions and classes as given (or one dict
+    {tool name: function or class}); `fresh()` returns a
     per-trajectory instance (classes instantiated) whose `call` runs one tool call."""
     specs: list[Any]
     _fns: dict[str, Callable] = field(default_factory=dict)
@@ -102,7 +117,9 @@ class ToolSet:
 
     def fresh(self) -> "ToolSet":
         out = ToolSet(self.specs)
-        for s in self.specs:
+        specs = self.specs[0].items() if len(self.specs) == 1 and isinstance(self.specs[0], dict) \
+            else [(None, s) for s in self.specs]
+        for given, s in specs:
             if inspect.isclass(s):
                 obj = s()
                 out._objects.append(obj)
@@ -110,7 +127,7 @@ class ToolSet:
                     if not name.startswith("_") and name != "close":
                         out._fns[name] = m
             elif callable(s):
-                out._fns[s.__name__] = s
+                out._fns[given or s.__name__] = s
             else:
                 raise TypeError(f"a tool is a function or a class, got {type(s).__name__}")
         return out
@@ -120,20 +137,27 @@ class ToolSet:
         return frozenset(self._fns)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [function_schema(f) for f in self._fns.values()]
+        return [function_schema(f, name) for name, f in self._fns.items()]
 
     async def call(self, call: ToolCall, timeout_s: float) -> str:
-        """Run one call with a deadline (asyncio.TimeoutError past it). A TypeError from bad
-        arguments is the model's mistake: returned as text. Other exceptions propagate."""
+        """Run one call with a deadline. Arguments that do not fit the signature are the
+        model's mistake: returned as text. A timeout or an exception -> AgentFault."""
         fn = self._fns[call.name]
         try:
             inspect.signature(fn).bind(**call.arguments)
         except TypeError as e:
             return f"error: {e}"
-        if inspect.iscoroutinefunction(fn):
-            result = await asyncio.wait_for(fn(**call.arguments), timeout_s)
-        else:
-            result = await asyncio.wait_for(asyncio.to_thread(fn, **call.arguments), timeout_s)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await asyncio.wait_for(fn(**call.arguments), timeout_s)
+            else:
+                loop = asyncio.get_running_loop()
+                fut = loop.run_in_executor(_POOL, lambda: fn(**call.arguments))
+                result = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise AgentFault("tool_timeout", f"{call.name} ran past {timeout_s}s") from None
+        except Exception as e:  # noqa: BLE001 - any tool failure drops the trajectory, counted
+            raise AgentFault("tool_error", f"{call.name}: {type(e).__name__}: {e}") from e
         return result if isinstance(result, str) else json.dumps(result)
 
     async def close(self) -> None:

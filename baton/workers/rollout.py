@@ -130,6 +130,20 @@ class RolloutWorker(Worker):
             self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
         return rows
 
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict) -> Batch:
+        """Multi-turn agent rows (baton.agents.source): rollout.n episodes per prompt, their
+        turns batched through this engine; seeded like `generate`. Hook of h-agents."""
+        from baton.agents.config import AgentConfig
+        from baton.agents.rollout import run_episodes
+
+        seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
+        rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), self.cfg.n,
+                               AgentConfig(**agent_cfg), self.sampling_params(seed=seed))
+        if not self.policy.in_place:
+            self.engine.sleep()
+        return rows
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int, check: bool = False) -> float | None:
         """Push the policy's weights to the engine as `version` (colocated: in place).

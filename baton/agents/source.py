@@ -1,0 +1,54 @@
+"""`EpisodeSource`: the row source of `data.source: agent` (see baton.trainers.sources).
+
+    source = EpisodeSource(AgentConfig(**recipe["agent"]), rollout, state, prompts_per_step)
+    rows = source.rows(step)      # multi-turn rows, fields below
+    source.weights_updated(version, check)
+
+Each step draws prompts from the run's sampler, numbers them with a step-unique
+`group_index`, and has the rollout role run `rollout.n` episodes per prompt
+(`RolloutWorker.generate_episodes`: the turns of all trajectories batched through its
+engine). Rows: prompt_ids/mask, response_ids, response_mask (0 on observation and template
+tokens), rollout_logprobs (0 there), token_rewards (per-turn rewards at each turn's last
+policy token, the trajectory reward at the last one), rewards (their sum), group_index,
+turn_index, num_turns, policy_version, completion, finish_reason, tool_status; a group
+may have fewer than n rows (dropped trajectories). `last_stats` holds the step's counts
+(drops by kind, parse statuses, template-invariant mismatches per segment kind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from baton import fields as F
+from baton.agents.config import AgentConfig
+from baton.batch import Batch
+from baton.trainers.run_state import RunState
+
+
+class EpisodeSource:
+    def __init__(self, cfg: AgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
+        cfg.check()
+        self.cfg, self.rollout, self.state, self.prompts_per_step = cfg, rollout, state, prompts_per_step
+        self.last_stats: dict[str, Any] = {}
+
+    def rows(self, step: int) -> Batch:
+        prompts = self.state.next_prompts(self.prompts_per_step)
+        prompts[F.GROUP_INDEX] = step * self.prompts_per_step + torch.arange(len(prompts))
+        rows = self.rollout.generate_episodes(prompts, step, asdict(self.cfg))
+        self.last_stats = rows.meta.get("agent_stats", {})
+        return rows
+
+    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
+        return self.rollout.sync_weights(version, check=check)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the prompt sampler's position is saved by RunState
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
