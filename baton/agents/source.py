@@ -26,12 +26,16 @@ from baton import fields as F
 from baton.agents.config import AgentConfig
 from baton.batch import Batch
 from baton.trainers.run_state import RunState
+from baton.trainers.sources import RolloutSource
 
 
-class EpisodeSource:
+class EpisodeSource(RolloutSource):
+    """Weights, state and close as `RolloutSource` (the same rollout role); rows are episodes."""
+
     def __init__(self, cfg: AgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
         cfg.check()
-        self.cfg, self.rollout, self.state, self.prompts_per_step = cfg, rollout, state, prompts_per_step
+        super().__init__(rollout, state, prompts_per_step)
+        self.cfg = cfg
         self.last_stats: dict[str, Any] = {}
 
     def rows(self, step: int) -> Batch:
@@ -40,15 +44,3 @@ class EpisodeSource:
         rows = self.rollout.generate_episodes(prompts, step, asdict(self.cfg))
         self.last_stats = rows.meta.get("agent_stats", {})
         return rows
-
-    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
-        return self.rollout.sync_weights(version, check=check)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # the prompt sampler's position is saved by RunState
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
