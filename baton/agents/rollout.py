@@ -226,3 +226,16 @@ def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
     out[F.TOOL_STATUS] = [list(r.traj.statuses) for r in kept]
     out.meta["agent_stats"] = stats
     return out, stats
+
+
+def agent_metrics(rows: Batch, stats: dict[str, Any], n_trajectories: int) -> dict[str, float]:
+    """Accuracy (mean trajectory reward over ALL trajectories, a dropped one counting 0 here:
+    evaluation, not training), the rate of well-formed tool calls among turns that tried one,
+    and the rate of trajectories whose first turn called a tool correctly."""
+    st = stats.get("tool_status", {})
+    tried = sum(v for k, v in st.items() if k != "none")
+    first_ok = sum(1 for s in (rows[F.TOOL_STATUS] if len(rows) else []) if s and s[0] == "ok")
+    final = rows[F.TOKEN_REWARDS].sum().item() if len(rows) else 0.0
+    return {"accuracy": final / max(n_trajectories, 1),
+            "tool_call_ok": st.get("ok", 0) / max(tried, 1),
+            "first_turn_call_ok": first_ok / max(n_trajectories, 1)}

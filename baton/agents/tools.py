@@ -58,15 +58,15 @@ def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
         hints = inspect.get_annotations(fn, eval_str=True)
     except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to strings
         pass
-    for name, p in inspect.signature(fn).parameters.items():
-        if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+    for arg, p in inspect.signature(fn).parameters.items():
+        if arg == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        prop: dict[str, Any] = {"type": _JSON_TYPES.get(hints.get(name), "string")}
-        if name in arg_doc:
-            prop["description"] = arg_doc[name].strip()
-        props[name] = prop
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(hints.get(arg), "string")}
+        if arg in arg_doc:
+            prop["description"] = arg_doc[arg].strip()
+        props[arg] = prop
         if p.default is inspect.Parameter.empty:
-            required.append(name)
+            required.append(arg)
     return {"type": "function", "function": {
         "name": name or fn.__name__, "description": head.strip(),
         "parameters": {"type": "object", "properties": props, "required": required}}}

@@ -18,3 +18,8 @@ register_task(GSM8KTask())  # reads its rows from data.path (a GSM8K jsonl or ve
 __all__ = ["ArithmeticTask", "ENVIRONMENTS", "Environment", "GSM8KTask", "ScoredGroup", "TASKS", "Task",
            "TaskEnvironment", "correctness", "format_reward", "get_task", "make_environment",
            "register_environment", "register_task", "row_kwargs", "verify"]
+
+from baton.agents.tasks import CalcFormatTask, MultiplyTask  # noqa: E402 - h-agents' tasks
+
+register_task(MultiplyTask())
+register_task(CalcFormatTask())

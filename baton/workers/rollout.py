@@ -131,15 +131,17 @@ class RolloutWorker(Worker):
         return rows
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict) -> Batch:
-        """Multi-turn agent rows (baton.agents.source): rollout.n episodes per prompt, their
-        turns batched through this engine; seeded like `generate`. Hook of h-agents."""
+    def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict, greedy: bool = False) -> Batch:
+        """Multi-turn agent rows (baton.agents.source): rollout.n episodes per prompt (one,
+        temperature 0, with greedy: evaluation), their turns batched through this engine;
+        seeded like `generate`. Hook of h-agents."""
         from baton.agents.config import AgentConfig
         from baton.agents.rollout import run_episodes
 
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
-        rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), self.cfg.n,
-                               AgentConfig(**agent_cfg), self.sampling_params(seed=seed))
+        params = SamplingParams(n=1, temperature=0.0) if greedy else self.sampling_params(seed=seed)
+        rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
+                               AgentConfig(**agent_cfg), params)
         if not self.policy.in_place:
             self.engine.sleep()
         return rows
