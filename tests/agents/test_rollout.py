@@ -33,8 +33,9 @@ class ScriptedEngine:
     def _reply(self, text: str) -> str:
         if "guess" in text:
             return "10"
-        if "<tool_response>" in text:
-            return re.findall(r"<tool_response>\n(\d+)", text)[-1]
+        results = re.findall(r"<tool_response>\n(\d+)", text)
+        if results:
+            return results[-1]
         expr = re.findall(r"(\d+\*\d+)=", text)[-1]
         return '<tool_call>{"name": "calc", "arguments": {"expr": "%s"}}</tool_call>' % expr
 
@@ -172,3 +173,35 @@ def test_embedded_engine_rows():
     assert mask.shape == rows[F.ROLLOUT_LOGPROBS].shape and mask.shape[1] <= 24
     assert (rows[F.ROLLOUT_LOGPROBS][mask == 0] == 0).all()
     assert (rows[F.ROLLOUT_LOGPROBS][mask == 1] < 0).all()
+
+
+class MalformedFirst(ScriptedEngine):
+    """First turn: a broken call; after the error observation, a good one; then the answer."""
+
+    def _reply(self, text: str) -> str:
+        if "error:" not in text:
+            return '<tool_call>{"name": "calc", "arguments": </tool_call>'
+        return super()._reply(text)
+
+
+def test_malformed_call_is_an_observation(qwen_tok):
+    rows, stats = run_episodes(MalformedFirst(qwen_tok), qwen_tok, _prompts([{"prompt": "12*34=", "answer": "408"}]),
+                               1, AgentConfig(max_tokens=500, turn_max_new_tokens=80), SamplingParams())
+    assert list(rows[F.TOOL_STATUS][0]) == ["malformed", "ok", "none"]
+    assert rows[F.REWARDS].tolist() == [1.0] and stats["token_mismatch"] == {}
+    hole = qwen_tok.decode(rows[F.RESPONSE_IDS][0][~rows[F.RESPONSE_MASK][0].bool()])
+    assert "error: tool call is not valid JSON" in hole
+
+
+@register_env("test_slow_start")
+class SlowStart(CalculatorEnv):
+    async def start(self):
+        await asyncio.sleep(5)
+
+
+def test_env_deadline_drops(qwen_tok):
+    t0 = time.monotonic()
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
+                               _prompts([{"prompt": "12*34=", "answer": "408"}]), 2,
+                               AgentConfig(env="test_slow_start", env_timeout_s=0.2), SamplingParams())
+    assert stats["dropped"] == {"env_timeout": 2} and time.monotonic() - t0 < 2
