@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     tok = AutoTokenizer.from_pretrained(argv[0], local_files_only=True)
     engine = EmbeddedEngine(load_model(argv[0]), tok)
     rows = get_task("multiply").eval_rows(int(argv[1]) if len(argv) > 1 else 100)
-    cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=160, turn_max_new_tokens=64)
+    cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=200, turn_max_new_tokens=80)
     print(evaluate_agent(engine, tok, rows, cfg))
     return 0
 

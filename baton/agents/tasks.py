@@ -1,4 +1,4 @@
-"""Tasks of the calculator agent recipe, registered by `baton.envs`.
+"""Tasks of the calculator agent recipe, registered on import (`baton.envs` imports this).
 
 multiply     "123*45=" -> "5535": RL prompts for the calculator env (2-3 digit operands;
              a 1M-param model cannot multiply these by itself)
@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from baton.envs.arithmetic import ArithmeticTask, _heldout
-from baton.envs.base import Row
+from baton.envs.base import Row, register_task
 
 
 def call_text(expr: str) -> str:
@@ -57,3 +57,7 @@ class CalcFormatTask(MultiplyTask):
             if _heldout(row["prompt"].split("=")[0] + "=", self.heldout_every) == heldout:
                 rows.append(row)
         return rows
+
+
+register_task(MultiplyTask())
+register_task(CalcFormatTask())

@@ -19,7 +19,4 @@ __all__ = ["ArithmeticTask", "ENVIRONMENTS", "Environment", "GSM8KTask", "Scored
            "TaskEnvironment", "correctness", "format_reward", "get_task", "make_environment",
            "register_environment", "register_task", "row_kwargs", "verify"]
 
-from baton.agents.tasks import CalcFormatTask, MultiplyTask  # noqa: E402 - h-agents' tasks
-
-register_task(MultiplyTask())
-register_task(CalcFormatTask())
+import baton.agents.tasks  # noqa: E402, F401 - registers the agent recipe's tasks (multiply, calc_format)
