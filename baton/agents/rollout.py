@@ -115,6 +115,8 @@ async def _episode(row: dict, index: int, cfg: AgentConfig, tokenizer: Any, temp
         res.version = None
         for _ in range(cfg.max_turns):
             left = cfg.max_tokens - traj.response_len
+            if left <= 0:
+                break
             c = await batcher.generate(traj.prompt_ids + traj.response()[0], min(cfg.turn_max_new_tokens, left))
             res.version = c.version if res.version is None else min(res.version, c.version)
             ids = c.token_ids

@@ -205,3 +205,14 @@ def test_env_deadline_drops(qwen_tok):
                                _prompts([{"prompt": "12*34=", "answer": "408"}]), 2,
                                AgentConfig(env="test_slow_start", env_timeout_s=0.2), SamplingParams())
     assert stats["dropped"] == {"env_timeout": 2} and time.monotonic() - t0 < 2
+
+
+def test_budget_exactly_used_by_observation(qwen_tok):
+    # find the response length after turn 1 + observation, then make that the whole budget
+    p = _prompts([{"prompt": "12*34=", "answer": "408"}])
+    full, _ = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1, AgentConfig(max_tokens=500, turn_max_new_tokens=80),
+                           SamplingParams())
+    first_end = int(full[F.TURN_INDEX][0].eq(1).nonzero().min())  # the second turn starts here
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1,
+                               AgentConfig(max_tokens=first_end, turn_max_new_tokens=80), SamplingParams())
+    assert rows[F.FINISH_REASON].tolist() == ["length"] and rows[F.NUM_TURNS].tolist() == [1]
