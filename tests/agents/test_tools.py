@@ -68,3 +68,10 @@ def test_stateful_tool_per_trajectory():
 
     r, s, bad = asyncio.run(go())
     assert (r, s) == ("5", "1") and bad.startswith("error:") and Counter.closed == 2
+
+
+def test_calc_tool():
+    from baton.agents.envs import calc
+
+    assert calc("12*34") == "408" and calc("12*") == "error: not an expression"
+    assert calc("__import__('os')").startswith("error:")
