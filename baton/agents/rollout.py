@@ -194,7 +194,7 @@ def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
     mismatches = Counter(m.kind for r in kept for m in r.traj.check())
     stats["token_mismatch"] = dict(mismatches)
     if not kept:
-        return Batch(), stats
+        return Batch(meta={"agent_stats": stats}), stats
     out = prompts.rows([r.prompt_index for r in kept])
     resp = [r.traj.response() for r in kept]
     pad = tokenizer.pad_token_id

@@ -47,3 +47,16 @@ def test_episode_source_rows(roles):
     # does not give its tokens back, and the invariant reports it per segment kind
     assert set(src.last_stats["token_mismatch"]) <= {"policy", "boundary", "obs", "end"}
     src.weights_updated(1)
+
+
+def test_greedy_episodes_for_evaluation(roles):
+    from dataclasses import asdict
+
+    from baton.agents.rollout import agent_metrics
+    from baton.batch import collate
+
+    cfg = AgentConfig(max_turns=2, max_tokens=20, turn_max_new_tokens=6)
+    rows = roles["rollout"].generate_episodes(collate(multiplication_rows(3, seed=1)), 1, asdict(cfg), True)
+    assert len(rows) + sum(rows.meta["agent_stats"]["dropped"].values()) == 3  # one per prompt
+    m = agent_metrics(rows, rows.meta["agent_stats"], 3)
+    assert set(m) == {"accuracy", "tool_call_ok", "first_turn_call_ok"}
