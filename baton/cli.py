@@ -86,11 +86,13 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     table = Table(title="held-out accuracy")
     table.add_column("model")
     table.add_column("greedy", justify="right")
-    table.add_column("sampled", justify="right")
+    extra = [k for k in ("accuracy_sampled", "tool_call_ok") if f"eval/{k}" in result]  # agents: tool calls
+    for k in extra:
+        table.add_column(k.replace("accuracy_", ""), justify="right")
     for name, prefix in (("start", "start/eval/"), ("trained", "eval/")):
         if f"{prefix}accuracy_greedy" in result:
-            table.add_row(name, f"{result[prefix + 'accuracy_greedy']:.3f}",
-                          f"{result[prefix + 'accuracy_sampled']:.3f}")
+            table.add_row(name, *(f"{result[prefix + k]:.3f}" if prefix + k in result else "-"
+                                  for k in ("accuracy_greedy", *extra)))
     console = Console()
     console.print(table)
     console.print(f"run dir: {run_dir} (metrics.jsonl, report.png, checkpoints/)")

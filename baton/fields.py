@@ -23,12 +23,16 @@ TOKEN_REWARDS = "token_rewards"  # [B, R] reward placed on tokens (PPO/GAE)
 ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
 POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
-GROUP_INDEX = "group_index"  # [B] long, the row's group (prompt) when a source sets it; else n rows a group
+GROUP_INDEX = "group_index"  # [B] long, rows of one prompt share it (groups may be short: dropped rows);
+                             # absent: n rows a group
+TURN_INDEX = "turn_index"  # [B, R] long, policy turn of each response token, -1 off the policy (agents)
+NUM_TURNS = "num_turns"  # [B] long, policy turns of the row (agents)
 
 # --- per-sample non-tensor fields ----------------------------------------------------
 PROMPT_TEXT = "prompt"  # str, the prompt as text
 COMPLETION_TEXT = "completion"  # str, the decoded response
 FINISH_REASON = "finish_reason"  # "stop" | "length"
+TOOL_STATUS = "tool_status"  # list[str] per row: tool-call parse status per turn (agents)
 
 # Which side a field is padded on when batches of different widths are concatenated
 # (rows from different ranks): prompts are left-padded, everything else right-padded.

@@ -66,8 +66,20 @@ def test_grpo_config_cross_checks_and_round_trip(tmp_path):
 
 
 def test_shipped_recipes_load():
+    """Every recipe names its algorithm and loads as that algorithm's config (the offline DPO
+    recipe with a pairs file, which it leaves to the command line)."""
     from pathlib import Path
-    recipes = sorted(Path(__file__).parents[1].joinpath("recipes").glob("grpo*.yaml"))
-    assert recipes, "no GRPO recipe shipped"
+
+    import yaml
+
+    from baton.trainers.algorithms import ALGORITHMS, config_class
+    root = Path(__file__).parents[1]
+    recipes = sorted(root.joinpath("recipes").glob("*.yaml"))
+    assert len(recipes) >= 8
+    seen = set()
     for r in recipes:
-        load_config(PPOConfig, r)
+        name = yaml.safe_load(r.read_text())["algorithm"]
+        seen.add(name)
+        extra = [f"data.path={root / 'tests/fixtures/pairs.jsonl'}"] if name == "dpo" else []
+        assert config_class(name) is not None and load_config(config_class(name), r, extra).algorithm == name
+    assert seen == set(ALGORITHMS)

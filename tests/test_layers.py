@@ -19,6 +19,7 @@ LAYERS = [
     {"cli_help"},  # the CLI's key listings and `baton config`
     {"trainers"},
     {"workers"},
+    {"agents"},  # multi-turn episodes with tools, run next to an engine
     {"services"},  # processes that talk to engines over HTTP: trajectory API, environment runners
     {"rollout"},
     {"envs"},

@@ -8,7 +8,8 @@ Shape legend (used in every shape comment of the package):
     P  prompt length, T = P + R (see `baton.fields`); in dpo/pairs, P = number of pairs
 
 Registries (name -> function; add a variant with the matching `register_*` decorator):
-    ADVANTAGES      grpo, dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline, gae
+    ADVANTAGES      grpo, dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline, gae,
+                    turn_grpo (multi-turn: per-turn returns, one weight per trajectory)
                     (`required_inputs(name)` says which data an estimator needs, e.g. values)
     POLICY_LOSSES   ppo_clip, vanilla, gspo
     KL_ESTIMATORS   k1, k2, k3, abs
@@ -41,6 +42,7 @@ from baton.algos.kl_control import (
 from baton.algos.logprobs import entropy_from_logits, logprobs_from_logits
 from baton.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from baton.algos.objective import actor_loss
+from baton.algos.turn_credit import turn_grpo_advantages, turn_segments  # registers "turn_grpo"
 from baton.algos.off_policy import OFF_POLICY, decoupled_ppo_loss, register_off_policy
 from baton.algos.pairs import (
     PAIRINGS, PreferencePairs, all_pairs, best_worst_pairs, preference_pairs, register_pairing,

@@ -18,3 +18,5 @@ register_task(GSM8KTask())  # reads its rows from data.path (a GSM8K jsonl or ve
 __all__ = ["ArithmeticTask", "ENVIRONMENTS", "Environment", "GSM8KTask", "ScoredGroup", "TASKS", "Task",
            "TaskEnvironment", "correctness", "format_reward", "get_task", "make_environment",
            "register_environment", "register_task", "row_kwargs", "verify"]
+
+import baton.envs.agent_tasks  # noqa: E402, F401 - registers the agent recipe's tasks (multiply, calc_format)

@@ -7,18 +7,21 @@ from typing import Any
 
 from baton.trainers.api_source import ApiSource
 from baton.trainers.async_source import rollout_source
+from baton.trainers.episode_source import EpisodeSource
 from baton.trainers.placement import apart
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RolloutSource, RowSource
 
 
 def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
-    """The source `cfg` asks for: `data.source` (rollout | api), and for this run's own
+    """The source `cfg` asks for: `data.source` (rollout | api | agent), and for this run's own
     rollout whether it sits beside the actor (`RolloutSource`) or on a pool of its own
     (`GeneratorSource`, as far ahead as `trainer.mode` allows)."""
     probe = state.eval_rows[0]["prompt"]
     if cfg.data.source == "api":
         return ApiSource(cfg, roles["actor"], state, probe_prompt=probe)
+    if cfg.data.source == "agent":
+        return EpisodeSource(cfg.agent, roles["rollout"], state, cfg.data.prompts_per_step)
     if apart(cfg):
         return rollout_source(cfg, roles, state)
     return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step, greedy_baseline=getattr(cfg, "remax", False))

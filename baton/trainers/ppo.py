@@ -56,6 +56,7 @@ from baton.trainers.ppo_config import PPOConfig, estimator_reads
 from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
 from baton.trainers.choose_source import row_source
+from baton.trainers.episode_source import evaluate_episodes
 from baton.trainers.step_metrics import check_sync, step_metrics
 from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
@@ -208,11 +209,13 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             driver = {**state.to_dict(), **({"kl_controller": kl_ctl.state_dict()} if kl_ctl else {})}
             save(roles, run, step, driver)
 
-        run.start(state, restore=restore, evaluate=lambda: evaluate(roles["rollout"], state.eval_rows),
-                  guard=CriticAwareGuard(t.max_nonfinite_steps))
+        run.start(state, restore=restore, guard=CriticAwareGuard(t.max_nonfinite_steps),
+                  evaluate=(lambda: evaluate_episodes(roles["rollout"], cfg.agent, state.eval_rows)) if cfg.agent
+                  else lambda: evaluate(roles["rollout"], state.eval_rows))
         for step, timed in run.steps():
             with timed("rollout"):
                 batch, metrics = sample(cfg, roles, source, step)
+                metrics.update(getattr(source, "metrics", dict)())  # the source's own (agent/*)
             with timed("score"):  # every future in flight at once: concurrent on split pools
                 pending = score_futures(roles, batch)
                 if ref is not None:

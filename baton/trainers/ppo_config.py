@@ -41,6 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
+from baton.agents.config import AgentConfig
 from baton.algos import ADVANTAGES
 from baton.algos.config import (AlgoConfig, check_advantage_inputs, check_algo_dependencies, check_algo_names,
                                 check_algo_ranges)
@@ -110,6 +111,7 @@ class PPOConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig | None = None
+    agent: AgentConfig | None = None  # data.source: agent (multi-turn episodes with tools)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: RLTrainerConfig = field(default_factory=RLTrainerConfig)
 
@@ -117,7 +119,7 @@ class PPOConfig:
     def roles(self) -> list[str]:
         """The roles this run builds (placement may name only these)."""
         out = ["actor", "rollout"]
-        if self.reward.functions and self.data.source != "api":
+        if self.reward.functions and self.data.source == "rollout":
             out.append("reward")
         if self.reward_model is not None:
             out.append("reward_model")
@@ -147,7 +149,7 @@ class PPOConfig:
             self.reward.check()
         elif self.reward_model is None and self.data.source == "rollout":
             raise ValueError("reward.functions is empty and there is no reward_model: nothing scores the rollouts")
-        for section in (self.reward_model, self.critic):
+        for section in (self.reward_model, self.critic, self.agent):
             if section is not None:
                 section.check()
         self._check_algo()
@@ -195,16 +197,25 @@ class PPOConfig:
             if self.remax:
                 raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
                                  f"run's colocated rollout; {where} does not sample one")
-        if d.source == "api":  # the environments sample and score: this run's sampling and reward keys rest
+        if (d.source == "agent") != (self.agent is not None):
+            raise ValueError("data.source=agent runs the episodes its `agent:` section describes: give both or neither")
+        if d.source == "agent":
+            where = f"trainer.mode={mode}" if mode != "sync" else (
+                "a rollout on a pool of its own" if self.placement.pool_of("rollout") != self.placement.pool_of("actor")
+                else None)
+            if where:
+                raise ValueError(f"data.source=agent runs its episodes on the rollout role beside the actor; {where} "
+                                 f"is not supported for episodes yet: use trainer.mode=sync and a colocated rollout")
+        if d.source in ("api", "agent"):  # the environments score (and, with api, sample): keys that rest
             r, defaults = self.rollout, RolloutConfig()
-            for key in ("top_p", "top_k"):
+            for key in ("top_p", "top_k") if d.source == "api" else ():
                 if getattr(r, key) != getattr(defaults, key):
                     raise ValueError(f"rollout.{key} is not read with data.source=api: the environments sample "
                                      f"(their own settings); remove it")
             set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
             if set_keys:
-                raise ValueError(f"{', '.join(set_keys)}: not read with data.source=api (the environments score the "
-                                 f"groups they push); remove the reward section (a reward_model still adds its score)")
+                raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (the environments score "
+                                 f"the rows); remove the reward section (a reward_model still adds its score)")
         if d.source == "api" and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
                              f"data.source=api the rows come from the environments (trainer.max_staleness bounds "

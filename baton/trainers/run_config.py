@@ -11,7 +11,7 @@ from baton.metrics import SINKS, check_sinks
 from baton.user_modules import is_spec
 
 
-DATA_SOURCES = ("rollout", "api")
+DATA_SOURCES = ("rollout", "api", "agent")
 API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
@@ -23,8 +23,10 @@ class DataConfig:
     seed: int = 0
     path: str = ""  # rows from a local jsonl / parquet file (GSM8K's, verl's or baton's shape) instead of the task's
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
-    # Where a step's rows come from: "rollout" (this run's rollout role) or "api" (batches
-    # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py).
+    # Where a step's rows come from: "rollout" (this run's rollout role), "api" (batches
+    # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py) or "agent"
+    # (multi-turn episodes with tools beside the actor: the `agent:` section,
+    # trainers/episode_source.py).
     source: str = "rollout"
     api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
     servers: list[str] = field(default_factory=list)  # `baton serve` URLs kept on the trainer's weights

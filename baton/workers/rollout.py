@@ -144,6 +144,22 @@ class RolloutWorker(Worker):
             self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
         return rows
 
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict, greedy: bool = False) -> Batch:
+        """Multi-turn agent rows (baton.trainers.episode_source): rollout.n episodes per prompt (one,
+        temperature 0, with greedy: evaluation), their turns batched through this engine;
+        seeded like `generate`. Hook of h-agents."""
+        from baton.agents.config import AgentConfig
+        from baton.agents.rollout import run_episodes
+
+        seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
+        params = SamplingParams(n=1, temperature=0.0) if greedy else self.sampling_params(seed=seed)
+        rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
+                               AgentConfig(**agent_cfg), params)
+        if not self.policy.in_place:
+            self.engine.sleep()
+        return rows
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int, check: bool = False) -> float | None:
         """Push the policy's weights to the engine as `version` (colocated: in place).

@@ -1,0 +1,13 @@
+"""Multi-turn agents with tools: episodes, token-in/token-out trajectories, many trajectories
+batched through the engine, and the `data.source: agent` row source.
+
+    tools.py     tool schemas from functions / per-trajectory objects; <tool_call> parsing
+    episode.py   the async episode protocol (start / step / close), ToolEpisode
+    tokens.py    Trajectory: sampled ids (mask 1) + template deltas (mask 0); re-render check
+    envs.py      AGENT_ENVS: calculator (tool use), guess (per-turn feedback)
+    rollout.py   run_episodes: all trajectories' turns batched; faults dropped and counted
+    config.py    AgentConfig (the recipe's `agent:` section)
+Elsewhere: the tasks "multiply" (RL prompts) and "calc_format" (SFT warm start of the call
+format) in baton.envs.agent_tasks; the row source (`data.source: agent`) in
+baton.trainers.episode_source; per-turn credit in baton.algos.turn_credit ("turn_grpo").
+"""

@@ -1,0 +1,51 @@
+"""Held-out evaluation of a calculator agent checkpoint, with and without its tool.
+
+    python -m baton.agents.evaluate checkpoints/calc-sft [n]
+
+with tool     greedy episodes of the calculator env (baton.agents.rollout.agent_metrics):
+              accuracy, well-formed tool-call rate, first-turn call rate
+without tool  the same model answering the bare prompt in one greedy turn (exact match)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from baton.agents.config import AgentConfig
+from baton.agents.rollout import agent_metrics, run_episodes
+from baton.batch import collate
+from baton.envs import get_task
+from baton.envs.arithmetic import verify
+from baton.protocol import SamplingParams
+
+
+def evaluate_agent(engine, tokenizer, rows: list[dict], cfg: AgentConfig) -> dict[str, float]:
+    out, stats = run_episodes(engine, tokenizer, collate(rows), 1, cfg, SamplingParams(temperature=0.0))
+    m = agent_metrics(out, stats, len(rows))
+    ids = [list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows]
+    done = engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=cfg.turn_max_new_tokens))
+    texts = tokenizer.batch_decode([c.token_ids for c in sorted(done, key=lambda c: c.prompt_index)],
+                                   skip_special_tokens=True)
+    m["accuracy_without_tool"] = sum(verify(t, r["answer"]) for t, r in zip(texts, rows)) / len(rows)
+    return m
+
+
+def main(argv: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    from baton.models.load import load_model
+    from baton.rollout.engine import EmbeddedEngine
+
+    if not argv:
+        print("usage: python -m baton.agents.evaluate CHECKPOINT_DIR [N]", file=sys.stderr)
+        return 2
+    tok = AutoTokenizer.from_pretrained(argv[0], local_files_only=True)
+    engine = EmbeddedEngine(load_model(argv[0]), tok)
+    rows = get_task("multiply").eval_rows(int(argv[1]) if len(argv) > 1 else 100)
+    cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=200, turn_max_new_tokens=80)
+    print(evaluate_agent(engine, tok, rows, cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""Tools for agent episodes: plain functions or per-trajectory objects, their OpenAI function
+schemas, and parsing of Hermes/Qwen `<tool_call>{...}</tool_call>` blocks from model text.
+
+    def add(a: int, b: int) -> int:
+        '''Add two integers.
+
+        a: the first term
+        b: the second term'''
+    tools = ToolSet.build([add, Notebook])   # Notebook: a class, one instance per trajectory
+    tools.schemas()                          # [{"type": "function", "function": {...}}]
+    calls, status = parse_tool_calls(text, tools.names)   # status: ok | malformed | unknown_tool | none
+
+A stateful tool is a class: `ToolSet.build` instantiates it once per trajectory (`fresh()`)
+and every public method becomes a tool; its `close()` (if any) runs when the trajectory
+ends. Sync tools run in a worker thread so a deadline can be enforced (a hung sync function
+cannot be killed: its thread is left behind and the trajectory is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+# Sync tools run here, not in asyncio's default executor: a hung tool keeps its thread, and
+# the default executor's shutdown would wait for it.
+_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="baton-tool")
+
+
+class AgentFault(RuntimeError):
+    """A fault that drops its trajectory from the group; `kind` is what the rollout counts."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+# parse statuses of one assistant turn
+OK, MALFORMED, UNKNOWN_TOOL, NONE = "ok", "malformed", "unknown_tool", "none"
+
+
+def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
+    """OpenAI function-tool schema from a signature and docstring. The docstring's first
+    paragraph is the description; lines `name: text` describe parameters."""
+    doc = inspect.getdoc(fn) or ""
+    head, _, rest = doc.partition("\n\n")
+    arg_doc = dict(m.groups() for m in re.finditer(r"^\s*(\w+)\s*:\s*(.+)$", rest, re.M))
+    props, required = {}, []
+    hints = {}
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to strings
+        pass
+    for arg, p in inspect.signature(fn).parameters.items():
+        if arg == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(hints.get(arg), "string")}
+        if arg in arg_doc:
+            prop["description"] = arg_doc[arg].strip()
+        props[arg] = prop
+        if p.default is inspect.Parameter.empty:
+            required.append(arg)
+    return {"type": "function", "function": {
+        "name": name or fn.__name__, "description": head.strip(),
+        "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+def parse_tool_calls(text: str, known: set[str] | frozenset[str]) -> tuple[list[ToolCall], str, str]:
+    """(calls, status, error) of one assistant turn's text. status: "none" (no call), "ok",
+    "malformed" (a block that is not JSON {"name", "arguments": object}, or an unclosed
+    <tool_call>), "unknown_tool". error: one line for the model to read (empty when ok)."""
+    blocks = _CALL.findall(text)
+    if not blocks:
+        if "<tool_call>" in text:
+            return [], MALFORMED, "unclosed <tool_call>"
+        return [], NONE, ""
+    calls = []
+    for b in blocks:
+        try:
+            obj = json.loads(b.strip())
+        except json.JSONDecodeError as e:
+            return [], MALFORMED, f"tool call is not valid JSON: {e.msg}"
+        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
+                and isinstance(obj.get("arguments", {}), dict)):
+            return [], MALFORMED, 'tool call must be {"name": str, "arguments": object}'
+        if obj["name"] not in known:
+            return [], UNKNOWN_TOOL, f"unknown tool {obj['name']!r}; tools: {sorted(known)}"
+        calls.append(ToolCall(obj["name"], obj.get("arguments", {})))
+    return calls, OK, ""
+
+
+@dataclass
+class ToolSet:
+    """The tools of an episode. `specs`: functions and classes as given (or one dict
+    {tool name: function or class}); `fresh()` returns a
+    per-trajectory instance (classes instantiated) whose `call` runs one tool call."""
+    specs: list[Any]
+    _fns: dict[str, Callable] = field(default_factory=dict)
+    _objects: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, specs: list[Any]) -> "ToolSet":
+        return cls(list(specs)).fresh()
+
+    def fresh(self) -> "ToolSet":
+        out = ToolSet(self.specs)
+        specs = self.specs[0].items() if len(self.specs) == 1 and isinstance(self.specs[0], dict) \
+            else [(None, s) for s in self.specs]
+        for given, s in specs:
+            if inspect.isclass(s):
+                obj = s()
+                out._objects.append(obj)
+                for name, m in inspect.getmembers(obj, inspect.ismethod):
+                    if not name.startswith("_") and name != "close":
+                        out._fns[name] = m
+            elif callable(s):
+                out._fns[given or s.__name__] = s
+            else:
+                raise TypeError(f"a tool is a function or a class, got {type(s).__name__}")
+        return out
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._fns)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [function_schema(f, name) for name, f in self._fns.items()]
+
+    async def call(self, call: ToolCall, timeout_s: float) -> str:
+        """Run one call with a deadline. Arguments that do not fit the signature are the
+        model's mistake: returned as text. A timeout or an exception -> AgentFault."""
+        fn = self._fns[call.name]
+        try:
+            inspect.signature(fn).bind(**call.arguments)
+        except TypeError as e:
+            return f"error: {e}"
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await asyncio.wait_for(fn(**call.arguments), timeout_s)
+            else:
+                loop = asyncio.get_running_loop()
+                fut = loop.run_in_executor(_POOL, lambda: fn(**call.arguments))
+                result = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise AgentFault("tool_timeout", f"{call.name} ran past {timeout_s}s") from None
+        except Exception as e:  # noqa: BLE001 - any tool failure drops the trajectory, counted
+            raise AgentFault("tool_error", f"{call.name}: {type(e).__name__}: {e}") from e
+        return result if isinstance(result, str) else json.dumps(result)
+
+    async def close(self) -> None:
+        for obj in self._objects:
+            close = getattr(obj, "close", None)
+            if close is not None:
+                r = close()
+                if inspect.isawaitable(r):
+                    await r

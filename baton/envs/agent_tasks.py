@@ -1,0 +1,63 @@
+"""Tasks of the calculator agent recipe, registered on import (`baton.envs` imports this).
+
+multiply     "123*45=" -> "5535": RL prompts for the calculator env (2-3 digit operands;
+             a 1M-param model cannot multiply these by itself)
+calc_format  the SFT warm start that teaches only the call format: half the rows are
+             "a*b=" -> the calc tool call, half are the conversation after the tool
+             answered -> the tool's result copied as the answer (the tiny tokenizer's chat
+             template renders user / tool text raw and ends assistant turns in <eos>, so
+             these prompts are exactly what the episode shows the model)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from baton.envs.arithmetic import ArithmeticTask, _heldout
+from baton.envs.base import Row, register_task
+
+
+def call_text(expr: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "calc", "arguments": {"expr": expr}},
+                                      separators=(",", ":")) + "</tool_call>"
+
+
+@dataclass
+class MultiplyTask(ArithmeticTask):
+    name: str = "multiply"
+    min_digits: int = 2
+    max_digits: int = 3
+
+    def make_row(self, rng: random.Random) -> Row:
+        def num() -> int:
+            d = rng.randint(self.min_digits, self.max_digits)
+            return rng.randint(10 ** (d - 1), 10 ** d - 1)
+        a, b = num(), num()
+        return {"prompt": f"{a}*{b}=", "answer": str(a * b)}
+
+
+@dataclass
+class CalcFormatTask(MultiplyTask):
+    name: str = "calc_format"
+
+    def make_row(self, rng: random.Random) -> Row:
+        row = super().make_row(rng)
+        expr = row["prompt"][:-1]
+        if rng.random() < 0.5:
+            return {"prompt": row["prompt"], "answer": call_text(expr)}
+        return {"prompt": row["prompt"] + call_text(expr) + "<eos>" + row["answer"], "answer": row["answer"]}
+
+    def _rows(self, n: int, seed: int, heldout: bool) -> list[Row]:
+        # held out by the multiplication, not by the SFT prompt: RL eval rows stay unseen
+        rng, rows = random.Random(seed), []
+        while len(rows) < n:
+            row = self.make_row(rng)
+            if _heldout(row["prompt"].split("=")[0] + "=", self.heldout_every) == heldout:
+                rows.append(row)
+        return rows
+
+
+register_task(MultiplyTask())
+register_task(CalcFormatTask())

@@ -1,0 +1,69 @@
+"""`EpisodeSource`: the row source of `data.source: agent` (see baton.trainers.sources).
+
+    source = EpisodeSource(AgentConfig(**recipe["agent"]), rollout, state, prompts_per_step)
+    rows = source.rows(step)      # multi-turn rows, fields below
+    source.weights_updated(version, check)
+
+Each step draws prompts from the run's sampler, numbers them with a step-unique
+`group_index`, and has the rollout role run `rollout.n` episodes per prompt
+(`RolloutWorker.generate_episodes`: the turns of all trajectories batched through its
+engine). Rows: prompt_ids/mask, response_ids, response_mask (0 on observation and template
+tokens), rollout_logprobs (0 there), token_rewards (per-turn rewards at each turn's last
+policy token, the trajectory reward at the last one), rewards (their sum), group_index,
+turn_index, num_turns, policy_version, completion, finish_reason, tool_status; a group
+may have fewer than n rows (dropped trajectories). `last_stats` holds the step's counts
+(drops by kind, parse statuses, template-invariant mismatches per segment kind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from baton import fields as F
+from baton.agents.config import AgentConfig
+from baton.batch import Batch
+from baton.trainers.run_state import RunState
+from baton.trainers.sources import RolloutSource
+
+
+class EpisodeSource(RolloutSource):
+    """Weights, state and close as `RolloutSource` (the same rollout role); rows are episodes."""
+
+    def __init__(self, cfg: AgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
+        cfg.check()
+        super().__init__(rollout, state, prompts_per_step)
+        self.cfg = cfg
+        self.last_stats: dict[str, Any] = {}
+
+    def rows(self, step: int) -> Batch:
+        prompts = self.state.next_prompts(self.prompts_per_step)
+        prompts[F.GROUP_INDEX] = step * self.prompts_per_step + torch.arange(len(prompts))
+        rows = self.rollout.generate_episodes(prompts, step, asdict(self.cfg))
+        self.last_stats = rows.meta.get("agent_stats", {})
+        return rows
+
+    def metrics(self) -> dict[str, float]:
+        """The step's episode counts as metrics (agent/*): drops by kind, tool-call parse
+        statuses, mean turns, template-invariant mismatches by segment kind."""
+        out: dict[str, float] = {}
+        for key, value in self.last_stats.items():
+            if isinstance(value, dict):
+                out.update({f"agent/{key}/{k}": float(v) for k, v in value.items()})
+            elif isinstance(value, (int, float)):
+                out[f"agent/{key}"] = float(value)
+        return out
+
+
+def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Held-out episodes, greedy, one per prompt: accuracy (mean trajectory reward, a dropped
+    trajectory counting 0), the rate of well-formed tool calls, first-turn call rate."""
+    from baton.agents.rollout import agent_metrics
+    from baton.batch import collate
+
+    rows = rollout.generate_episodes(collate(eval_rows), 0, asdict(cfg), True)
+    m = agent_metrics(rows, rows.meta.get("agent_stats", {}), len(eval_rows))
+    return {"eval/accuracy_greedy": m["accuracy"], "eval/tool_call_ok": m["tool_call_ok"],
+            "eval/first_turn_call_ok": m["first_turn_call_ok"]}

@@ -1,0 +1,218 @@
+"""Many trajectories through one engine: masks, rewards, groups, faults, no gradient off-policy.
+
+`ScriptedEngine` stands in for a *trained* policy (a random tiny model cannot be made to
+call tools on cue); it implements the engine protocol and is called exactly as the
+embedded engine is. `test_embedded_engine_rows` runs the real EmbeddedEngine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+import torch
+
+from baton import fields as F
+from baton.agents.config import AgentConfig
+from baton.agents.envs import AGENT_ENVS, CalculatorEnv, GuessEnv, register_env
+from baton.agents.rollout import run_episodes
+from baton.algos import actor_loss, compute_advantages
+from baton.batch import collate
+from baton.protocol import Completion, SamplingParams
+
+
+class ScriptedEngine:
+    """Calls calc on "a*b=" prompts, then answers with the tool's result; logs batch sizes."""
+
+    def __init__(self, tokenizer, wrong_first: bool = False):
+        self.tok, self.version, self.calls = tokenizer, 3, []
+        self.eos_token_ids = [tokenizer.eos_token_id]
+
+    def _reply(self, text: str) -> str:
+        if "guess" in text:
+            return "10"
+        results = re.findall(r"<tool_response>\n(\d+)", text)
+        if results:
+            return results[-1]
+        expr = re.findall(r"(\d+\*\d+)=", text)[-1]
+        return '<tool_call>{"name": "calc", "arguments": {"expr": "%s"}}</tool_call>' % expr
+
+    def generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        out = []
+        for i, ids in enumerate(prompts):
+            t = self.tok(self._reply(self.tok.decode(ids)), add_special_tokens=False)["input_ids"]
+            t = t[:params.max_new_tokens]
+            stop = len(t) < params.max_new_tokens
+            t = t + [self.tok.eos_token_id] if stop else t
+            out.append(Completion(i, t, [-0.25] * len(t), "stop" if stop else "length", self.version))
+        return out
+
+
+def _prompts(rows):
+    return collate(rows)
+
+
+def test_calculator_rows_masks_rewards(qwen_tok):
+    eng = ScriptedEngine(qwen_tok)
+    cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=400, turn_max_new_tokens=80)
+    rows, stats = run_episodes(eng, qwen_tok, _prompts([{"prompt": "12*34=", "answer": "408"},
+                                                        {"prompt": "21*3=", "answer": "63"}]),
+                               3, cfg, SamplingParams(seed=1))
+    assert len(rows) == 6 and stats["dropped"] == {} and stats["token_mismatch"] == {}
+    assert eng.calls == [6, 6]  # all six trajectories' turns batched together, turn by turn
+    assert rows[F.REWARDS].tolist() == [1.0] * 6
+    assert rows[F.GROUP_INDEX].tolist() == [0, 0, 0, 1, 1, 1]
+    assert rows[F.NUM_TURNS].tolist() == [2] * 6
+    assert [list(s) for s in rows[F.TOOL_STATUS]] == [["ok", "none"]] * 6
+    mask, lp, tr = rows[F.RESPONSE_MASK], rows[F.ROLLOUT_LOGPROBS], rows[F.TOKEN_REWARDS]
+    text = qwen_tok.decode(rows[F.RESPONSE_IDS][0][~mask[0].bool()])
+    assert "<tool_response>\n408\n</tool_response>" in text  # the observation: mask 0
+    assert (lp[mask == 0] == 0).all() and (lp[mask == 1] == -0.25).all()
+    last = int(mask[0].nonzero().max())
+    assert tr[0, last] == 1.0 and tr[0].sum() == 1.0
+    assert rows[F.POLICY_VERSION].tolist() == [3] * 6
+    # a hole in the mask between the two turns
+    m0 = mask[0].tolist()
+    assert "".join(map(str, m0)).rstrip("0").count("10") == 1
+
+
+def test_observation_tokens_get_no_gradient(qwen_tok):
+    rows, _ = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
+                           _prompts([{"prompt": "12*34=", "answer": "408"}, {"prompt": "2*3=", "answer": "7"}]),
+                           2, AgentConfig(max_tokens=400, turn_max_new_tokens=80), SamplingParams())
+    mask = rows[F.RESPONSE_MASK]
+    adv, _ = compute_advantages("turn_grpo", token_rewards=rows[F.TOKEN_REWARDS], response_mask=mask,
+                                group_index=torch.zeros(len(rows), dtype=torch.long))
+    logp = (rows[F.ROLLOUT_LOGPROBS] + 0.01).requires_grad_(True)
+    loss, _ = actor_loss(logprobs=logp, old_logprobs=rows[F.ROLLOUT_LOGPROBS], advantages=adv,
+                         response_mask=mask)
+    loss.backward()
+    assert (logp.grad[mask == 0] == 0).all()
+    assert (logp.grad[mask == 1] != 0).any()
+
+
+def test_guess_per_turn_rewards(qwen_tok):
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
+                               _prompts([{"prompt": "guess 1-20:", "answer": "4"}]), 1,
+                               AgentConfig(env="guess", max_turns=2, max_tokens=200), SamplingParams())
+    # the script guesses 10 twice: turn 1 consistent (0.1), "lower", turn 2 inconsistent (0.0)
+    assert rows[F.FINISH_REASON].tolist() == ["length"]
+    ends = [i for i, r in enumerate(rows[F.TOKEN_REWARDS][0].tolist()) if r]
+    assert rows[F.TOKEN_REWARDS][0, ends[0]] == pytest.approx(0.1) and len(ends) == 1
+    assert stats["turns_mean"] == 2
+
+
+def _hang(expr: str) -> str:
+    """Hangs."""
+    time.sleep(3)
+    return "0"
+
+
+def _boom(expr: str) -> str:
+    """Raises."""
+    raise RuntimeError("tool crashed")
+
+
+@register_env("test_hang")
+class HangEnv(CalculatorEnv):
+    TOOLS = {"calc": _hang}
+
+
+@register_env("test_boom")
+class BoomEnv(CalculatorEnv):
+    TOOLS = {"calc": _boom}
+
+
+@pytest.mark.parametrize("env,kind", [("test_hang", "tool_timeout"), ("test_boom", "tool_error")])
+def test_faulty_tool_drops_trajectory_counted(qwen_tok, env, kind):
+    cfg = AgentConfig(env=env, tool_timeout_s=0.2, max_tokens=400, turn_max_new_tokens=80)
+    t0 = time.monotonic()
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
+                               _prompts([{"prompt": "12*34=", "answer": "408"}]), 2, cfg, SamplingParams())
+    assert stats["dropped"] == {kind: 2} and len(rows) == 0
+    assert time.monotonic() - t0 < 2.5  # never waits for the hung tool
+
+
+def test_budget_truncate_and_drop(qwen_tok):
+    p = _prompts([{"prompt": "12*34=", "answer": "408"}])
+    rows, _ = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1,
+                           AgentConfig(max_tokens=60, turn_max_new_tokens=80), SamplingParams())
+    assert rows[F.FINISH_REASON].tolist() == ["length"] and rows[F.REWARDS].tolist() == [0.0]
+    assert rows[F.RESPONSE_MASK].shape[1] <= 60
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1,
+                               AgentConfig(max_tokens=60, turn_max_new_tokens=80, truncation="drop"),
+                               SamplingParams())
+    assert stats["dropped"] == {"budget": 1}
+
+
+def test_config_check():
+    with pytest.raises(ValueError, match="unknown env"):
+        AgentConfig(env="nope").check()
+    with pytest.raises(ValueError, match="truncation"):
+        AgentConfig(truncation="cut").check()
+    with pytest.raises(ValueError, match="not tools"):
+        AgentConfig(tools=["search"]).check()
+    AgentConfig().check()
+
+
+def test_embedded_engine_rows():
+    from baton.models.tiny import build_tiny_model
+    from baton.models.tokenizer import build_char_tokenizer
+    from baton.rollout.engine import EmbeddedEngine
+
+    tok = build_char_tokenizer()
+    eng = EmbeddedEngine(build_tiny_model("0.75m"), tok)
+    rows, stats = run_episodes(eng, tok, _prompts([{"prompt": "12*34=", "answer": "408"}] * 2), 2,
+                               AgentConfig(max_turns=2, max_tokens=24, turn_max_new_tokens=8),
+                               SamplingParams(seed=0))
+    assert sum(stats["dropped"].values()) + len(rows) == 4
+    mask = rows[F.RESPONSE_MASK]
+    assert mask.shape == rows[F.ROLLOUT_LOGPROBS].shape and mask.shape[1] <= 24
+    assert (rows[F.ROLLOUT_LOGPROBS][mask == 0] == 0).all()
+    assert (rows[F.ROLLOUT_LOGPROBS][mask == 1] < 0).all()
+
+
+class MalformedFirst(ScriptedEngine):
+    """First turn: a broken call; after the error observation, a good one; then the answer."""
+
+    def _reply(self, text: str) -> str:
+        if "error:" not in text:
+            return '<tool_call>{"name": "calc", "arguments": </tool_call>'
+        return super()._reply(text)
+
+
+def test_malformed_call_is_an_observation(qwen_tok):
+    rows, stats = run_episodes(MalformedFirst(qwen_tok), qwen_tok, _prompts([{"prompt": "12*34=", "answer": "408"}]),
+                               1, AgentConfig(max_tokens=500, turn_max_new_tokens=80), SamplingParams())
+    assert list(rows[F.TOOL_STATUS][0]) == ["malformed", "ok", "none"]
+    assert rows[F.REWARDS].tolist() == [1.0] and stats["token_mismatch"] == {}
+    hole = qwen_tok.decode(rows[F.RESPONSE_IDS][0][~rows[F.RESPONSE_MASK][0].bool()])
+    assert "error: tool call is not valid JSON" in hole
+
+
+@register_env("test_slow_start")
+class SlowStart(CalculatorEnv):
+    async def start(self):
+        await asyncio.sleep(5)
+
+
+def test_env_deadline_drops(qwen_tok):
+    t0 = time.monotonic()
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
+                               _prompts([{"prompt": "12*34=", "answer": "408"}]), 2,
+                               AgentConfig(env="test_slow_start", env_timeout_s=0.2), SamplingParams())
+    assert stats["dropped"] == {"env_timeout": 2} and time.monotonic() - t0 < 2
+
+
+def test_budget_exactly_used_by_observation(qwen_tok):
+    # find the response length after turn 1 + observation, then make that the whole budget
+    p = _prompts([{"prompt": "12*34=", "answer": "408"}])
+    full, _ = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1, AgentConfig(max_tokens=500, turn_max_new_tokens=80),
+                           SamplingParams())
+    first_end = int(full[F.TURN_INDEX][0].eq(1).nonzero().min())  # the second turn starts here
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, p, 1,
+                               AgentConfig(max_tokens=first_end, turn_max_new_tokens=80), SamplingParams())
+    assert rows[F.FINISH_REASON].tolist() == ["length"] and rows[F.NUM_TURNS].tolist() == [1]
