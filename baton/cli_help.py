@@ -49,7 +49,7 @@ def _comments(cls: type) -> dict[str, str]:
 
 
 def _section_type(tp: Any) -> type | None:
-    """The dataclass of a section field (`LoraSection | None` too), else None."""
+    """The dataclass of a section field (`LoraAdapterConfig | None` too), else None."""
     if dataclasses.is_dataclass(tp):
         return tp
     for arg in typing.get_args(tp):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from baton.models.lora import LoraSection, adapter_config, adapter_tensors, apply_lora
+from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora
 from baton.models.tiny import build_tiny_model, count_params
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
@@ -83,7 +83,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = build_tiny_model(args.size, seed=0).eval()
     n_base = count_params(base)
-    pm = apply_lora(base, LoraSection(rank=args.rank, alpha=2 * args.rank)).eval()
+    pm = apply_lora(base, LoraAdapterConfig(rank=args.rank, alpha=2 * args.rank)).eval()
     step(pm)
     n_lora = sum(t.numel() for _, t in adapter_tensors(pm))
     print(f"{args.size}: {n_base / 1e6:.1f}M base params, LoRA r={args.rank} on all linears: "

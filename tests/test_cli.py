@@ -156,9 +156,9 @@ def test_eval_on_a_lora_checkpoint(tiny, tmp_path, capsys):
     """A LoRA run's checkpoint (a PEFT adapter dir) evaluates on its base; without the base,
     one line says to merge it."""
     from baton.models.load import load_model
-    from baton.models.lora import LoraSection, adapter_config, adapter_tensors, apply_lora, save_adapter
+    from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora, save_adapter
 
-    model = apply_lora(load_model(tiny), LoraSection(rank=2), seed=0)
+    model = apply_lora(load_model(tiny), LoraAdapterConfig(rank=2), seed=0)
     ckpt = tmp_path / "step_1"
     ckpt.mkdir()
     save_adapter(adapter_tensors(model), adapter_config(model, base_path=tiny), ckpt)

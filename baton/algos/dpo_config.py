@@ -17,7 +17,7 @@ from baton.algos.pairs import PAIRINGS
 
 
 @dataclass
-class DPOSection:
+class DPOLossConfig:
     beta: float = 0.1  # strength of the implicit KL to the reference (sigmoid/hinge: scale of h)
     loss: str = "sigmoid"  # a name in baton.algos.DPO_LOSSES: sigmoid | ipo | hinge
     label_smoothing: float = 0.0  # sigmoid only: conservative DPO's assumed label-flip rate, [0, 0.5)

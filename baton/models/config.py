@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from baton.models.lora import LoraSection
+from baton.models.lora import LoraAdapterConfig
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}  # float64: exact numerics checks
@@ -47,7 +47,7 @@ def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:
 class ModelConfig:
     path: str = "checkpoints/arith-sft"  # a local HF directory (model + tokenizer)
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"  # storage dtype of the weights
-    lora: LoraSection | None = None  # train LoRA adapters only (the base stays frozen)
+    lora: LoraAdapterConfig | None = None  # train LoRA adapters only (the base stays frozen)
 
     def check(self, key: str = "model.path") -> None:
         check_model_path(self.path, key)

@@ -31,7 +31,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 
 @dataclass
-class LoraSection:
+class LoraAdapterConfig:
     """The recipe's `model.lora:` section (its presence turns LoRA on)."""
     rank: int = 8
     alpha: float = 16.0
@@ -48,7 +48,7 @@ class LoraSection:
         return self.alpha / self.rank
 
 
-def apply_lora(model: nn.Module, cfg: LoraSection, seed: int = 0) -> nn.Module:
+def apply_lora(model: nn.Module, cfg: LoraAdapterConfig, seed: int = 0) -> nn.Module:
     """`model` with LoRA adapters (a `peft.PeftModel`); base weights frozen. Seeded init."""
     from peft import LoraConfig, get_peft_model
 

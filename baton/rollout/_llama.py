@@ -16,7 +16,7 @@ and runs a lean forward:
 
 Weights: with `fuse=True` (default) `pack()` builds, from the live parameters, fused and
 transposed copies ([in, out] contiguous: Q|K|V and gate|up in one matmul each; measured
-faster than `F.linear` on the [out, in] layout on this CPU). The engine calls `pack()` at
+faster than `functional.linear` on the [out, in] layout on this CPU). The engine calls `pack()` at
 the start of every `generate`, so the copies can never be stale - an optimizer step on a
 colocated trainer module is seen by the next `generate`. `fuse=False` reads the parameters
 directly (transposed views, no copy) for models where a second copy does not fit.
@@ -32,7 +32,7 @@ rank-r matmuls, no merged copy of anything).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 from torch import nn
 
 from baton.padding import position_ids
@@ -149,7 +149,7 @@ class LlamaRunner:
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # fused kernel; matches HF's fp32 arithmetic
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+            return functional.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()  # HF: normalise in fp32, cast back, then scale
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
@@ -211,7 +211,7 @@ class LlamaRunner:
         # pad queries may see themselves: defensive, as SDPA backends have differed on fully
         # masked rows (NaN there would reach V and, through 0 * NaN, every real row)
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
-        x = F.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
+        x = functional.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
         last_layer = len(self.layers) - 1
         for i, ((w1, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
             y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
@@ -231,10 +231,10 @@ class LlamaRunner:
                 q, attn_mask = q[:, :, -1:], attn_mask[:, :, -1:]  # [b, H, 1, D]
                 x = x.view(b, L, -1)[:, -1]  # [b, hidden] (left padding: the last slot is real)
                 L = 1
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+            o = functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.transpose(1, 2).reshape(b * L, H * D), o_proj, residual=x)
             g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)
-            x = _mm(F.silu(g).mul_(u), down, residual=x)
+            x = _mm(functional.silu(g).mul_(u), down, residual=x)
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]
 
     # --- decode ----------------------------------------------------------------------
@@ -250,18 +250,18 @@ class LlamaRunner:
         s = self.slot
         cos, sin = self.cos[self.next_pos][:, None], self.sin[self.next_pos][:, None]  # [b, 1, D]
         attn_mask = self.key_bias[..., :s + 1]  # [b, 1, 1, s+1]
-        x = F.embedding(tokens, self.embed)  # [b, hidden]
+        x = functional.embedding(tokens, self.embed)  # [b, hidden]
         for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
             y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]
             qk = self._rope(y[:, :H + Hk], cos, sin)  # [b, H + Hk, D] one RoPE for q and k
             kc[:, :, s] = qk[:, H:]
             vc[:, :, s] = y[:, H + Hk:]
             q = qk[:, :H].view(b, Hk, G, D)  # the G query heads of a KV head act as a "length"
-            o = F.scaled_dot_product_attention(q, kc[:, :, :s + 1], vc[:, :, :s + 1],
+            o = functional.scaled_dot_product_attention(q, kc[:, :, :s + 1], vc[:, :, :s + 1],
                                                attn_mask=attn_mask, scale=self.scale)  # [b, Hk, G, D]
             x = _mm(o.reshape(b, H * D), o_proj, residual=x)
             g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)  # [b, I] each
-            x = _mm(F.silu(g).mul_(u), down, residual=x)
+            x = _mm(functional.silu(g).mul_(u), down, residual=x)
         self.slot += 1
         self.next_pos = self.next_pos + 1
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]

@@ -7,7 +7,7 @@ configure (as `PPOConfig` is):
     rollout    baton.workers.rollout.RolloutConfig       online: the sample generator
                                                          offline: held-out evaluation only
     reward     baton.workers.reward.RewardConfig         online: the scorer
-    dpo        baton.algos.dpo_config.DPOSection         the loss (actor), pairing and
+    dpo        baton.algos.dpo_config.DPOLossConfig         the loss (actor), pairing and
                                                          reference refresh (drivers)
     actor      baton.workers.actor.ActorConfig           actor
     placement  baton.controller.placement.PlacementConfig
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from baton.algos.dpo_config import DPOSection
+from baton.algos.dpo_config import DPOLossConfig
 from baton.controller.placement import PlacementConfig
 from baton.envs import TASKS
 from baton.models.config import ModelConfig
@@ -54,7 +54,7 @@ def _check_colocated_sync(rollout: RolloutConfig) -> None:
     resolve_weight_sync(rollout.weight_sync, "colocated", shares_module=engine_class(rollout.engine).shares_module)
 
 
-def _roles(dpo: DPOSection, *roles: str) -> list[str]:
+def _roles(dpo: DPOLossConfig, *roles: str) -> list[str]:
     return [r for r in roles if r != "reference" or not dpo.reference_free]
 
 
@@ -66,7 +66,7 @@ class DPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    dpo: DPOSection = field(default_factory=DPOSection)
+    dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: RolloutTrainerConfig = field(default_factory=lambda: RolloutTrainerConfig(run_dir="runs/online_dpo"))
@@ -124,7 +124,7 @@ class OfflineDPOConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PairDataConfig = field(default_factory=PairDataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # evaluation on data.task only
-    dpo: DPOSection = field(default_factory=DPOSection)
+    dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(run_dir="runs/offline_dpo"))

@@ -30,7 +30,7 @@ import torch
 from baton import fields as F
 from baton.algos import dpo_loss, sequence_logprobs
 from baton.algos.config import AlgoConfig
-from baton.algos.dpo_config import DPOSection
+from baton.algos.dpo_config import DPOLossConfig
 from baton.algos.logprobs import upcast
 from baton.algos.rpo import chosen_nll
 from baton.batch import Batch
@@ -66,7 +66,7 @@ class DPOActorWorker(ActorWorker):
     """`DPOActorWorker(model, actor, dpo, temperature=, max_new_tokens=, total_steps=, seed=)`:
     its own sections (model, actor, dpo) plus the run facts the update depends on."""
 
-    def __init__(self, model: ModelConfig, actor: ActorConfig, dpo: DPOSection, *,
+    def __init__(self, model: ModelConfig, actor: ActorConfig, dpo: DPOLossConfig, *,
                  temperature: float, max_new_tokens: int, total_steps: int, seed: int):
         # The PPO loss settings (AlgoConfig) are unused here: the DPO loss is `dpo`'s.
         super().__init__(model, actor, AlgoConfig(), temperature=temperature,

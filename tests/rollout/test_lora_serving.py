@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from baton.models.lora import LoraSection, adapter_config, adapter_tensors, apply_lora, save_adapter
+from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora, save_adapter
 from baton.models.tiny import build_tiny_model
 from baton.rollout.engine import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
@@ -33,7 +33,7 @@ def tiny_llama():
 
 def trained_peft(seed=1):
     """A peft model whose adapters are not zero (peft starts lora_B at 0: a no-op)."""
-    pm = apply_lora(tiny_llama(), LoraSection(rank=4, alpha=8))
+    pm = apply_lora(tiny_llama(), LoraAdapterConfig(rank=4, alpha=8))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in pm.named_parameters():

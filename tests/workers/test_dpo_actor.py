@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from baton import fields as F
-from baton.algos.dpo_config import DPOSection
+from baton.algos.dpo_config import DPOLossConfig
 from baton.batch import Batch
 from baton.controller import ResourcePool, WorkerGroup
 from baton.models.config import ModelConfig
@@ -71,7 +71,7 @@ def actor_group(model_dir, backend="local", world_size=1, micro=16, mini=0, lr=1
     return WorkerGroup(ResourcePool(world_size, backend=backend), DPOActorWorker,
                        ModelConfig(path=model_dir, dtype="float64"),
                        ActorConfig(lr=lr, micro_batch_size=micro, mini_batch_size=mini, grad_clip=1e9),
-                       DPOSection(**dpo), temperature=1.0, max_new_tokens=6, total_steps=1, seed=0)
+                       DPOLossConfig(**dpo), temperature=1.0, max_new_tokens=6, total_steps=1, seed=0)
 
 
 def update_and_weights(model_dir, out, batch, **kw):
@@ -174,7 +174,7 @@ def test_reference_takes_the_actor_weights(model_dir):
     batch = with_ref(pair_rows(rows, *pairs_of(rows)))
     pool = ResourcePool(1)
     actor = WorkerGroup(pool, DPOActorWorker, ModelConfig(path=model_dir),
-                        ActorConfig(lr=1e-2, micro_batch_size=16), DPOSection(),
+                        ActorConfig(lr=1e-2, micro_batch_size=16), DPOLossConfig(),
                         temperature=1.0, max_new_tokens=6, total_steps=1, seed=0)
     ref = WorkerGroup(pool, ReferenceWorker, ModelConfig(path=model_dir), temperature=1.0, micro_batch_size=16)
     try:

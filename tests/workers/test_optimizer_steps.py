@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from baton.algos.dpo_config import DPOSection
+from baton.algos.dpo_config import DPOLossConfig
 from baton.batch import Batch
 from baton.controller import Dispatch, ResourcePool, WorkerGroup, register
 from baton.models.config import ModelConfig
@@ -135,7 +135,7 @@ def build(role, model_dir, offload):
         return g, lambda b: g.update_critic(b).get()[0], "critic", "critic/vf_loss"
     actor = ActorConfig(offload=offload, micro_batch_size=2)
     if role == "dpo":
-        g = WorkerGroup(pool, DPOProbe, ModelConfig(path=model_dir), actor, DPOSection(),
+        g = WorkerGroup(pool, DPOProbe, ModelConfig(path=model_dir), actor, DPOLossConfig(),
                         temperature=1.0, max_new_tokens=4, total_steps=2, seed=0)
         return g, lambda b: g.update_dpo(pair_rows(b, torch.tensor([0, 2]), torch.tensor([1, 3])))[0], \
             "actor", "actor/loss"
