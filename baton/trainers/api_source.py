@@ -57,10 +57,12 @@ WAIT_REPORT_S = 10.0  # how often a waiting trainer says what it waits for
 ENSURE_EVERY_S = 5.0  # how often a waiting trainer checks the servers' weight versions
 
 
-def _context_length(model_path: str, default: int = 2048) -> int:
+def _model_limit(model_path: str, key: str, default: int | None) -> int | None:
+    """`key` of the model's config.json (max_position_embeddings, vocab_size), else `default`."""
     try:
         with open(os.path.join(model_path, "config.json")) as f:
-            return int(json.load(f).get("max_position_embeddings") or default)
+            value = json.load(f).get(key)
+            return int(value) if value else default
     except (OSError, ValueError):
         return default
 
@@ -87,7 +89,11 @@ class ApiSource:
         self.client = APIClient(d.api_url, token=os.environ.get("BATON_API_TOKEN") or None, retry_for_s=None,
                                 name="trainer")
         self.stale_groups = 0
-        self.client.register(batch_size=self.batch_size, max_token_len=_context_length(cfg.model.path),
+        self.acked = 0  # at-least-once: the batch_id of the last batch received, acknowledged with the next request
+        # group_size / vocab_size: the API refuses (422) pushes this trainer could not train on
+        self.client.register(batch_size=self.batch_size, max_token_len=_model_limit(cfg.model.path,
+                                                                                     "max_position_embeddings", 2048),
+                             group_size=self.group_size, vocab_size=_model_limit(cfg.model.path, "vocab_size", None),
                              checkpoint_dir=os.path.join(t.run_dir, "checkpoints"),
                              save_checkpoint_interval=t.save_every, starting_step=state.step, num_steps=t.steps,
                              wandb_group=os.path.basename(os.path.normpath(t.run_dir)), wandb_project="baton",
@@ -107,9 +113,12 @@ class ApiSource:
         version = step - 1  # the weights the trainer has now
         t0 = last_report = time.monotonic()
         while True:
-            out = self.client.batch(version=version, max_staleness=self.max_staleness)
+            # ack: the previous batch was trained (this request comes after its step); an
+            # unacknowledged one (a trainer that died mid-step) is served again
+            out = self.client.batch(version=version, max_staleness=self.max_staleness, ack=self.acked)
             self.stale_groups += int(out.get("stale_groups") or 0)
             if out.get("batch") is not None:
+                self.acked = int(out.get("batch_id") or 0)
                 batch = groups_to_batch(out["batch"], self.tokenizer, self.pad_id, self.group_size)
                 if F.ROLLOUT_LOGPROBS not in batch:  # the environment kept no logprobs: the trainer's own
                     batch[F.ROLLOUT_LOGPROBS] = self.actor.compute_logprobs(batch).get()[F.OLD_LOGPROBS]
