@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.padding import position_ids
 
 
@@ -26,7 +27,7 @@ class HFRunner:
         params = inspect.signature(model.forward).parameters
         self.takes_position_ids = "position_ids" in params
         self.extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_kwarg(model.forward)
         self.cache = self.mask = self.next_pos = None
 
     def pack(self, lora=None) -> None:  # nothing to pre-pack: HF reads its parameters itself
@@ -43,7 +44,7 @@ class HFRunner:
         if self.takes_position_ids:
             kwargs["position_ids"] = pos
         out = self.model(**kwargs)
-        self.cache = out["cache"] if "cache" in out else out.past_key_values  # may be a new cache object
+        self.cache = output_cache(out)  # may be a new cache object
         return out.logits[:, -1]  # [b, V]
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int) -> torch.Tensor:

@@ -39,6 +39,7 @@ from baton import fields as F
 from baton.algos import LOSS_AGG, critic_loss
 from baton.algos.logprobs import upcast
 from baton.batch import Batch
+from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
@@ -105,7 +106,7 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32, seed: int = 
 class _ScoreView:
     """The value model seen as `sequences._pieces_shared_prompt` expects a causal LM: called
     with ids / mask / positions / cache, returns `.logits` (here the head's [.., 1] values)
-    and `.past_key_values`, so the critic shares each prompt's forward across its group
+    and its KV cache, so the critic shares each prompt's forward across its group
     exactly as the actor does."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -113,8 +114,8 @@ class _ScoreView:
 
     def __call__(self, **inputs: Any) -> SimpleNamespace:
         out = self.model.base_model(**inputs)
-        return SimpleNamespace(logits=self.model.score(out.last_hidden_state),
-                               past_key_values=out.past_key_values)
+        return SimpleNamespace(logits=self.model.score(out.last_hidden_state), cache=output_cache(out),
+                               forward=self.model.base_model.forward)
 
 
 def prefix_values(model: torch.nn.Module, batch: Batch, share_prompts: bool = True) -> torch.Tensor:

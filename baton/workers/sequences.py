@@ -23,6 +23,7 @@ from baton.algos import entropy_from_logits, logprobs_from_logits
 from baton.algos.linear_logprobs import linear_logprobs
 from baton.algos.logprobs import upcast
 from baton.batch import Batch
+from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.padding import position_ids
 
 
@@ -75,7 +76,7 @@ class _HiddenView:
 
     def __call__(self, **inputs: Any) -> SimpleNamespace:
         out = self.backbone(**inputs)
-        return SimpleNamespace(logits=out.last_hidden_state, past_key_values=out.past_key_values)
+        return SimpleNamespace(logits=out.last_hidden_state, cache=output_cache(out), forward=self.backbone.forward)
 
 
 def _logits_full(model: Any, batch: Batch, device: torch.device) -> torch.Tensor:
@@ -135,7 +136,8 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
     p_pos = position_ids(p_mask)  # [U, P]
     out = model(input_ids=batch[F.PROMPT_IDS][first].to(device), attention_mask=p_mask,
                 position_ids=p_pos, use_cache=True)
-    layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # [U, H, P, D] each
+    layers = [(layer.keys, layer.values) for layer in output_cache(out).layers]  # [U, H, P, D] each
+    cache_arg = cache_kwarg(getattr(out, "forward", None) or model.forward)
     first_logits = out.logits[:, -1]  # [U, V]: the last prompt position predicts token 0
     p_len = p_mask.sum(-1)  # [U]
     run = run.to(device)
@@ -150,7 +152,7 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
         r_pos = p_len[src, None] + torch.arange(L, device=device)  # [b, L] continues the prompt
         r_logits = model(input_ids=batch[F.RESPONSE_IDS][rows, :L].to(device),
                          attention_mask=mask.long().to(device), position_ids=r_pos,
-                         past_key_values=cache, use_cache=True).logits  # [b, L, V]
+                         use_cache=True, **{cache_arg: cache}).logits  # [b, L, V]
         yield rows, torch.cat([first_logits[src][:, None], r_logits[:, :-1]], dim=1)  # [b, L, V]
 
 
