@@ -37,6 +37,7 @@ rows across all data-parallel ranks.
 from __future__ import annotations
 
 import inspect
+import shlex
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
@@ -216,6 +217,13 @@ class PPOConfig:
             if set_keys:
                 raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (the environments score "
                                  f"the rows); remove the reward section (a reward_model still adds its score)")
+        for entry in d.envs:  # what `baton launch` starts: a group size of its own would never fill a batch
+            words = shlex.split(entry)
+            for flag in ("--group-size", "--group_size"):
+                if flag in words[:-1] and words[words.index(flag) + 1] != str(self.rollout.n):
+                    raise ValueError(f"data.envs: {entry!r} sets {flag} {words[words.index(flag) + 1]}, but the trainer "
+                                     f"compares groups of rollout.n={self.rollout.n}: drop {flag} (launch passes "
+                                     f"rollout.n) or set rollout.n")
         if d.source == "api" and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
                              f"data.source=api the rows come from the environments (trainer.max_staleness bounds "

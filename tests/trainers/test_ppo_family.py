@@ -143,3 +143,12 @@ def test_combinations_that_cannot_run_are_refused_by_name(model_dir, tmp_path):
     assert cfg.algorithm == "grpo" and cfg.algo.advantage == "grpo"
     assert config("ppo_arithmetic.yaml", model_dir, tmp_path, *CRITIC, "algo.advantage=").algo.advantage == "gae"
     assert F.GROUP_INDEX == "group_index"
+
+
+def test_an_environment_whose_group_size_differs_is_refused_at_start(tmp_path):
+    """`baton launch` would start an environment pushing groups of 4 to a trainer comparing
+    groups of 8 (the batch never fills): one line naming both, before anything is written."""
+    with pytest.raises(ConfigError, match="sets --group-size 4, but the trainer compares groups of rollout.n=8"):
+        load_config(PPOConfig, REPO / "recipes/grpo_arithmetic_api.yaml",
+                    [f"trainer.run_dir={tmp_path / 'never'}", 'data.envs=["arithmetic --group-size 4"]'])
+    assert not (tmp_path / "never").exists()
