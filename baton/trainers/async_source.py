@@ -153,8 +153,9 @@ def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSourc
     """The row source of a GRPO run's own rollout role: colocated (`RolloutSource`: sync,
     in place) or on a pool of its own (`GeneratorSource`: `trainer.mode` decides how far it
     runs ahead; it scores the rows when the reward role is not on the actor's pool)."""
-    if not apart(cfg):
-        return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step)
+    if not apart(cfg):  # ReMax: also one greedy response per prompt
+        return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step,
+                             greedy_baseline=getattr(cfg, "remax", False))
     p = cfg.placement
     scores = p.pool_of("reward") != p.pool_of("actor")
     return GeneratorSource(roles["rollout"], roles["policy_weights"], state, cfg.data.prompts_per_step,

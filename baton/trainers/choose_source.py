@@ -8,9 +8,8 @@ from typing import Any
 from baton.trainers.api_source import ApiSource
 from baton.trainers.async_source import rollout_source
 from baton.trainers.episode_source import EpisodeSource
-from baton.trainers.placement import apart
 from baton.trainers.run_state import RunState
-from baton.trainers.sources import RolloutSource, RowSource
+from baton.trainers.sources import RowSource
 
 
 def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
@@ -22,6 +21,4 @@ def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
         return ApiSource(cfg, roles["actor"], state, probe_prompt=probe)
     if cfg.data.source == "agent":
         return EpisodeSource(cfg.agent, roles["rollout"], state, cfg.data.prompts_per_step)
-    if apart(cfg):
-        return rollout_source(cfg, roles, state)
-    return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step, greedy_baseline=getattr(cfg, "remax", False))
+    return rollout_source(cfg, roles, state)

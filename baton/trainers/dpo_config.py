@@ -46,14 +46,6 @@ def _check_pair_sizes(actor: ActorConfig, world_size: int) -> None:
                          f"placement.world_size={world_size} ranks whole pairs (a multiple of {2 * world_size})")
 
 
-def _check_colocated_sync(rollout: RolloutConfig) -> None:
-    """DPO's rollout engine sits beside the actor: rollout.weight_sync must reach it."""
-    from baton.rollout.engines import engine_class
-    from baton.sync import resolve_weight_sync
-
-    resolve_weight_sync(rollout.weight_sync, "colocated", shares_module=engine_class(rollout.engine).shares_module)
-
-
 def _roles(dpo: DPOLossConfig, *roles: str) -> list[str]:
     return [r for r in roles if r != "reference" or not dpo.reference_free]
 
@@ -87,7 +79,7 @@ class DPOConfig:
             raise ValueError(f"rollout.temperature=0 makes the {self.rollout.n} samples of a prompt "
                              f"identical: every score ties and no pair is made (use a temperature > 0)")
         self.placement.check(self.roles, same_pool=("actor", "rollout"))
-        _check_colocated_sync(self.rollout)
+        self.rollout.check_sync("colocated")  # DPO's engine sits beside the actor
         ws = self.placement.world_size
         if self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.prompts_per_step="
@@ -145,7 +137,7 @@ class OfflineDPOConfig:
                 raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
                                  f"greedy, and 4 samples at rollout.temperature)")
         self.placement.check(self.roles, same_pool=("actor", "rollout") if self.data.task else ())
-        _check_colocated_sync(self.rollout)
+        self.rollout.check_sync("colocated")  # DPO's engine sits beside the actor
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.pairs_per_step={self.data.pairs_per_step}")

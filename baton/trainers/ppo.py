@@ -99,7 +99,7 @@ def total_reward(cfg: PPOConfig, batch: Batch, overlong: bool = True) -> dict[st
     return {**out, F.REWARDS: total.float()}
 
 
-def score(cfg: PPOConfig, roles: dict[str, Any], batch: Batch) -> Batch:
+def score(roles: dict[str, Any], batch: Batch) -> Batch:
     for future in score_futures(roles, batch):
         batch = batch.union(future.get())
     return batch
@@ -112,7 +112,7 @@ def baseline_scores(cfg: PPOConfig, roles: dict[str, Any], batch: Batch) -> torc
     firsts = batch.rows(torch.arange(0, len(batch), n))
     greedy = Batch(non_tensors=dict(firsts.non_tensors))
     greedy[F.COMPLETION_TEXT] = list(firsts[BASELINE_COMPLETION])
-    return total_reward(cfg, score(cfg, roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
+    return total_reward(cfg, score(roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
 
 
 # --- sampling ----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tup
     dropped: list[Batch] = []
     drawn = rounds = 0
     while True:
-        rows = score(cfg, roles, source.rows(step, draw=rounds))
+        rows = score(roles, source.rows(step, draw=rounds))
         keep = dynamic_sampling_filter(total_reward(cfg, rows)[F.REWARDS], n)  # [P] groups with a signal
         drawn += len(keep)
         rows_keep = keep.repeat_interleave(n)  # [P*n]

@@ -257,9 +257,6 @@ class PPOConfig:
     def _check_weight_sync(self) -> None:
         """rollout.weight_sync must reach where the engine is: beside the actor, a generator
         on a pool of its own, or the servers of data.source=api (baton.sync.registry)."""
-        from baton.rollout.engines import engine_class
-        from baton.sync import resolve_weight_sync
-
         p = self.placement
         where = ("servers" if self.data.source == "api" else
                  "generator" if p.pool_of("rollout") != p.pool_of("actor") else "colocated")
@@ -267,7 +264,7 @@ class PPOConfig:
                 and self.rollout.weight_sync == "broadcast":
             raise ValueError("rollout.weight_sync=broadcast needs the generator in a process of its own: "
                              "placement.backend=ray, or a trainer.mode that overlaps (one_step_off, async)")
-        resolve_weight_sync(self.rollout.weight_sync, where, shares_module=engine_class(self.rollout.engine).shares_module)
+        self.rollout.check_sync(where)
 
     def _check_sizes(self) -> None:
         rows, ws = self.data.prompts_per_step * self.rollout.n, self.placement.world_size

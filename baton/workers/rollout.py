@@ -66,6 +66,11 @@ class RolloutConfig:
         except ValueError as e:
             raise ValueError(f"rollout: {e}") from None
 
+    def check_sync(self, where: str) -> str:
+        """`weight_sync` resolved for an engine `where` ("colocated", "generator", "servers"):
+        auto made concrete, an explicit name the placement cannot use refused (one line)."""
+        return resolve_weight_sync(self.weight_sync, where, shares_module=engine_class(self.engine).shares_module)
+
 
 def completions_to_batch(prompts: Batch, prompt_ids: list[list[int]], done: list[Completion],
                          n: int, pad_id: int, tokenizer) -> Batch:
