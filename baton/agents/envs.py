@@ -2,8 +2,10 @@
 
 calculator  multi-digit multiplication with a `calc` tool; reward 1 for the exact product
             as the final answer (a turn without a tool call)
-guess       guess a number in [lo, hi]: the env answers "higher" / "lower"; per-turn reward
-            0.1 for a guess consistent with all feedback so far, final reward 1 if found
+guess       guess a number in [lo, hi] (from a prompt "LO..HI=" as the task `guess` writes,
+            else env_args lo / hi): the env answers "higher" / "lower" (+ env_args suffix);
+            per-turn reward 0.1 for a guess consistent with all feedback so far, final
+            reward 1 if found
 An env class is built per trajectory as `Env(row, tools=..., tool_timeout_s=..., **env_args)`.
 """
 
@@ -70,14 +72,18 @@ class GuessEnv(ToolEpisode):
     TOOLS: dict = {}
 
     def __init__(self, row: dict, tools: list[str] | None = None, tool_timeout_s: float = 10.0,
-                 lo: int = 1, hi: int = 20):
-        super().__init__([{"role": "user", "content": row.get("prompt", f"guess {lo}-{hi}:")}], [])
-        self.secret, self.lo, self.hi = int(row["answer"]), lo, hi
+                 lo: int = 1, hi: int = 20, suffix: str = ""):
+        prompt = row.get("prompt", f"guess {lo}-{hi}:")
+        given = re.fullmatch(r"(\d+)\.\.(\d+)=", prompt)
+        self.suffix = suffix  # e.g. "=": the arithmetic warm start answers a number after it
+        super().__init__([{"role": "user", "content": prompt}], [])
+        self.secret = int(row["answer"])
+        self.lo, self.hi = (int(given[1]), int(given[2])) if given else (lo, hi)
 
     async def step(self, turn: AssistantTurn) -> Observation:
         text = turn.text.strip()
         if not re.fullmatch(r"-?\d+", text):
-            return Observation([{"role": "user", "content": "a number"}], reward=0.0)
+            return Observation([{"role": "user", "content": "a number" + self.suffix}], reward=0.0)
         g = int(text)
         consistent = self.lo <= g <= self.hi
         if g == self.secret:
@@ -86,7 +92,7 @@ class GuessEnv(ToolEpisode):
             self.lo = max(self.lo, g + 1)
         else:
             self.hi = min(self.hi, g - 1)
-        return Observation([{"role": "user", "content": "higher" if g < self.secret else "lower"}],
+        return Observation([{"role": "user", "content": ("higher" if g < self.secret else "lower") + self.suffix}],
                            reward=0.1 if consistent else 0.0)
 
     def finish(self, turn: AssistantTurn) -> Observation:  # unused: step handles every turn

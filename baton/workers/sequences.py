@@ -27,9 +27,17 @@ from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.padding import position_ids
 
 
+def response_attention(batch: Batch) -> torch.Tensor:
+    """[B, R] 1 on every response token up to the row's last loss token: the loss mask with
+    its holes filled. A multi-turn row's observation tokens (loss mask 0) are context the
+    policy saw, so they are attended to; for a single-turn row this is the loss mask."""
+    mask = batch[F.RESPONSE_MASK].long()
+    return mask.flip(1).cummax(1).values.flip(1)
+
+
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     prompt_ids, response_ids = batch[F.PROMPT_IDS], batch[F.RESPONSE_IDS]  # [B, P], [B, R]
-    mask = torch.cat([batch[F.PROMPT_MASK], batch[F.RESPONSE_MASK]], dim=1).long()  # [B, T]
+    mask = torch.cat([batch[F.PROMPT_MASK].long(), response_attention(batch)], dim=1)  # [B, T]
     return {"input_ids": torch.cat([prompt_ids, response_ids], dim=1),
             "attention_mask": mask, "position_ids": position_ids(mask)}  # [B, T] each
 
@@ -141,14 +149,15 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
     first_logits = out.logits[:, -1]  # [U, V]: the last prompt position predicts token 0
     p_len = p_mask.sum(-1)  # [U]
     run = run.to(device)
-    lengths = batch[F.RESPONSE_MASK].sum(1)  # [B]
+    attn = response_attention(batch)  # [B, R]
+    lengths = attn.sum(1)  # [B]
     for rows in length_buckets(lengths):
         L = max(1, int(lengths[rows].max()))
         src = run[rows.to(device)]  # [b] prompt of each row
         cache = DynamicCache()
         for i, (k, v) in enumerate(layers):
             cache.update(k[src], v[src], i)
-        mask = torch.cat([batch[F.PROMPT_MASK][rows], batch[F.RESPONSE_MASK][rows, :L]], 1)  # [b, P+L]
+        mask = torch.cat([batch[F.PROMPT_MASK][rows].long(), attn[rows, :L]], 1)  # [b, P+L]
         r_pos = p_len[src, None] + torch.arange(L, device=device)  # [b, L] continues the prompt
         r_logits = model(input_ids=batch[F.RESPONSE_IDS][rows, :L].to(device),
                          attention_mask=mask.long().to(device), position_ids=r_pos,

@@ -60,3 +60,31 @@ def test_greedy_episodes_for_evaluation(roles):
     assert len(rows) + sum(rows.meta["agent_stats"]["dropped"].values()) == 3  # one per prompt
     m = agent_metrics(rows, rows.meta["agent_stats"], 3)
     assert set(m) == {"accuracy", "tool_call_ok", "first_turn_call_ok"}
+
+
+
+def test_trainer_logprobs_match_the_engine_across_observations(tmp_path):
+    """The trainer's logprobs of multi-turn rows equal the engine's behaviour logprobs on every
+    policy token, with the shared-prompt forward and without: observation tokens (loss mask 0)
+    are attended to as context (`sequences.response_attention`), not masked out."""
+    from baton.agents.rollout import run_episodes
+    from baton.batch import collate
+    from baton.envs import get_task
+    from baton.models.load import load_model, load_tokenizer
+    from baton.protocol import SamplingParams
+    from baton.rollout.engine import EmbeddedEngine
+    from baton.workers.sequences import response_logprobs
+
+    model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=3))
+    model, tok = load_model(model_dir).eval(), load_tokenizer(model_dir)
+    torch.manual_seed(0)
+    rows, _ = run_episodes(EmbeddedEngine(model, tok), tok, collate(get_task("guess").train_rows(3)), 2,
+                           AgentConfig(env="guess", max_turns=3, max_tokens=24, turn_max_new_tokens=3),
+                           SamplingParams(temperature=1.0, max_new_tokens=3))
+    mask = rows[F.RESPONSE_MASK].bool()
+    assert (~mask[:, :-1] & mask[:, 1:]).any()  # a policy turn after an observation
+    for share in (True, False):
+        with torch.no_grad():
+            lp = response_logprobs(model, rows, share_prompts=share)[0]
+        diff = (lp.double() - rows[F.ROLLOUT_LOGPROBS].double())[mask].abs().max().item()
+        assert diff < 1e-4, (share, diff)
