@@ -1,4 +1,5 @@
-"""`AgentConfig`: the recipe's `agent:` section (multi-turn episodes with tools)."""
+"""`AgentConfig`: the recipe's `agent:` section (multi-turn episodes with tools);
+`GatewayAgentConfig`: its `gateway:` section (an OpenAI-speaking agent through the gateway)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,31 @@ class AgentConfig:
         bad = [t for t in (self.tools or []) if t not in known]
         if bad:
             raise ValueError(f"agent.tools: {bad} are not tools of env {self.env!r}; it has {sorted(known)}")
+
+
+@dataclass
+class GatewayAgentConfig:
+    """The recipe's `gateway:` section (data.source: gateway, baton/agents/gateway_run.py): an
+    agent that only speaks the OpenAI API, `async def agent(base_url, api_key, row) -> float`,
+    run `rollout.n` times per prompt against session-scoped endpoints of a gateway in front of
+    the rollout engine; each session's recorded tokens are a row, the returned float its reward."""
+    agent: str = ""  # "module:attr" of the async agent function
+    max_tokens: int = 256  # per request that gives no max_tokens
+    max_session_tokens: int | None = None  # token budget of one session (past it: a 400 the agent sees)
+    session_timeout_s: float = 300.0  # an agent running longer is dropped ("deadline"), never scored 0
+
+    def check(self) -> None:
+        import inspect
+
+        from baton.user_modules import is_spec, load_object
+
+        if not is_spec(self.agent):
+            raise ValueError(f"gateway.agent must be a 'module:attr' async function, got {self.agent!r}")
+        fn = load_object(self.agent, "gateway.agent")
+        if not inspect.iscoroutinefunction(fn):
+            raise ValueError(f"gateway.agent {self.agent!r} is not an async function "
+                             f"(async def agent(base_url, api_key, row) -> float)")
+        if self.max_tokens < 1 or (self.max_session_tokens is not None and self.max_session_tokens < 1):
+            raise ValueError("gateway.max_tokens and gateway.max_session_tokens must be >= 1")
+        if not self.session_timeout_s > 0:
+            raise ValueError(f"gateway.session_timeout_s must be > 0, got {self.session_timeout_s}")

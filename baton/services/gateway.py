@@ -185,8 +185,9 @@ class Gateway:
     """Session-scoped OpenAI endpoints in front of one engine (module docstring)."""
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str = "baton", default_max_tokens: int = 256,
-                 max_session_tokens: int | None = None):
+                 max_session_tokens: int | None = None, temperature: float | None = None):
         self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.temperature = temperature  # not None: replaces the agent's (the trainer's policy temperature)
         self.default_max_tokens, self.max_session_tokens = default_max_tokens, max_session_tokens
         self.sessions: dict[str, Session] = {}
         self.finished: list[str] = []  # session ids, in the order their rewards came
@@ -340,7 +341,8 @@ class Gateway:
                                              f"{self.max_session_tokens}")
                 max_new = min(max_new, room)
             try:
-                params = SamplingParams(n=1, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
+                temperature = req.temperature if self.temperature is None else self.temperature
+                params = SamplingParams(n=1, max_new_tokens=max_new, temperature=temperature, top_p=req.top_p,
                                         top_k=max(req.top_k, 0), min_p=req.min_p, stop=stop_list(req.stop),
                                         stop_token_ids=list(req.stop_token_ids or []), seed=req.seed,
                                         ignore_eos=req.ignore_eos)

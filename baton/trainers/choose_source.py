@@ -7,13 +7,13 @@ from typing import Any
 
 from baton.trainers.api_source import ApiSource
 from baton.trainers.async_source import rollout_source
-from baton.trainers.episode_source import EpisodeSource
+from baton.trainers.episode_source import EpisodeSource, SessionSource
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RowSource
 
 
 def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
-    """The source `cfg` asks for: `data.source` (rollout | api | agent), and for this run's own
+    """The source `cfg` asks for: `data.source` (rollout | api | agent | gateway), and for this run's own
     rollout whether it sits beside the actor (`RolloutSource`) or on a pool of its own
     (`GeneratorSource`, as far ahead as `trainer.mode` allows)."""
     probe = state.eval_rows[0]["prompt"]
@@ -21,4 +21,6 @@ def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
         return ApiSource(cfg, roles["actor"], state, probe_prompt=probe)
     if cfg.data.source == "agent":
         return EpisodeSource(cfg.agent, roles["rollout"], state, cfg.data.prompts_per_step)
+    if cfg.data.source == "gateway":
+        return SessionSource(cfg.gateway, roles["rollout"], state, cfg.data.prompts_per_step)
     return rollout_source(cfg, roles, state)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from baton import fields as F
-from baton.agents.config import AgentConfig
+from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.batch import Batch
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RolloutSource
@@ -55,6 +55,36 @@ class EpisodeSource(RolloutSource):
             elif isinstance(value, (int, float)):
                 out[f"agent/{key}"] = float(value)
         return out
+
+
+class SessionSource(EpisodeSource):
+    """`data.source: gateway`: rows are sessions of an OpenAI-speaking agent through a gateway
+    on the rollout role's engine (`RolloutWorker.generate_sessions`, baton.agents.gateway_run);
+    group_index as EpisodeSource, metrics agent/* (sessions, drops by kind)."""
+
+    def __init__(self, cfg: GatewayAgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
+        cfg.check()
+        RolloutSource.__init__(self, rollout, state, prompts_per_step)
+        self.cfg = cfg
+        self.last_stats = {}
+
+    def rows(self, step: int) -> Batch:
+        prompts = self.state.next_prompts(self.prompts_per_step)
+        rows = self.rollout.generate_sessions(prompts, step, asdict(self.cfg))
+        if len(rows):  # groups numbered by the gateway per call: step-unique here
+            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
+        self.last_stats = rows.meta.get("agent_stats", {})
+        return rows
+
+
+def evaluate_sessions(rollout: Any, cfg: GatewayAgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Held-out sessions, one per prompt at temperature 0: the agent's mean reward (a dropped
+    session counting 0) as eval/accuracy_greedy."""
+    from baton.batch import collate
+
+    rows = rollout.generate_sessions(collate(eval_rows), 0, asdict(cfg), True)
+    total = rows[F.REWARDS].sum().item() if len(rows) else 0.0
+    return {"eval/accuracy_greedy": total / max(len(eval_rows), 1)}
 
 
 def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -56,7 +56,7 @@ from baton.trainers.ppo_config import PPOConfig, estimator_reads
 from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
 from baton.trainers.choose_source import row_source
-from baton.trainers.episode_source import evaluate_episodes
+from baton.trainers.episode_source import evaluate_episodes, evaluate_sessions
 from baton.trainers.step_metrics import check_sync, step_metrics
 from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
@@ -211,6 +211,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
 
         run.start(state, restore=restore, guard=CriticAwareGuard(t.max_nonfinite_steps),
                   evaluate=(lambda: evaluate_episodes(roles["rollout"], cfg.agent, state.eval_rows)) if cfg.agent
+                  else (lambda: evaluate_sessions(roles["rollout"], cfg.gateway, state.eval_rows)) if cfg.gateway
                   else lambda: evaluate(roles["rollout"], state.eval_rows))
         for step, timed in run.steps():
             with timed("rollout"):

@@ -42,7 +42,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
-from baton.agents.config import AgentConfig
+from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.algos import ADVANTAGES
 from baton.algos.config import (AlgoConfig, check_advantage_inputs, check_algo_dependencies, check_algo_names,
                                 check_algo_ranges)
@@ -113,6 +113,7 @@ class PPOConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig | None = None
     agent: AgentConfig | None = None  # data.source: agent (multi-turn episodes with tools)
+    gateway: GatewayAgentConfig | None = None  # data.source: gateway (an OpenAI-speaking agent)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: RLTrainerConfig = field(default_factory=RLTrainerConfig)
 
@@ -150,7 +151,7 @@ class PPOConfig:
             self.reward.check()
         elif self.reward_model is None and self.data.source == "rollout":
             raise ValueError("reward.functions is empty and there is no reward_model: nothing scores the rollouts")
-        for section in (self.reward_model, self.critic, self.agent):
+        for section in (self.reward_model, self.critic, self.agent, self.gateway):
             if section is not None:
                 section.check()
         self._check_algo()
@@ -200,14 +201,16 @@ class PPOConfig:
                                  f"run's colocated rollout; {where} does not sample one")
         if (d.source == "agent") != (self.agent is not None):
             raise ValueError("data.source=agent runs the episodes its `agent:` section describes: give both or neither")
-        if d.source == "agent":
+        if (d.source == "gateway") != (self.gateway is not None):
+            raise ValueError("data.source=gateway runs the agent its `gateway:` section names: give both or neither")
+        if d.source in ("agent", "gateway"):
             where = f"trainer.mode={mode}" if mode != "sync" else (
                 "a rollout on a pool of its own" if self.placement.pool_of("rollout") != self.placement.pool_of("actor")
                 else None)
             if where:
-                raise ValueError(f"data.source=agent runs its episodes on the rollout role beside the actor; {where} "
+                raise ValueError(f"data.source={d.source} runs its episodes on the rollout role beside the actor; {where} "
                                  f"is not supported for episodes yet: use trainer.mode=sync and a colocated rollout")
-        if d.source in ("api", "agent"):  # the environments score (and, with api, sample): keys that rest
+        if d.source in ("api", "agent", "gateway"):  # the environments score (and, with api, sample): keys that rest
             r, defaults = self.rollout, RolloutConfig()
             for key in ("top_p", "top_k") if d.source == "api" else ():
                 if getattr(r, key) != getattr(defaults, key):

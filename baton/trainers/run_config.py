@@ -11,7 +11,7 @@ from baton.metrics import SINKS, check_sinks
 from baton.user_modules import is_spec
 
 
-DATA_SOURCES = ("rollout", "api", "agent")
+DATA_SOURCES = ("rollout", "api", "agent", "gateway")
 API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
@@ -26,7 +26,8 @@ class DataConfig:
     # Where a step's rows come from: "rollout" (this run's rollout role), "api" (batches
     # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py) or "agent"
     # (multi-turn episodes with tools beside the actor: the `agent:` section,
-    # trainers/episode_source.py).
+    # trainers/episode_source.py) or "gateway" (an OpenAI-speaking agent's sessions through
+    # a gateway on the rollout engine: the `gateway:` section).
     source: str = "rollout"
     api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
     servers: list[str] = field(default_factory=list)  # `baton serve` URLs kept on the trainer's weights

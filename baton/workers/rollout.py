@@ -165,6 +165,20 @@ class RolloutWorker(Worker):
             self.engine.sleep()
         return rows
 
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def generate_sessions(self, prompts: Batch, step: int, gateway_cfg: dict, greedy: bool = False) -> Batch:
+        """Rows of an OpenAI-speaking agent's sessions through a gateway on this engine
+        (data.source: gateway, baton.agents.gateway_run): rollout.n per prompt at the run's
+        temperature (one at temperature 0 with greedy: evaluation). Hook of s-agents."""
+        from baton.agents.config import GatewayAgentConfig
+        from baton.agents.gateway_run import run_sessions
+
+        rows = run_sessions(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
+                            GatewayAgentConfig(**gateway_cfg), 0.0 if greedy else self.cfg.temperature)
+        if not self.policy.in_place:
+            self.engine.sleep()
+        return rows
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int, check: bool = False) -> float | None:
         """Push the policy's weights to the engine as `version` (colocated: in place).
