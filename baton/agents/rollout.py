@@ -191,6 +191,7 @@ def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
     statuses = Counter(s for r in kept for s in r.traj.statuses)
     stats["tool_status"] = dict(statuses)
     stats["turns_mean"] = sum(r.traj.turns for r in kept) / max(len(kept), 1)
+    stats["turn_reward_mean"] = sum(sum(r.traj.turn_rewards) for r in kept) / max(len(kept), 1)
     mismatches = Counter(m.kind for r in kept for m in r.traj.check())
     stats["token_mismatch"] = dict(mismatches)
     if not kept:

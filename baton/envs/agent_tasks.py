@@ -2,15 +2,17 @@
 
 multiply     "123*45=" -> "5535": RL prompts for the calculator env (2-3 digit operands;
              a 1M-param model cannot multiply these by itself)
-calc_format  the SFT warm start that teaches the call format but not when to use it:
-             `copy_rate` of the rows are the conversation after the tool answered -> the
-             tool's result copied as the answer; the others are "a*b=" -> the calc tool
-             call for `call_rate` of them, and -> the product answered directly (which
-             the model cannot learn) for the rest. So the warm model calls the tool in a
-             minority of sampled episodes and greedily answers by itself: GRPO has to
-             learn that calling pays (the tiny tokenizer's chat template renders user /
-             tool text raw and ends assistant turns in <eos>, so these prompts are
-             exactly what the episode shows the model)
+calc_format  stage 1 of the SFT warm start (checkpoints/calc-sft): the call format. Half
+             the rows are "a*b=" -> the calc tool call, half are the conversation after
+             the tool answered -> the tool's result copied as the answer (the tiny
+             tokenizer's chat template renders user / tool text raw and ends assistant
+             turns in <eos>, so these prompts are exactly what the episode shows the model)
+calc_mixed   stage 2 (checkpoints/calc-sft-mixed, a short SFT from calc-sft): a weak policy
+             in the same format. `copy_rate` of the rows copy the tool's result; of the
+             others, `call_rate` call the tool and the rest answer the product directly
+             (which the model cannot learn). The warm model then calls the tool in ~1 of
+             10 sampled episodes and greedily answers by itself, like the model without
+             the tool: GRPO has to learn that calling pays
 guess        "7..19=" -> the secret in that range, for the guess env (higher / lower
              each turn, per-turn rewards); the range varies so prompts differ and about
              1 in 10 of them (by the prompt's hash) are held out
@@ -48,17 +50,13 @@ class MultiplyTask(ArithmeticTask):
 @dataclass
 class CalcFormatTask(MultiplyTask):
     name: str = "calc_format"
-    copy_rate: float = 0.4  # rows that copy the tool's result
-    call_rate: float = 0.25  # of the other rows, those that call the tool (the rest answer)
 
     def make_row(self, rng: random.Random) -> Row:
         row = super().make_row(rng)
         expr = row["prompt"][:-1]
-        if rng.random() < self.copy_rate:
-            return {"prompt": row["prompt"] + call_text(expr) + "<eos>" + row["answer"], "answer": row["answer"]}
-        if rng.random() < self.call_rate:
+        if rng.random() < 0.5:
             return {"prompt": row["prompt"], "answer": call_text(expr)}
-        return row
+        return copy_row(row)
 
     def _rows(self, n: int, seed: int, heldout: bool) -> list[Row]:
         # held out by the multiplication, not by the SFT prompt: RL eval rows stay unseen
@@ -68,6 +66,26 @@ class CalcFormatTask(MultiplyTask):
             if _heldout(row["prompt"].split("=")[0] + "=", self.heldout_every) == heldout:
                 rows.append(row)
         return rows
+
+
+def copy_row(row: Row) -> Row:
+    """The conversation after the tool answered -> its result copied as the answer."""
+    return {"prompt": row["prompt"] + call_text(row["prompt"][:-1]) + "<eos>" + row["answer"], "answer": row["answer"]}
+
+
+@dataclass
+class CalcMixedTask(CalcFormatTask):
+    name: str = "calc_mixed"
+    copy_rate: float = 0.4  # rows that copy the tool's result
+    call_rate: float = 0.1  # of the other rows, those that call the tool (the rest answer directly)
+
+    def make_row(self, rng: random.Random) -> Row:
+        row = MultiplyTask.make_row(self, rng)
+        if rng.random() < self.copy_rate:
+            return copy_row(row)
+        if rng.random() < self.call_rate:
+            return {"prompt": row["prompt"], "answer": call_text(row["prompt"][:-1])}
+        return row
 
 
 @dataclass
@@ -86,3 +104,4 @@ class GuessTask(ArithmeticTask):
 register_task(MultiplyTask())
 register_task(GuessTask())
 register_task(CalcFormatTask())
+register_task(CalcMixedTask())
