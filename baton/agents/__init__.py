@@ -1,13 +1,15 @@
 """Multi-turn agents with tools: episodes, token-in/token-out trajectories, many trajectories
-batched through the engine, and the `data.source: agent` row source.
+batched through the engine, and the `data.source: agent` / `gateway` row sources.
 
     tools.py     tool schemas from functions / per-trajectory objects; <tool_call> parsing
     episode.py   the async episode protocol (start / step / close), ToolEpisode
     tokens.py    Trajectory: sampled ids (mask 1) + template deltas (mask 0); re-render check
     envs.py      AGENT_ENVS: calculator (tool use), guess (per-turn feedback)
     rollout.py   run_episodes: all trajectories' turns batched; faults dropped and counted
-    config.py    AgentConfig (the recipe's `agent:` section)
-Elsewhere: the tasks "multiply" (RL prompts) and "calc_format" (SFT warm start of the call
-format) in baton.envs.agent_tasks; the row source (`data.source: agent`) in
+    config.py    AgentConfig (the recipe's `agent:` section), GatewayAgentConfig (`gateway:`)
+    gateway_run.py  run_sessions: an OpenAI-speaking agent's sessions through a gateway as rows
+    evaluate.py  held-out accuracy and call rates of a calculator checkpoint, with and without the tool
+Elsewhere: the tasks "multiply" (RL prompts), "calc_format" / "calc_mixed" (the two SFT
+stages of the warm start) and "guess" in baton.envs.agent_tasks; the row source (`data.source: agent`) in
 baton.trainers.episode_source; per-turn credit in baton.algos.turn_credit ("turn_grpo").
 """

@@ -1,9 +1,10 @@
 """Held-out evaluation of a calculator agent checkpoint, with and without its tool.
 
-    python -m baton.agents.evaluate checkpoints/calc-sft [n]
+    python -m baton.agents.evaluate checkpoints/calc-sft-mixed [n]
 
 with tool     greedy episodes of the calculator env (baton.agents.rollout.agent_metrics):
-              accuracy, well-formed tool-call rate, first-turn call rate
+              accuracy, the share of problems answered with a well-formed first-turn call
+              (first_turn_call_ok), and well-formed calls among the turns that tried one
 without tool  the same model answering the bare prompt in one greedy turn (exact match)
 """
 
@@ -43,7 +44,11 @@ def main(argv: list[str]) -> int:
     engine = EmbeddedEngine(load_model(argv[0]), tok)
     rows = get_task("multiply").eval_rows(int(argv[1]) if len(argv) > 1 else 100)
     cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=200, turn_max_new_tokens=80)
-    print(evaluate_agent(engine, tok, rows, cfg))
+    m = evaluate_agent(engine, tok, rows, cfg)
+    print(f"{argv[0]} ({len(rows)} held-out problems, greedy)\n"
+          f"  with the tool:    accuracy {m['accuracy']:.2f}  well-formed calls {m['first_turn_call_ok']:.2f} "
+          f"of problems ({m['tool_call_ok']:.2f} of the turns that tried one)\n"
+          f"  without the tool: accuracy {m['accuracy_without_tool']:.2f}")
     return 0
 
 
