@@ -8,6 +8,7 @@ batched through the engine, and the `data.source: agent` / `gateway` row sources
     rollout.py   run_episodes: all trajectories' turns batched; faults dropped and counted
     config.py    AgentConfig (the recipe's `agent:` section), GatewayAgentConfig (`gateway:`)
     gateway_run.py  run_sessions: an OpenAI-speaking agent's sessions through a gateway as rows
+    api_env.py   AgentEnvironment: episodes as scored groups for `baton env` / `baton api`
     evaluate.py  held-out accuracy and call rates of a calculator checkpoint, with and without the tool
 Elsewhere: the tasks "multiply" (RL prompts), "calc_format" / "calc_mixed" (the two SFT
 stages of the warm start) and "guess" in baton.envs.agent_tasks; the row source (`data.source: agent`) in

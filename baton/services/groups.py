@@ -4,7 +4,9 @@ of a `Batch`: what the trainer pulls from `baton api` and what the OpenAI gatewa
 
     prompt = the tokens before the first trained token (mask != -100), response = the rest,
     response_mask = mask != -100 (tokens an environment added mid-response, e.g. tool output,
-    are not trained), inference_logprobs -> rollout_logprobs, scores -> rewards.
+    are not trained), inference_logprobs -> rollout_logprobs, scores -> rewards; per-turn
+    rewards, when every sequence's `overrides` has `token_rewards` [[position, reward], ...]
+    (baton.agents.api_env), -> token_rewards.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from baton.padding import pad_left, pad_right
 def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, group_size: int) -> Batch:
     """The rows of a batch of ScoredData groups (see the module docstring)."""
     prompts, responses, rmasks, logps, rewards, versions, finish, envs = [], [], [], [], [], [], [], []
+    turn_rewards: list[list[list[float]] | None] = []
     eos = getattr(tokenizer, "eos_token_id", None)
     for g in groups:
         n = len(g["tokens"])
@@ -41,6 +44,8 @@ def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, g
             stop = reasons[i] or ("stop" if responses[-1] and responses[-1][-1] == eos else "length")
             finish.append("length" if stop == "length" else "stop")
             envs.append(g.get("env_id"))
+            ov = (g.get("overrides") or [None] * n)[i] or {}
+            turn_rewards.append([[p - k, r] for p, r in ov["token_rewards"]] if "token_rewards" in ov else None)
     p_ids, p_mask = pad_left([p or [pad_id] for p in prompts], pad_id)
     for i, p in enumerate(prompts):
         if not p:  # a sequence trained from its first token: nothing to condition on
@@ -56,6 +61,12 @@ def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, g
         F.PROMPT_TEXT: tokenizer.batch_decode(prompts, skip_special_tokens=True),
         F.COMPLETION_TEXT: tokenizer.batch_decode(responses, skip_special_tokens=True),
     })
+    if turn_rewards and all(t is not None for t in turn_rewards):
+        tok_r = torch.zeros(r_ids.shape, dtype=torch.float32)
+        for b, pairs in enumerate(turn_rewards):
+            for p, r in pairs:
+                tok_r[b, int(p)] += float(r)
+        rows[F.TOKEN_REWARDS] = tok_r
     if all(lp is not None for lp in logps):
         rows[F.ROLLOUT_LOGPROBS], _ = pad_right(logps, 0.0, torch.float32, width=width)
     return rows
