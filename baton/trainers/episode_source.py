@@ -89,12 +89,16 @@ def evaluate_sessions(rollout: Any, cfg: GatewayAgentConfig, eval_rows: list[dic
 
 def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:
     """Held-out episodes, greedy, one per prompt: accuracy (mean trajectory reward, a dropped
-    trajectory counting 0), the rate of well-formed tool calls (tool_call_ok: the share of
-    problems whose first turn is a well-formed call; _of_tried: among the turns that tried one)."""
+    trajectory counting 0; per-turn rewards included), and for an env with tools the rate of
+    well-formed tool calls (tool_call_ok: the share of problems whose first turn is a
+    well-formed call; _of_tried: among the turns that tried one)."""
+    from baton.agents.envs import AGENT_ENVS
     from baton.agents.rollout import agent_metrics
     from baton.batch import collate
 
     rows = rollout.generate_episodes(collate(eval_rows), 0, asdict(cfg), True)
     m = agent_metrics(rows, rows.meta.get("agent_stats", {}), len(eval_rows))
+    if not AGENT_ENVS[cfg.env].TOOLS:  # e.g. guess: no tool calls to count
+        return {"eval/accuracy_greedy": m["accuracy"]}
     return {"eval/accuracy_greedy": m["accuracy"], "eval/tool_call_ok": m["first_turn_call_ok"],
             "eval/tool_call_ok_of_tried": m["tool_call_ok"]}
