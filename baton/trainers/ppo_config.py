@@ -212,10 +212,11 @@ class PPOConfig:
                                  f"is not supported for episodes yet: use trainer.mode=sync and a colocated rollout")
         if d.source in ("api", "agent", "gateway"):  # the environments score (and, with api, sample): keys that rest
             r, defaults = self.rollout, RolloutConfig()
-            for key in ("top_p", "top_k") if d.source == "api" else ():
+            for key in ("top_p", "top_k") if d.source in ("api", "gateway") else ():
                 if getattr(r, key) != getattr(defaults, key):
-                    raise ValueError(f"rollout.{key} is not read with data.source=api: the environments sample "
-                                     f"(their own settings); remove it")
+                    raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
+                                     f"{'environments' if d.source == 'api' else 'agent'} sample(s) with their "
+                                     f"own settings; remove it")
             set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
             if set_keys:
                 raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (the environments score "

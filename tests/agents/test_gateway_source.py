@@ -68,6 +68,7 @@ def test_session_rows_are_the_recorded_tokens(tmp_path):
     (["gateway.agent=nope"], "module:attr"),
     (["reward.functions={arithmetic/correct: 2.0}"], "reward.functions"),
     (["trainer.mode=one_step_off"], "not supported for episodes"),
+    (["rollout.top_p=0.5"], "rollout.top_p"),
 ])
 def test_gateway_keys_refused(overrides, match):
     with pytest.raises(ConfigError, match=match):
