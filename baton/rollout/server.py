@@ -89,9 +89,12 @@ OpenAI `top_logprobs` only ever hold the chosen token (the engine computes no ot
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one
-`engine.generate` call on the engine thread (see `_server_batcher.py`); a client that
-disconnects while queued is dropped without delaying anyone, and a running generation
-whose clients have all gone is cancelled between decode steps.
+generation on the engine thread (see `_server_batcher.py`); generations take turns in
+slices of --slice-steps decode steps (default 16; up to --max-running at once, each with
+its own KV cache), so a short request never waits for a long one to end, and gets the
+tokens it would get alone; a client that disconnects while queued is dropped without
+delaying anyone, and a running generation whose clients have all gone is cancelled
+between decode steps. Weight updates and sleep let running generations finish first.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from baton.rollout._server_batcher import Batcher, EngineRunner
+from baton.rollout._server_batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS, Batcher, EngineRunner
 from baton.rollout._server_guards import (BearerAuth, BodyLimit, BodyTooLarge, StrictJSONRoute, WeightsAllowList,
                                           check_admin_request, check_checkpoint, iter_handles, open_checkpoint,
                                           param_shapes)
@@ -140,14 +143,15 @@ class _Server:
     def __init__(self, engine, tokenizer, model_name: str, *, max_batch_wait_ms: float, max_batch_seqs: int,
                  default_max_tokens: int, model_path: str | None, api_key: str | None, admin: bool,
                  weights_dirs: Sequence[str | os.PathLike] | None, max_request_tokens: int,
-                 max_model_len: int | None, wedged_after_s: float):
+                 max_model_len: int | None, wedged_after_s: float, slice_steps: int, max_running: int):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.model_path = model_path
         self.weights_path = model_path  # what the served weights were last loaded from
         self.default_max_tokens = default_max_tokens
         self.runner = EngineRunner(engine)
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-tokenize")
-        self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs)
+        self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs,
+                               slice_steps=slice_steps, max_running=max_running)
         self.receiver = WeightReceiver(engine)
         self.auth = BearerAuth(None, api_key) if api_key is not None else None
         self.admin = admin
@@ -295,23 +299,31 @@ class _Server:
         return "ok", None
 
     def busy(self) -> dict[str, Any] | None:
-        """What the engine is doing (None: idle): the call, how long it runs, its last step."""
+        """What the engine is doing (None: idle): the call, how long it (or the oldest running
+        generation, which runs in slices) has run, its last step, the requests it serves."""
         current, quiet = self.runner.current, self.runner.quiet_s()
-        if current is None or quiet is None:
+        oldest = self.batcher.oldest_start()
+        if current is None and oldest is None:
             return None
-        return {"call": current[0], "running_s": round(time.monotonic() - current[1], 3),
-                "last_progress_s_ago": round(quiet, 3), "queued_requests": self.batcher.queued}
+        now = time.monotonic()
+        since = min(x for x in (oldest, current and current[1]) if x is not None)
+        last = quiet if quiet is not None else now - max(self.runner.last_beat, since)
+        return {"call": current[0] if current is not None else "generate", "running_s": round(now - since, 3),
+                "last_progress_s_ago": round(last, 3), "queued_requests": self.batcher.queued,
+                "running_requests": self.batcher.running}
 
     def authorized(self, request: Request) -> bool:
         return self.auth is None or self.auth.authorized(request.scope.get("headers") or []) is None
 
     @contextlib.asynccontextmanager
     async def weight_update(self):
-        """Serializes weight updates and shows them on /health as "updating"."""
+        """Serializes weight updates and shows them on /health as "updating"; running
+        generations finish first and none starts meanwhile (no generation mixes versions)."""
         async with self.weights_lock:
             self.updating += 1
             try:
-                yield
+                async with self.batcher.paused():
+                    yield
             finally:
                 self.updating -= 1
 
@@ -357,7 +369,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
               admin: bool = True, weights_dirs: Sequence[str | os.PathLike] | None = None,
               max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS, max_model_len: int | None = None,
               wedged_after_s: float = DEFAULT_WEDGED_AFTER_S, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              log_requests: bool = False) -> FastAPI:
+              log_requests: bool = False, slice_steps: int = DEFAULT_SLICE_STEPS,
+              max_running: int = DEFAULT_MAX_RUNNING) -> FastAPI:
     """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only).
 
     The options are the CLI's (see the module docstring), with defaults for an app the
@@ -373,7 +386,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     srv = _Server(engine, tokenizer, model_name, max_batch_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs,
                   default_max_tokens=default_max_tokens, model_path=model_path, api_key=api_key, admin=admin,
                   weights_dirs=weights_dirs, max_request_tokens=max_request_tokens, max_model_len=max_model_len,
-                  wedged_after_s=wedged_after_s)
+                  wedged_after_s=wedged_after_s, slice_steps=slice_steps, max_running=max_running)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -553,7 +566,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
 
     @app.post("/release_memory_occupation", **admin_route)
     async def release_memory() -> dict:
-        await srv.runner.call(engine.sleep, label="sleep")
+        async with srv.batcher.paused():  # running generations finish first
+            await srv.runner.call(engine.sleep, label="sleep")
         srv.asleep = True
         return {"success": True, "message": "asleep"}
 
@@ -610,6 +624,11 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     ap.add_argument("--max-batch-wait-ms", type=float, default=2.0,
                     help="how long an idle server waits for more requests to batch together")
     ap.add_argument("--max-batch-seqs", type=int, default=256, help="max sequences (prompts x n) per engine call")
+    ap.add_argument("--slice-steps", type=int, default=DEFAULT_SLICE_STEPS,
+                    help="decode steps a generation runs before the next one takes its turn (0: run each to its "
+                         "end; default %(default)s)")
+    ap.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING,
+                    help="generations that take turns at once, each with its own KV cache (default %(default)s)")
     ap.add_argument("--max-batch-tokens", type=int, default=65536,
                     help="engine KV-cache budget per group; n x (prompt + max_tokens) must fit it")
     ap.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when the client gives none")
@@ -635,6 +654,8 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
+    if args.slice_steps < 0 or args.max_running < 1:
+        ap.error(f"--slice-steps must be >= 0 and --max-running >= 1 (got {args.slice_steps}, {args.max_running})")
     environ = os.environ if environ is None else environ
     args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
     args.admin = _is_loopback(args.host) if args.admin is None else args.admin
@@ -665,7 +686,8 @@ def serve_main(argv: list[str] | None = None) -> None:
                     model_path=str(model_dir), api_key=api_key, admin=admin, weights_dirs=weights_dirs,
                     max_request_tokens=args.max_request_tokens, max_model_len=args.max_model_len,
                     wedged_after_s=args.wedged_after_s, max_body_bytes=int(args.max_body_mb * 2**20),
-                    log_requests=args.log_requests)
+                    log_requests=args.log_requests, slice_steps=args.slice_steps,
+                    max_running=args.max_running)
     sock = socket.create_server((args.host, args.port))
     print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {args.dtype})", flush=True)
     print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "
