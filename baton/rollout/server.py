@@ -27,7 +27,8 @@ Admin endpoints (off with --no-admin: 403):
                                     any is installed: a bad checkpoint -> 400, old weights stay
   POST /init_weights_update_group   {"master_address", "master_port", "rank_offset",
                                      "world_size", "group_name"?, "backend"?}: join the
-                                    trainer's group (this server is rank `rank_offset`)
+                                    trainer's group (this server is rank `rank_offset`);
+                                    409 while it has a trainer (a group, set up or joining)
   POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "version"?,
                                      "group_name"?, "bucket_bytes"?}: receive a broadcast
   POST /destroy_weights_update_group, /release_memory_occupation (sleep),
@@ -126,7 +127,7 @@ from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupReq
                                            LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
                                            UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.rollout.protocol import Completion, SamplingParams
-from baton.sync.broadcast import WeightReceiver, validate_specs
+from baton.sync.broadcast import AlreadyHasTrainer, WeightReceiver, validate_specs
 
 DEFAULT_MAX_REQUEST_TOKENS = 65536
 DEFAULT_WEDGED_AFTER_S = 300.0
@@ -488,7 +489,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         return {"success": True, "message": f"loaded {req.model_path}", "version": engine.version,
                 "num_paused_requests": 0}
 
-    @app.post("/init_weights_update_group", **admin_route)
+    @app.post("/init_weights_update_group", dependencies=admin_route["dependencies"],
+              responses={**admin_route["responses"], **errors(409)})
     async def init_group(req: InitWeightsUpdateGroupRequest) -> Any:
         if req.rank_offset >= req.world_size:
             return _fail(400, f"rank_offset ({req.rank_offset}) must be below world_size ({req.world_size})")
@@ -500,7 +502,9 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
             # Not on the engine thread: joining waits for the trainer, generation goes on.
             await asyncio.to_thread(srv.receiver.init_weights_update_group, req.master_address, req.master_port,
                                     req.rank_offset, req.world_size, req.group_name, backend, req.timeout_s)
-        except Exception as exc:  # noqa: BLE001 - bad address, timeout, duplicate group ...
+        except AlreadyHasTrainer as exc:  # a second trainer: told at once, by name
+            return _fail(409, f"init_weights_update_group refused: {exc}")
+        except Exception as exc:  # noqa: BLE001 - bad address, timeout ...
             return _fail(400, f"init_weights_update_group failed: {type(exc).__name__}: {exc}")
         return {"success": True, "message": f"joined {req.group_name!r} as rank {req.rank_offset} ({backend})"}
 
