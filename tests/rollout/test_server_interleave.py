@@ -93,11 +93,14 @@ def test_a_short_request_completes_while_a_long_one_runs(fresh_served, long_engi
     assert st["batches"] == 2 and st["slices"] > LONG // 8 and st["max_running"] == 2, st
 
 
-def test_sliced_generations_match_alone_greedy_and_seeded(fresh_served, long_engine):
-    """Several generations of different lengths and settings, all taking turns."""
+@pytest.mark.parametrize("fast", [True, False], ids=["llama-runner", "hf-runner"])
+def test_sliced_generations_match_alone_greedy_and_seeded(fresh_served, long_engine, srv_tokenizer, fast):
+    """Several generations of different lengths and settings, all taking turns (on the fast
+    Llama / Qwen2 runner and on HF's own forward with its DynamicCache)."""
     import asyncio
 
-    model, engine = long_engine
+    model, _ = long_engine
+    engine = EmbeddedEngine(model, srv_tokenizer, fast=fast)
     reqs = [([5, 6], {"temperature": 0, "max_new_tokens": 90, "ignore_eos": True}),
             ([7], {"temperature": 1.0, "max_new_tokens": 33, "ignore_eos": True, "seed": 3, "n": 2}),
             ([8, 9, 10], {"temperature": 0.7, "max_new_tokens": 5, "ignore_eos": True, "seed": 4}),
@@ -115,6 +118,44 @@ def test_sliced_generations_match_alone_greedy_and_seeded(fresh_served, long_eng
     got = [[o["output_ids"] for o in (out if isinstance(out, list) else [out])] for out in outs]
     assert got == refs
     assert s.stats()["slices"] > 90 // 4
+
+
+def test_a_weight_update_waits_for_running_generations(fresh_served, long_engine, tmp_path, make_tiny_qwen):
+    """A generation never mixes two versions of the weights: an update that arrives while
+    one runs waits for it (and starts no new one meanwhile)."""
+    model, engine = long_engine
+    ref = engine.generate([[5, 6, 7, 8]], SamplingParams(**LONG_SP))[0]
+    ckpt = tmp_path / "v1"
+    make_tiny_qwen(1).save_pretrained(ckpt)
+    update_waiting = threading.Event()
+    steps = _gate_long_steps(engine, {20: update_waiting})
+    s = fresh_served(engine=engine, model=model, slice_steps=8, max_batch_wait_ms=0)
+    srv = s.app.state.baton
+    out: dict[str, httpx.Response] = {}
+
+    def post(name, path, body):
+        out[name] = httpx.post(s.url + path, json=body, timeout=60)
+
+    gen = threading.Thread(target=post, args=("long", "/generate", {"input_ids": [5, 6, 7, 8], "sampling_params": LONG_SP}))
+    upd = threading.Thread(target=post, args=("update", "/update_weights_from_disk",
+                                              {"model_path": str(ckpt), "version": 1}))
+    gen.start()
+    try:
+        deadline = time.monotonic() + 20
+        while steps[0] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        upd.start()
+        while srv.updating == 0 and time.monotonic() < deadline:  # the update waits for the generation
+            time.sleep(0.01)
+        assert srv.updating == 1 and engine.version == 0
+    finally:
+        update_waiting.set()
+        gen.join(60)
+        if upd.ident is not None:
+            upd.join(60)
+    body = out["long"].json()
+    assert body["output_ids"] == ref.token_ids and body["meta_info"]["weight_version"] == 0
+    assert out["update"].status_code == 200 and out["update"].json()["version"] == 1 and engine.version == 1
 
 
 def test_bad_slice_settings_are_refused():
