@@ -35,10 +35,11 @@ def driver(algorithm: str = "grpo") -> tuple[Callable[[Any], Any], type]:
 
 
 def load_rl_config(algorithm: str, recipe: str | Path | None, overrides: list[str]) -> Any:
-    """The driver's config for `algorithm`, loaded from a recipe with dotted overrides."""
-    from baton.config import load_config
+    """The driver's config for `algorithm`, loaded from a recipe with dotted overrides as
+    `baton train` loads it (`placement.auto` applied where the config asks for it)."""
+    from baton.trainers.algorithms import load_recipe
 
-    return load_config(driver(algorithm)[1], None if recipe is None else str(recipe), overrides)
+    return load_recipe(algorithm, None if recipe is None else str(recipe), overrides)
 
 
 def add_smoke(parser: argparse.ArgumentParser) -> None:
@@ -51,3 +52,48 @@ def tiny_model(preset: str = "0.75m") -> str:
     from baton.models.make import make_tiny_checkpoint
 
     return str(make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "model", preset=preset))
+
+
+# The Qwen2.5-0.5B shape (random weights): hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936.
+QWEN25_05B = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936)
+
+
+def wide_tokenizer(vocab_size: int) -> Any:
+    """baton's byte tokenizer widened to `vocab_size` ids, for benchmarks at a real vocabulary:
+    ids past the 260 byte/special tokens are fillers (three byte symbols each) that encoding
+    never produces (no merges) and decoding turns into bytes, so a random model that samples
+    them still decodes."""
+    from tokenizers import Tokenizer, models
+
+    from baton.models.tokenizer import SPECIAL_TOKENS, _byte_symbols, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    sym = _byte_symbols()
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *sym])}
+    for i in range(len(vocab), vocab_size):
+        j = i - len(SPECIAL_TOKENS) - len(sym)
+        vocab[sym[j % 256] + sym[(j // 256) % 256] + sym[(j // 65536) % 256] + sym[j // 16777216]] = i
+    backend = tok.backend_tokenizer
+    wide = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    wide.normalizer, wide.pre_tokenizer, wide.decoder = backend.normalizer, backend.pre_tokenizer, backend.decoder
+    from transformers import PreTrainedTokenizerFast
+
+    out = PreTrainedTokenizerFast(tokenizer_object=wide, pad_token=tok.pad_token, bos_token=tok.bos_token,
+                                  eos_token=tok.eos_token, unk_token=tok.unk_token, padding_side="left")
+    out.chat_template = tok.chat_template
+    return out
+
+
+def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0) -> str:
+    """A random HF checkpoint of a tiny preset ("5m", "25m", ...) or of "qwen2.5-0.5b" (the
+    real vocabulary, `wide_tokenizer`), saved to `out_dir`."""
+    from baton.models.make import make_tiny_checkpoint
+
+    if shape != "qwen2.5-0.5b":
+        return str(make_tiny_checkpoint(out_dir, preset=shape, seed=seed))
+    from baton.models import build_tiny_model
+    from baton.models.load import save_pretrained
+
+    tok = wide_tokenizer(QWEN25_05B["vocab_size"])
+    model = build_tiny_model(None, seed=seed, max_position=1024, **QWEN25_05B)
+    return str(save_pretrained(model, tok, out_dir))

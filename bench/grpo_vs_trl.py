@@ -1,7 +1,16 @@
 """Benchmark: one GRPO step in baton vs in TRL's `GRPOTrainer`, same work, side by side.
 
     .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
-                                           --threads 1 --model checkpoints/arith-sft]
+                                           --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b]
+
+`--runs` lists SIDE@THREADS: a thread count both libraries run with, or `default`: what each
+does untold (TRL: torch's own thread count; baton: `placement.auto`, the ranks, generation
+overlap and threads it picks for the machine). `--shape` picks the model: the demo's
+`checkpoints/arith-sft`, or a random one of a tiny preset or of the Qwen2.5-0.5B shape (vocab
+151936). The table also gives each step as a fraction of the machine's matmul limit: the
+step's FLOPs (8 x params x tokens: a forward per token to generate, forward + backward to
+update; attention scores ignored) over all cores' fp32 matmul rate, measured at the model's
+shapes on one thread and multiplied by the cores.
 
 Both trainers get the same model directory, the same prompts in the same order (drawn by
 baton's sampler; TRL's own shuffling is off and the script checks what TRL saw), G samples
@@ -53,6 +62,8 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
           "actor.lr_warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
           "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}"]
+    if a.threads == "default":  # what `baton train` does untold: placement.auto picks ranks, overlap, threads
+        ov = [o for o in ov if not o.startswith("placement.")] + ["placement.auto=true"]
     if a.lr is not None:
         ov.append(f"actor.lr={a.lr}")
     return ov
@@ -75,7 +86,8 @@ def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
         ph = {k: m.get(f"timing/{k}", 0.0) for k in ("rollout_s", "reward_s", "update_s")}
         ph["reward_s"] += m.get("timing/score_s", 0.0)  # baton's scoring phase (rewards; no ref here)
         records.append({"step_s": step_s, **ph, "other_s": step_s - sum(ph.values()),
-                        "tokens": float(m["rollout/tokens"]), "reward": m["reward/mean"]})
+                        "tokens": float(m["rollout/tokens"]), "reward": m["reward/mean"],
+                        "prompt_tokens": float(m.get("rollout/prompt_tokens", 0))})
     return records
 
 
@@ -91,7 +103,8 @@ def child_main(side: str, spec_path: str, out_path: str) -> None:
     import torch
 
     spec = json.loads(Path(spec_path).read_text())
-    torch.set_num_threads(spec["threads"])
+    if spec["threads"] != "default":
+        torch.set_num_threads(int(spec["threads"]))
     t0 = time.perf_counter()
     records = run_baton(spec) if side == "baton" else run_trl_side(spec)
     extra: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
@@ -105,44 +118,90 @@ def child_main(side: str, spec_path: str, out_path: str) -> None:
 
 def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Resolve the model, load baton's config, and draw the prompts of every step."""
-    from _common import load_rl_config
+    from _common import load_rl_config, random_model_dir
 
     from baton.trainers.run_state import RunState
 
     if a.model is None:
-        if (DEFAULT_MODEL / "config.json").exists():
+        if a.shape == "demo" and (DEFAULT_MODEL / "config.json").exists():
             a.model = str(DEFAULT_MODEL)
         else:
-            from baton.models.make import make_tiny_checkpoint
-
-            print(f"note: {DEFAULT_MODEL} not found; using a random tiny model ({a.preset}) instead")
-            a.model = str(make_tiny_checkpoint(work / "model", preset=a.preset))
+            shape = "0.75m" if a.shape == "demo" else a.shape
+            print(f"building a random model of shape {shape} ...", flush=True)
+            a.model = random_model_dir(shape, work / "model")
     a.model = str(Path(a.model).resolve())
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
+    a.threads = 1
     overrides = baton_overrides(a, str(work / "baton_run"))
     cfg = load_rl_config("grpo", RECIPE, overrides)
     state = RunState.fresh(cfg.data)  # the very sampler the baton trainer draws its prompts from
     step_rows = [state.sampler.next_batch(a.prompts) for _ in range(a.steps)]
     return {"overrides": overrides, "model": a.model, "step_rows": step_rows, "G": a.G,
-            "max_new_tokens": a.max_new_tokens, "lr": cfg.actor.lr, "seed": a.seed, "threads": a.threads,
+            "max_new_tokens": a.max_new_tokens, "lr": cfg.actor.lr, "seed": a.seed, "threads": 1,
             "reward_weights": dict(cfg.reward.functions), "clip_low": cfg.algo.clip_low,
             "clip_high": cfg.algo.clip_high}
 
 
-def launch(side: str, spec_path: Path, work: Path, threads: int) -> dict[str, Any]:
-    out, log = work / f"{side}.json", work / f"{side}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+def matmul_params(model_dir: str) -> int:
+    """Parameters that a token's forward multiplies by: all but the embedding lookup, with the
+    LM head counted (tied or not)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    conf = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf)
+    emb = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())  # a tied head is the embedding: counted once
+    tied = model.get_output_embeddings().weight is emb
+    return total - emb.numel() + (emb.numel() if tied else 0)
+
+
+def matmul_limit_gflops(model_dir: str, rows: int) -> tuple[float, int]:
+    """(all cores' fp32 matmul GFLOP/s, cores): one thread's rate at the model's MLP shape with
+    `rows` tokens (engine_throughput.matmul_gflops), times the cores this process may use."""
+    import torch
+    from engine_throughput import matmul_gflops
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(model_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = matmul_gflops(rows, conf.hidden_size, conf.intermediate_size)
+    finally:
+        torch.set_num_threads(threads)
+    cores = len(os.sched_getaffinity(0))
+    return one * cores, cores
+
+
+def launch(run: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
+    side, threads = run.split("@")
+    spec = {**spec, "threads": threads}
+    if side == "baton":
+        spec["overrides"] = baton_overrides(argparse.Namespace(**{**spec["args"], "threads": threads}),
+                                            str(work / f"baton_run_{threads}"))
+    spec_path, out, log = (work / f"{side}_{threads}.{ext}" for ext in ("spec.json", "json", "log"))
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    print(f"running {side} ...", flush=True)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(k, None)
+        if threads != "default":
+            env[k] = threads
+    print(f"running {run} ...", flush=True)
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, __file__, "--child", side, str(spec_path), str(out)],
                             stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
     if rc != 0:
-        sys.exit(f"{side} run failed (exit {rc}); last lines of its log:\n"
+        sys.exit(f"{run} failed (exit {rc}); last lines of its log:\n"
                  + "".join(log.read_text().splitlines(True)[-30:]))
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    if side == "baton":
+        line = next((ln for ln in log.read_text().splitlines() if "placement auto" in ln), None)
+        res["placement"] = line
+    return res
 
 
 def summarise(records: list[dict[str, float]], k: int) -> dict[str, float]:
@@ -151,36 +210,46 @@ def summarise(records: list[dict[str, float]], k: int) -> dict[str, float]:
          for key in ("step_s", "rollout_s", "reward_s", "update_s", "other_s")}
     s["tokens_per_s"] = statistics.median(r["tokens"] / r["step_s"] for r in timed)
     s["tokens_per_step"] = statistics.mean(r["tokens"] for r in records)
+    s["prompt_tokens_per_step"] = statistics.mean(r.get("prompt_tokens", 0.0) for r in records)
     s["reward_first"] = statistics.mean(r["reward"] for r in records[:k])
     s["reward_last"] = statistics.mean(r["reward"] for r in records[-k:])
     return s
 
 
-def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
+def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]], limit: tuple[float, int]) -> None:
     k = max(1, min(5, a.steps // 4))  # steps averaged for "first" and "last" reward
-    b = summarise(res["baton"]["records"], k)
-    if "trl" not in res:
-        print(f"\nbaton only (TRL not installed: `pip install -e .[bench]` for the comparison): "
-              f"median step {b['step_s']:.3f} s (rollout {b['rollout_s']:.3f}, update {b['update_s']:.3f}), "
-              f"{a.prompts} prompts x G={a.G}, max_new_tokens={a.max_new_tokens}, {a.steps} steps")
-        return
-    t = summarise(res["trl"]["records"], k)
-    print(f"\nGRPO step: baton vs TRL {res['trl'].get('version', '?')} | model {a.model}")
+    runs = list(res)
+    sm = {r: summarise(res[r]["records"], k) for r in runs}
+    version = next((res[r]["version"] for r in runs if "version" in res[r]), None)
+    print(f"\nGRPO step: baton vs TRL {version or '(not installed)'} | model {a.model} ({a.shape})")
     print(f"{a.prompts} prompts x G={a.G} = {a.prompts * a.G} samples/step, max_new_tokens={a.max_new_tokens}, "
-          f"{a.steps} steps, torch threads={a.threads}, fp32, CPU")
+          f"{a.steps} steps, fp32, CPU; runs SIDE@THREADS (default: the library's own choice)")
     print(f"medians over steps 2..{a.steps} (step 1 = warm-up)\n")
     rows = [("step time (s)", "step_s", 3), ("  rollout (s)", "rollout_s", 3), ("  reward (s)", "reward_s", 4),
             ("  update (s)", "update_s", 3), ("  other (s)", "other_s", 4),
             ("completion tokens/s", "tokens_per_s", 0), ("completion tokens/step (mean)", "tokens_per_step", 1)]
-    print(f"{'':32s}{'baton':>10s}{'TRL':>10s}{'TRL/baton':>11s}")
+    print(f"{'':32s}" + "".join(f"{r:>15s}" for r in runs))
     for label, key, nd in rows:
-        timed = key.endswith("_s") and key != "tokens_per_s"
-        ratio = f"{t[key] / b[key]:10.2f}x" if timed and b[key] > 0 else ""
-        print(f"{label:32s}{b[key]:10.{nd}f}{t[key]:10.{nd}f}{ratio}")
-    print(f"{f'mean reward, first {k} steps':32s}{b['reward_first']:10.3f}{t['reward_first']:10.3f}")
-    print(f"{f'mean reward, last {k} steps':32s}{b['reward_last']:10.3f}{t['reward_last']:10.3f}")
-    print(f"{'process wall, setup+eval (s)':32s}{res['baton']['wall_s']:10.1f}{res['trl']['wall_s']:10.1f}")
-    print(f"\nbaton/TRL speed (TRL median step time / baton's): {t['step_s'] / b['step_s']:.2f}x")
+        print(f"{label:32s}" + "".join(f"{sm[r][key]:15.{nd}f}" for r in runs))
+    print(f"{f'mean reward, first {k} steps':32s}" + "".join(f"{sm[r]['reward_first']:15.3f}" for r in runs))
+    print(f"{f'mean reward, last {k} steps':32s}" + "".join(f"{sm[r]['reward_last']:15.3f}" for r in runs))
+    print(f"{'process wall, setup+eval (s)':32s}" + "".join(f"{res[r]['wall_s']:15.1f}" for r in runs))
+    base = runs[0]
+    print(f"\nspeed of {base} over each run (that run's median step time / {base}'s):")
+    for r in runs[1:]:
+        print(f"  {base} vs {r}: {sm[r]['step_s'] / sm[base]['step_s']:.2f}x")
+    b = sm[base]
+    if b["prompt_tokens_per_step"] > 0:
+        gflops, cores = limit
+        flops = 8 * matmul_params(a.model) * (b["prompt_tokens_per_step"] + b["tokens_per_step"])
+        limit_s = flops / (gflops * 1e9)
+        print(f"matmul limit: {flops / 1e9:.1f} GFLOP a step ({base}'s tokens) over {cores} cores x "
+              f"{gflops / cores:.1f} GFLOP/s = {limit_s:.3f} s; each run's step at that limit:")
+        for r in runs:
+            print(f"  {r}: {limit_s / sm[r]['step_s']:.0%} of the limit")
+    for r in runs:
+        if res[r].get("placement"):
+            print(f"{r}: {res[r]['placement']}")
     print("other = step - rollout - reward - update (baton: advantages, weight sync, metrics; "
           "TRL: tokenising, advantages, bookkeeping)")
 
@@ -194,35 +263,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
-    p.add_argument("--model", default=None, help=f"local HF model dir (default {DEFAULT_MODEL} if present, "
-                                                 "else a random tiny model)")
-    p.add_argument("--preset", default="2m", help="tiny preset when no model exists")
+    p.add_argument("--runs", default="baton@1,trl@1",
+                   help="comma-separated SIDE@THREADS (side baton|trl; threads N or default); the first is the base")
+    p.add_argument("--shape", default="demo", choices=["demo", "0.75m", "2m", "5m", "25m", "qwen2.5-0.5b"],
+                   help="demo: checkpoints/arith-sft; else a random model of that shape")
+    p.add_argument("--model", default=None, help="a local HF model dir (overrides --shape)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--order", default="baton,trl", help="which side runs first")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, run dirs)")
     add_smoke(p)
     a = p.parse_args(argv)
     if a.smoke:
-        a.steps, a.prompts, a.G, a.max_new_tokens, a.preset = 2, 2, 2, 4, "0.75m"
+        a.steps, a.prompts, a.G, a.max_new_tokens = 2, 2, 2, 4
+        a.shape = "0.75m" if a.model is None else a.shape
     if a.steps < 2 or a.G < 2:
         p.error("need --steps >= 2 (step 1 is a warm-up) and --G >= 2 (GRPO groups)")
-    order = a.order.split(",")
-    if sorted(order) != sorted(SIDES):
-        p.error(f"--order must name both of {SIDES}")
+    runs = a.runs.split(",")
+    for r in runs:
+        side, _, threads = r.partition("@")
+        if side not in SIDES or not (threads == "default" or threads.isdigit() and int(threads) > 0):
+            p.error(f"--runs: {r!r} is not SIDE@THREADS with SIDE in {SIDES} and THREADS a count or 'default'")
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("note: TRL is not installed (`pip install -e .[bench]`): running baton's side only")
+        runs = [r for r in runs if r.startswith("baton@")] or ["baton@1"]
 
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
     try:
-        spec_path = work / "spec.json"
-        spec_path.write_text(json.dumps(prepare(a, work)))
-        try:
-            import trl  # noqa: F401
-        except ImportError:
-            print("note: TRL is not installed: running baton's side only")
-            order = ["baton"]
-        res = {side: launch(side, spec_path, work, a.threads) for side in order}
-        print_table(a, res)
+        spec = prepare(a, work)
+        spec["args"] = {k: getattr(a, k) for k in ("steps", "prompts", "G", "max_new_tokens", "model", "seed", "lr")}
+        limit = matmul_limit_gflops(a.model, min(2048, a.prompts * a.G * 16))
+        res = {r: launch(r, spec, work) for r in runs}
+        print_table(a, res, limit)
     finally:
         if a.keep:
             print(f"work dir kept: {work}")

@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from baton.controller.dispatch import Dispatch, Execute, MethodSpec, Topology
 from baton.controller.future import Future, split_call
 from baton.controller.worker import HostCore, WorkerError
-from baton.runs.rundir import RAY_TEMP_PREFIX, record_temp_dir_owner, remove_stale_ray_temp_dirs
+from baton.runs.ray_temp import RAY_TEMP_PREFIX, record_temp_dir_owner, remove_stale_ray_temp_dirs
 
 log = logging.getLogger(__name__)
 

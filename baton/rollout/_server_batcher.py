@@ -1,17 +1,30 @@
-"""Request batching for `baton serve`: concurrent requests become one `engine.generate` call.
+"""Request scheduling for `baton serve`: concurrent requests become `engine.generate` calls,
+and a long generation never holds the engine for itself.
 
 The engine is not thread safe and `generate` blocks, so all engine work (generation and
 weight updates alike) goes through `EngineRunner`, one worker thread, keeping the event
 loop free to accept requests. `Batcher` collects the requests that arrive while the engine
 is busy (or within `max_wait_ms` of an idle engine), groups those with identical sampling
-params (the engine takes one `SamplingParams` per call) and runs each group as one call,
-up to `max_batch_seqs` sequences (prompts x n).
+params (the engine takes one `SamplingParams` per call), up to `max_batch_seqs` sequences
+(prompts x n), and makes each group one generation.
+
+Fair interleaving: an engine with `start_generation` (`EmbeddedEngine`; its `generate` not
+overridden by a subclass) runs each generation `slice_steps` decode steps at a time, its KV
+cache put aside in between. Up to `max_running` generations take turns, round robin, and a
+request that arrives meanwhile starts at the next slice boundary: a 4-token request waits
+for at most one slice of each running generation, not for a 30,000-token one to end. A
+generation runs exactly the steps it would run alone, so its tokens are the same (greedy
+or seeded). The engine does not add rows to a running decode batch (its static KV cache
+is left-padded to one slot), so requests of different lengths take turns rather than
+share steps. Other engines run each generation as one `generate` call, in turn.
 
 Seeded requests are never merged: a request's seed must give the same tokens whatever else
-was in flight. A request whose client went away before its batch started is dropped
-(its future is cancelled). Once every request of a running batch has been withdrawn, the
-batch itself is cancelled between decode steps (`should_stop`, for engines whose `generate`
-takes it, e.g. `EmbeddedEngine`), so a long generation nobody waits for frees the engine.
+was in flight. A request whose client went away before its generation started is dropped
+(its future is cancelled). Once every request of a running generation has been withdrawn
+it is dropped at the next slice boundary, or between decode steps (`should_stop`, for
+engines whose `generate` takes it), so a long generation nobody waits for frees the engine.
+`paused()` lets the running generations finish and starts no new one (weight updates and
+sleep run then, so a generation never mixes two versions of the weights).
 
 `EngineRunner.current` says which call runs on the engine thread and since when, and
 `last_beat` when it last made progress (a decode step: the batcher's `should_stop` hook
@@ -21,6 +34,7 @@ beats): /health tells a busy engine (stepping) from a wedged one (no step for th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import threading
@@ -29,6 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from baton.rollout.protocol import Completion, SamplingParams
+
+DEFAULT_SLICE_STEPS = 16
+DEFAULT_MAX_RUNNING = 8
 
 
 class EngineRunner:
@@ -73,6 +90,15 @@ class _Item:
     future: asyncio.Future
 
 
+@dataclasses.dataclass
+class _Job:
+    """One generation: requests with equal sampling params, their prompts concatenated."""
+    items: list[_Item]
+    gen: Any = None  # the engine's `Generation` once started (sliced engines)
+    started: float | None = None  # time.monotonic() of its first slice
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # all clients left
+
+
 def _key(item: _Item) -> Any:
     """Items with equal keys may share one generate call."""
     p = item.params
@@ -81,19 +107,51 @@ def _key(item: _Item) -> Any:
     return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(dataclasses.asdict(p).items()))
 
 
+def sliceable(engine: Any) -> bool:
+    """True when `engine` runs a generation in slices (`start_generation`) and its
+    `generate` is the one that class defines (a subclass wrapping `generate` is served
+    through its wrapper, as one call)."""
+    cls = type(engine)
+    for base in cls.__mro__:
+        if "start_generation" in vars(base):
+            return getattr(cls, "generate", None) is vars(base).get("generate")
+    return False
+
+
 class Batcher:
-    def __init__(self, runner: EngineRunner, max_wait_ms: float = 2.0, max_batch_seqs: int = 256):
+    def __init__(self, runner: EngineRunner, max_wait_ms: float = 2.0, max_batch_seqs: int = 256,
+                 slice_steps: int = DEFAULT_SLICE_STEPS, max_running: int = DEFAULT_MAX_RUNNING):
+        if slice_steps < 0 or max_running < 1:
+            raise ValueError(f"slice_steps must be >= 0 (0: no slicing) and max_running >= 1, "
+                             f"got {slice_steps}, {max_running}")
         self.runner = runner
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_batch_seqs = max_batch_seqs
-        self.stats = {"requests": 0, "batches": 0, "dropped": 0, "cancelled": 0, "max_batch_requests": 0}
+        self.sliced = slice_steps > 0 and sliceable(runner.engine)
+        self.slice_steps = slice_steps if self.sliced else None
+        self.max_running = max_running if self.sliced else 2**31  # whole calls run one after another
+        self.stats = {"requests": 0, "batches": 0, "dropped": 0, "cancelled": 0, "max_batch_requests": 0,
+                      "slices": 0, "max_running": 0}
         self._pending: list[_Item] = []
+        self._running: list[_Job] = []
+        self._paused = 0
         self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        """Requests waiting for their generation to start."""
+        return len(self._pending) + sum(len(j.items) for j in self._running if j.started is None)
+
+    @property
+    def running(self) -> int:
+        """Requests whose generation has started and not finished."""
+        return sum(len(j.items) for j in self._running if j.started is not None)
+
+    def oldest_start(self) -> float | None:
+        """time.monotonic() at which the oldest running generation started (None: none)."""
+        return min((j.started for j in self._running if j.started is not None), default=None)
 
     async def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Completions for `prompts` (prompt-major, prompt_index local to this request).
@@ -105,26 +163,63 @@ class Batcher:
         self._wake.set()
         return await fut
 
+    @contextlib.asynccontextmanager
+    async def paused(self):
+        """Lets the running generations finish, starts no new one until the block ends."""
+        self._paused += 1
+        try:
+            while self._running and self._task is not None and not self._task.done():
+                self._idle.clear()
+                await self._idle.wait()
+            yield
+        finally:
+            self._paused -= 1
+            if self._wake is not None:
+                self._wake.set()
+
     def _ensure_task(self) -> None:
         # Started lazily inside the serving loop (no reliance on lifespan events).
         if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
+            self._wake, self._idle = asyncio.Event(), asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def _loop(self) -> None:
         while True:
-            await self._wake.wait()
-            if self.max_wait_s > 0:
-                await asyncio.sleep(self.max_wait_s)  # let near-simultaneous requests join
+            if not self._running:
+                self._idle.set()
+                await self._wake.wait()
+                if self.max_wait_s > 0:
+                    await asyncio.sleep(self.max_wait_s)  # let near-simultaneous requests join
             self._wake.clear()
-            items, self._pending = self._pending, []
             try:
-                for batch in self._batches(items):
-                    await self._run(batch)
+                self._admit()
+                if not self._running:
+                    continue
+                job = self._running[0]  # stays listed while it runs (/health counts it)
+                more = await self._slice(job)
+                self._running.remove(job)
+                if more:
+                    self._admit(reserve=1)  # what arrived during the slice goes before it: round robin
+                    self._running.append(job)
             except Exception as exc:  # noqa: BLE001 - a bug here must fail requests, not hang them
-                for it in items:
-                    if not it.future.done():
-                        it.future.set_exception(exc)
+                for j in self._running:
+                    for it in j.items:
+                        if not it.future.done():
+                            it.future.set_exception(exc)
+                self._running = []
+
+    def _admit(self, reserve: int = 0) -> None:
+        """Pending requests -> generations, while fewer than max_running (less `reserve`
+        places) run; the rest wait, in order."""
+        if self._paused or not self._pending:
+            return
+        items, self._pending = self._pending, []
+        for batch in self._batches(items):
+            if len(self._running) + reserve < self.max_running:
+                self._running.append(_Job(batch))
+            else:
+                self._pending += batch
+        self.stats["max_running"] = max(self.stats["max_running"], len(self._running) + reserve)
 
     def _batches(self, items: list[_Item]) -> list[list[_Item]]:
         groups: dict[Any, list[list[_Item]]] = {}
@@ -137,45 +232,73 @@ class Batcher:
             cur.append(it)
         return [b for batches in groups.values() for b in batches]
 
-    async def _run(self, batch: list[_Item]) -> None:
-        live = [it for it in batch if not it.future.done()]  # cancelled: client left while queued
-        self.stats["dropped"] += len(batch) - len(live)
+    def _start(self, job: _Job) -> bool:
+        """Before a job's first slice: drop the requests already withdrawn. False: none left."""
+        live = [it for it in job.items if not it.future.done()]  # cancelled: client left while queued
+        self.stats["dropped"] += len(job.items) - len(live)
+        job.items = live
         if not live:
-            return
-        prompts = [p for it in live for p in it.prompts]
+            return False
+        job.started = time.monotonic()
         self.stats["batches"] += 1
         self.stats["max_batch_requests"] = max(self.stats["max_batch_requests"], len(live))
+
+        def withdrawn(_fut: asyncio.Future) -> None:
+            if all(it.future.cancelled() for it in live):
+                job.stop.set()
+
+        for it in live:
+            it.future.add_done_callback(withdrawn)
+        return True
+
+    async def _slice(self, job: _Job) -> bool:
+        """Run one slice of `job` on the engine (all of it for engines that do not slice).
+        True: it has more to run."""
+        if job.started is None and not self._start(job):
+            return False
+        if job.stop.is_set():  # every client left between slices
+            if job.gen is not None:
+                job.gen.close()
+            self.stats["cancelled"] += 1
+            return False
+        engine, runner, params = self.runner.engine, self.runner, job.items[0].params
+        prompts = [p for it in job.items for p in it.prompts]
         kwargs = {}
-        if self.runner.cancellable:
-            stop = threading.Event()  # set on the loop, polled by the engine thread
-
-            def withdrawn(_fut: asyncio.Future) -> None:
-                if all(it.future.cancelled() for it in live):
-                    stop.set()
-
-            for it in live:
-                it.future.add_done_callback(withdrawn)
-            runner = self.runner
-
+        if self.sliced or runner.cancellable:
             def should_stop() -> bool:  # polled by the engine thread before each step
                 runner.beat()
-                return stop.is_set()
+                return job.stop.is_set()
             kwargs["should_stop"] = should_stop
+
+        def step() -> list[Completion] | None:
+            if not self.sliced:
+                return engine.generate(prompts, params, **kwargs)
+            if job.gen is None:
+                job.gen = engine.start_generation(prompts, params, **kwargs)
+            return job.gen.result if job.gen.advance(self.slice_steps) else None
+
         try:
-            outs = await self.runner.call(self.runner.engine.generate, prompts, live[0].params, label="generate",
-                                          **kwargs)
+            outs = await runner.call(step, label="generate")
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
-            if all(it.future.cancelled() for it in live):
+            if job.stop.is_set():
                 self.stats["cancelled"] += 1
-            for it in live:
+            for it in job.items:
                 if not it.future.done():
                     it.future.set_exception(exc)
-            return
+            return False
+        self.stats["slices"] += 1
+        if outs is None:
+            return True
+        self._deliver(job, prompts, outs)
+        return False
+
+    @staticmethod
+    def _deliver(job: _Job, prompts: list[list[int]], outs: list[Completion]) -> None:
         by_prompt: list[list[Completion]] = [[] for _ in prompts]
         for c in outs:
             by_prompt[c.prompt_index].append(c)
         offset = 0
-        for it in live:
+        for it in job.items:
             mine = []
             for local in range(len(it.prompts)):
                 mine += [dataclasses.replace(c, prompt_index=local) for c in by_prompt[offset + local]]
@@ -190,6 +313,7 @@ class Batcher:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        for it in self._pending:
+        for it in self._pending + [it for j in self._running for it in j.items]:
             if not it.future.done():
                 it.future.cancel()
+        self._running = []

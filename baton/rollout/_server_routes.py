@@ -23,7 +23,7 @@ MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN token
 
 
 def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = None) -> None:
-    """`srv` is the server's shared state (`baton.rollout.server._Server`); `responses`
+    """`srv` is the server's shared state (`baton.rollout._server_state._Server`); `responses`
     documents the routes' error answers in the OpenAPI schema."""
 
     @app.post("/v1/completions", responses=responses)

@@ -52,6 +52,7 @@ ERRORS: dict[int, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (`Authorization: Bearer <key>`)"},
     403: {"model": ErrorResponse, "description": "Admin endpoints disabled, or weights path outside the allow-list"},
     404: {"model": ErrorResponse, "description": "Unknown `model`; `detail` lists the served names"},
+    409: {"model": WeightUpdateFailure, "description": "The server already has a trainer (weight update group)"},
     413: {"model": ErrorResponse, "description": "Request body too large (--max-body-mb)"},
     415: {"model": ErrorResponse, "description": "Admin endpoints take only application/json"},
     499: {"description": "The client disconnected; its generation was dropped or cancelled"},

@@ -15,6 +15,9 @@ How a `generate` call runs:
      the batch is compacted so finished rows stop costing compute.
 `generate(..., should_stop=f)` calls `f()` before each prefill and decode step and raises
 `GenerationCancelled` once it returns True (a server drops work nobody waits for).
+`start_generation(...)` returns the same call as a `Generation` to run k steps at a time
+(`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
+request with short ones this way, each getting the tokens it would get alone.
 Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
 own HF forward (`_hf.py`).
 
@@ -115,6 +118,15 @@ class EmbeddedEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  should_stop: Callable[[], bool] | None = None) -> list[Completion]:
         """should_stop: polled before each decode step; True -> `GenerationCancelled`."""
+        gen = self.start_generation(prompts, params, should_stop)
+        gen.advance()
+        return gen.result
+
+    def start_generation(self, prompts: list[list[int]], params: SamplingParams,
+                         should_stop: Callable[[], bool] | None = None) -> "Generation":
+        """A `generate` call to run a few decode steps at a time (`Generation.advance`),
+        other generations running in between (how `baton serve` interleaves requests).
+        Bad requests raise here, before anything runs."""
         if self._asleep:
             raise RuntimeError("engine is asleep: call wake() before generate()")
         if self._missing:
@@ -124,24 +136,24 @@ class EmbeddedEngine:
             raise ValueError("empty prompt: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        return Generation(self, self._steps(prompts, params, should_stop))
+
+    def _steps(self, prompts: list[list[int]], params: SamplingParams,
+               should_stop: Callable[[], bool] | None):
+        """The generation as a Python generator: yields after each prefill / decode step,
+        returns the completions. Runs inside `Generation.advance` (inference mode, eval)."""
         results: list[list[Completion]] = [[] for _ in prompts]
-        was_training = self.model.training
-        self.model.eval()  # dropout off for the generic path
-        try:
-            with torch.inference_mode():
-                self.runner.pack(self._lora_for(params))
-                generator = None
-                if params.seed is not None:
-                    generator = torch.Generator(device=self.device).manual_seed(params.seed)
-                for group in self._groups(prompts, params):
-                    for i, comps in zip(group, self._generate_group([prompts[i] for i in group],
-                                                                    params, generator, should_stop)):
-                        for c in comps:
-                            c.prompt_index = i
-                        results[i] = comps
-        finally:
-            self.runner.release()
-            self.model.train(was_training)
+        self.runner.pack(self._lora_for(params))
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        for group in self._groups(prompts, params):
+            comps_by_prompt = yield from self._generate_group([prompts[i] for i in group], params, generator,
+                                                              should_stop)
+            for i, comps in zip(group, comps_by_prompt):
+                for c in comps:
+                    c.prompt_index = i
+                results[i] = comps
         return [c for comps in results for c in comps]
 
     def _groups(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
@@ -160,7 +172,9 @@ class EmbeddedEngine:
         return groups
 
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
-                        should_stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
+                        should_stop: Callable[[], bool] | None = None):
+        """Generator: yields after the prefill and after each decode step; returns the
+        group's completions, per prompt."""
         if should_stop is not None and should_stop():  # before this group's prefill
             raise GenerationCancelled("generation cancelled before prefill")
         device, n, max_new = self.device, params.n, params.max_new_tokens
@@ -169,6 +183,7 @@ class EmbeddedEngine:
         ids, mask = ids.to(device), mask.to(device)
 
         logits = self.runner.start(ids, mask, max_new, n)  # [B, V]
+        yield
         if n > 1:
             logits = logits.repeat_interleave(n, 0)  # [B * n, V]
         rows = B * n
@@ -211,6 +226,7 @@ class EmbeddedEngine:
                 alive_list = [alive_list[j] for j in keep.tolist()]
                 finished_in_batch = finished_in_batch[keep]
             logits = self.runner.decode(tokens)  # [b, V]
+            yield
 
         tok_rows, lp_rows = out_tokens.tolist(), out_logprobs.tolist()
         per_prompt: list[list[Completion]] = [[] for _ in range(B)]
@@ -340,6 +356,53 @@ class EmbeddedEngine:
             self._missing = {id(p): name for name, p in self.model.named_parameters()}
             self._discarded = []
         self._asleep = False
+
+
+class Generation:
+    """One `generate` call, run a slice of steps at a time: `advance(k)` runs up to k
+    prefill / decode steps and returns True once it is done (`result` then holds the
+    completions). Between slices the runner's state (KV cache, packed weights, positions)
+    is put aside, so other generations (or `generate` calls) may run on the engine meanwhile:
+    the steps are the same ones `generate` runs, in the same order, so the tokens are the
+    same as when the call runs alone. Call it from one thread at a time (the engine is not
+    thread safe); `close()` drops a generation that will not be finished."""
+
+    def __init__(self, engine: EmbeddedEngine, steps):
+        self.engine, self._steps = engine, steps
+        self._state: dict[str, Any] | None = None  # the runner's attributes while paused
+        self.result: list[Completion] | None = None
+        self.done = False
+        self.steps = 0  # prefill and decode steps run so far
+
+    def advance(self, max_steps: int | None = None) -> bool:
+        if self.done:
+            return True
+        engine, runner = self.engine, self.engine.runner
+        if self._state is not None:
+            vars(runner).update(self._state)
+        was_training = engine.model.training
+        engine.model.eval()  # dropout off for the generic path
+        paused, ran = False, 0
+        try:
+            with torch.inference_mode():
+                while max_steps is None or ran < max_steps:
+                    next(self._steps)
+                    ran += 1
+                self.steps += ran
+                paused = True
+        except StopIteration as stop:
+            self.steps += ran
+            self.result = stop.value
+        finally:
+            engine.model.train(was_training)
+            self._state = vars(runner).copy() if paused else None
+            self.done = not paused
+            runner.release()
+        return self.done
+
+    def close(self) -> None:
+        self._steps.close()
+        self._state, self.done = None, True
 
 
 def live_lora(model: nn.Module) -> _llama.Lora | None:

@@ -4,7 +4,8 @@ A bottom layer (standard library + safetensors only, no other baton imports) tha
 trainers and workers call:
 
   * `rundir`      - one run per run dir (`RunDirLock`), `prepare_run_dir` (refuse / resume /
-                    overwrite), start-up cleanup of interrupted saves, stale Ray temp dirs.
+                    overwrite), start-up cleanup of interrupted saves.
+  * `ray_temp`    - stale Ray temp dirs of dead runs.
   * `checkpoints` - `atomic_dir` (a crash leaves the old or the new checkpoint, never
                     neither), completeness checks, the latest complete checkpoint, pruning.
   * `metrics_log` - reading `metrics.jsonl` despite a torn last line, `truncate_after` for
@@ -18,9 +19,9 @@ from baton.runs.checkpoints import (
 )
 from baton.runs.fsutil import atomic_write_bytes, atomic_write_text
 from baton.runs.metrics_log import MetricsLogError, read_metrics, truncate_after
+from baton.runs.ray_temp import find_stale_ray_temp_dirs, record_temp_dir_owner, remove_stale_ray_temp_dirs
 from baton.runs.rundir import (
-    PreparedRun, RunDirBusy, RunDirError, RunDirLock, cleanup_interrupted, find_stale_ray_temp_dirs,
-    prepare_run_dir, record_temp_dir_owner, remove_stale_ray_temp_dirs,
+    PreparedRun, RunDirBusy, RunDirError, RunDirLock, cleanup_interrupted, prepare_run_dir,
 )
 
 __all__ = [

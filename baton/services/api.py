@@ -47,242 +47,32 @@ Where it departs from (improves on) Atropos:
     push that breaks them is a 422 naming the field, a trainer asking for others a 409
     naming both values; bodies are capped (--max-body-mb, plain and decompressed);
   * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise.
+
+Code: this file holds the endpoints (`build_api_app`) and the CLI; `_api_schemas.py` the
+request shapes and group checks, `_api_http.py` the token middleware and capped body
+reading, `store.py` the SQLite queue.
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
-import json
 import math
 import os
 import socket
 import time
 import uuid
-import zlib
-from typing import Annotated, Any, Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from baton.services._api_http import MAX_BODY_BYTES, BearerAuth, _json_response, _parse, _read_json
+from baton.services._api_schemas import (FIXED_SETTINGS, SCORED_KEYS, EnvIdentifier, RegisterEnv, Registration,
+                                         ScoredData, check_against, check_encodable, check_group, encode_json,
+                                         group_version)
 from baton.services.store import GroupStore
 
 MIN_ENV_WEIGHT = 0.01  # as Atropos: no env is starved entirely
-MAX_BODY_BYTES = 64 * 2**20  # plain and decompressed (--max-body-mb); a gzip bomb stops here, while streaming
-# Integers the store and the trainer can hold (SQLite is int64; token ids index an embedding):
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-Count = Annotated[int, Field(ge=1, le=2**31 - 1)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-MaskId = Annotated[int, Field(ge=-100, le=2**31 - 1)]
-SCORED_KEYS = ("tokens", "masks", "scores", "advantages", "ref_logprobs", "messages", "generation_params",
-               "inference_logprobs", "overrides", "group_overrides", "images", "env_id")
-
-
-class BearerAuth:
-    """ASGI middleware: `Authorization: Bearer <token>` on every path but /health (constant-time
-    compare; 401 with the reason). Its own small copy, not baton.rollout's: that module
-    imports torch, and the API process should start in a second."""
-
-    def __init__(self, app, token: str):
-        self.app, self._token = app, token.encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("path") == "/health":
-            return await self.app(scope, receive, send)
-        values = [v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"]
-        scheme, _, given = (values[0].strip() if values else b"").partition(b" ")
-        if scheme.lower() == b"bearer" and given and hmac.compare_digest(given.strip(), self._token):
-            return await self.app(scope, receive, send)
-        reason = "missing or invalid 'Authorization: Bearer <token>' header" if values else \
-            "missing 'Authorization: Bearer <token>' header"
-        body = json.dumps({"detail": reason}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b'Bearer realm="baton api"')]})
-        await send({"type": "http.response.body", "body": body})
-
-
-class Registration(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    wandb_group: str = ""
-    wandb_project: str = ""
-    batch_size: Count
-    max_token_len: Count
-    checkpoint_dir: str = ""
-    save_checkpoint_interval: Int64 = 0
-    starting_step: Int64 = 0
-    num_steps: Int64 = -1
-    max_staleness: Optional[Int64] = None  # baton: refuse pushes older than this many versions
-    group_size: Optional[Count] = None  # baton: every pushed group must have exactly this many sequences
-    vocab_size: Optional[Count] = None  # baton: every token id must be below it
-
-
-# Settings a second registration must repeat (a reconnecting trainer) or be refused, naming both values.
-FIXED_SETTINGS = ("batch_size", "max_token_len", "group_size", "vocab_size")
-
-
-class RegisterEnv(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    max_token_length: Count
-    desired_name: str
-    weight: float = 1.0
-    group_size: Count
-    min_batch_allocation: Optional[float] = None
-
-
-class EnvIdentifier(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    env_id: Int64
-
-
-class ScoredData(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    tokens: list[list[TokenId]]
-    masks: list[list[MaskId]]
-    scores: list[float]
-    advantages: Optional[list[list[float]]] = None
-    ref_logprobs: Optional[list[list[float]]] = None
-    messages: Optional[list[list[dict[str, Any]]]] = None
-    generation_params: Optional[dict[str, Any]] = None
-    inference_logprobs: Optional[list[list[float]]] = None
-    overrides: Optional[list[dict]] = None
-    group_overrides: Optional[dict] = None
-    images: Optional[Any] = None
-    env_id: Optional[Int64] = None
-    # baton's additions (ignored by Atropos trainers):
-    policy_version: Optional[Int64] = None  # the weight version that sampled the group
-    finish_reasons: Optional[list[str]] = None  # "stop" | "length" per sequence
-
-
-def check_group(g: ScoredData) -> str | None:
-    """Why a group cannot be trained on, or None."""
-    n = len(g.tokens)
-    if n == 0:
-        return "tokens is empty (a group needs at least one sequence)"
-    if len(g.masks) != n or len(g.scores) != n:
-        return f"tokens, masks and scores must have one entry per sequence (got {n}, {len(g.masks)}, {len(g.scores)})"
-    for i, (t, m) in enumerate(zip(g.tokens, g.masks)):
-        if not t:
-            return f"sequence {i}: tokens is empty"
-        if len(m) != len(t):
-            return f"sequence {i}: masks has {len(m)} entries for {len(t)} tokens"
-        for j, (tok, mk) in enumerate(zip(t, m)):
-            if mk != -100 and mk != tok:
-                return (f"sequence {i}, position {j}: mask {mk} is neither -100 (not trained) nor the token "
-                        f"id {tok} (trained)")
-    for i, s in enumerate(g.scores):
-        if not math.isfinite(s):
-            return f"sequence {i}: score {s} is not finite"
-    for name in ("inference_logprobs", "ref_logprobs", "advantages"):
-        v = getattr(g, name)
-        if v is None or v == []:
-            continue
-        if len(v) != n or any(len(a) != len(t) for a, t in zip(v, g.tokens)):
-            return f"{name} must be aligned to tokens (one list per sequence, one value per token)"
-        for i, row in enumerate(v):
-            for j, x in enumerate(row):
-                if not math.isfinite(x):
-                    return (f"{name}: sequence {i}, position {j}: {x} is not finite (JSON cannot carry it to the "
-                            f"trainer; clamp it, e.g. -inf logprobs to -1e4)")
-    for name in ("overrides", "finish_reasons"):
-        v = getattr(g, name)
-        if v not in (None, []) and len(v) != n:
-            return f"{name} must have one entry per sequence (got {len(v)} for {n})"
-    return None
-
-
-def check_against(g: ScoredData, reg: dict[str, Any]) -> str | None:
-    """Why a well-formed group cannot be trained on by the registered trainer, or None."""
-    n = len(g.tokens)
-    if reg.get("batch_size") and n > reg["batch_size"]:
-        return f"group of {n} sequences can never fit a batch of {reg['batch_size']}"
-    if reg.get("group_size") and n != reg["group_size"]:
-        return f"group_size: the group has {n} sequences, the trainer's group_size is {reg['group_size']}"
-    limit, vocab = reg.get("max_token_len"), reg.get("vocab_size")
-    for i, t in enumerate(g.tokens):
-        if limit and len(t) > limit:
-            return f"sequence {i}: {len(t)} tokens, past the trainer's max_token_len={limit}"
-        if vocab and max(t) >= vocab:
-            return f"sequence {i}: token id {max(t)} is not below the trainer's vocab_size={vocab}"
-    return None
-
-
-def encode_json(body: Any) -> bytes:
-    """`body` as the response bytes (ValueError for NaN/inf, UnicodeEncodeError for a lone surrogate)."""
-    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-
-def check_encodable(body: Any) -> str | None:
-    """Why `body` could not be sent back as JSON (checked at push, so a batch never fails to encode)."""
-    try:
-        encode_json(body)
-    except UnicodeEncodeError as exc:
-        return f"a string holds a lone surrogate ({exc.reason}): not valid UTF-8"
-    except ValueError as exc:
-        return f"a value is not valid JSON ({exc}): non-finite numbers cannot be served"
-    return None
-
-
-def group_version(g: ScoredData) -> int | None:
-    if g.policy_version is not None:
-        return g.policy_version
-    v = (g.group_overrides or {}).get("policy_version")
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-async def _read_json(request: Request, required: bool = True, limit: int = MAX_BODY_BYTES) -> Any:
-    """The body as JSON, gunzipped when `Content-Encoding: gzip` (Atropos envs gzip bodies
-    of 1 KB or more); 413 past `limit` bytes (plain or decompressed: checked while the body
-    streams in, so a gzip bomb never expands in memory), 400 with the reason for a bad body."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"body of {declared} bytes exceeds {limit} bytes (--max-body-mb)")
-    gz = "gzip" in request.headers.get("content-encoding", "").lower()
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
-    parts, size = [], 0
-    try:
-        async for chunk in request.stream():
-            while chunk:
-                if d is None:
-                    out, chunk = chunk, b""
-                else:
-                    out = d.decompress(chunk, limit + 1 - size)
-                    chunk = d.unconsumed_tail
-                size += len(out)
-                if size > limit:
-                    what = "decompressed body" if gz else "body"
-                    raise HTTPException(413, f"{what} exceeds {limit} bytes (--max-body-mb)")
-                parts.append(out)
-                if d is not None and not out and chunk:
-                    break
-    except zlib.error as exc:
-        raise HTTPException(400, f"invalid gzip body: {exc}") from exc
-    raw = b"".join(parts)
-    if not raw:
-        if required:
-            raise HTTPException(400, "empty body: expected JSON")
-        return None
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise HTTPException(400, "body is not acceptable JSON: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
-
-
-def _parse(model: type[BaseModel], data: Any, where: str = "body") -> BaseModel:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise HTTPException(422, f"{where}: {loc or 'value'}: {first.get('msg')} "
-                                 f"({exc.error_count()} error(s))") from None
 
 
 class TrajectoryAPI:

@@ -12,6 +12,12 @@ exposes over HTTP and which any engine host, e.g. a Ray actor, can embed):
 gloo on CPU, NCCL on GPU. With `bucket_mb=0` tensors go one per broadcast, which is what a
 real SGLang server expects.
 
+One trainer per engine: while a weight-update group is set up (or being set up) the
+receiver refuses another (`AlreadyHasTrainer`, which `baton serve` answers with 409), and
+the trainer's `BroadcastSync` waits for its own rendezvous and the engines' answers
+together, so a second trainer is told within seconds which server already has a trainer
+(before: it waited in the rendezvous for the group timeout).
+
 A sharded trainer (fsdp2 / tp: DTensor parameters) pushes its parameters as they are
 (`module.named_parameters()`): the specs come from their global shapes, and each bucket's
 tensors are gathered just before it is sent, so no full copy of the model is ever built;
@@ -21,8 +27,12 @@ same time to take part in those gathers.
 
 from __future__ import annotations
 
+import json
+import re
 import socket
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Iterable, Sequence
 
 import torch
@@ -32,24 +42,45 @@ from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtyp
 from baton.sync.registry import register_transport
 
 
+class AlreadyHasTrainer(ValueError):
+    """An engine asked to join a weight-update group while it has one (or is joining one).
+    A ValueError: no retry helps (`baton.workers.server_sync` re-raises those at once)."""
+
+
 class WeightReceiver:
-    """Engine side of a broadcast sync: owns the engine's weight-update groups."""
+    """Engine side of a broadcast sync: owns the engine's weight-update group (one trainer)."""
 
     def __init__(self, engine, rank_in_engine: int = 0):
         self.engine = engine
         self.rank_in_engine = rank_in_engine  # a tensor-parallel engine's local rank; 0 here
         self.groups: dict[str, WeightUpdateGroup] = {}
+        self._trainer: tuple[str, str, float] | None = None  # (group, master host:port, since) set up or joining
+        self._lock = threading.Lock()
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
                                   timeout_s: float = 600.0) -> None:
-        if group_name in self.groups:
-            raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
         if rank_offset < 1:
             raise ValueError("rank_offset must be >= 1: rank 0 is the trainer")
-        self.groups[group_name] = WeightUpdateGroup(master_address, master_port, rank_offset + self.rank_in_engine,
-                                                    world_size, backend=backend, group_name=group_name,
-                                                    timeout_s=timeout_s, device=getattr(self.engine, "device", None))
+        with self._lock:
+            if self._trainer is not None and self._trainer[0] in self.groups and not _reachable(self._trainer[1]):
+                self.groups.pop(self._trainer[0]).close()  # its trainer is gone (its store no longer listens)
+                self._trainer = None
+            if self._trainer is not None:
+                name, master, since = self._trainer
+                state = "has" if name in self.groups else "is joining"
+                raise AlreadyHasTrainer(
+                    f"this server already has a trainer: it {state} weight update group {name!r} of the trainer at "
+                    f"{master} (since {time.monotonic() - since:.0f} s); that trainer must leave it "
+                    f"(/destroy_weights_update_group) before another can join")
+            self._trainer = (group_name, f"{master_address}:{master_port}", time.monotonic())
+        try:
+            self.groups[group_name] = WeightUpdateGroup(
+                master_address, master_port, rank_offset + self.rank_in_engine, world_size, backend=backend,
+                group_name=group_name, timeout_s=timeout_s, device=getattr(self.engine, "device", None))
+        except BaseException:
+            self._trainer = None
+            raise
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
@@ -72,11 +103,13 @@ class WeightReceiver:
         group = self.groups.pop(group_name, None)
         if group is None:
             raise ValueError(f"no weight update group {group_name!r}")
+        self._trainer = None
         group.close()
 
     def close(self) -> None:
         for name in list(self.groups):
             self.groups.pop(name).close()
+        self._trainer = None
 
 
 def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]):
@@ -120,12 +153,30 @@ class BroadcastSync:
         futures = [self._pool.submit(e.init_weights_update_group, master_address, port, 1 + i * ranks_per_engine,
                                      world_size, group_name, self.backend)
                    for i, e in enumerate(self.engines)]
-        try:
-            self.group = WeightUpdateGroup(master_address, port, 0, world_size, backend=self.backend,
-                                           group_name=group_name, timeout_s=timeout_s, listen_socket=sock)
-        except BaseException:
-            sock.close()
-            raise
+        # Our rank 0 joins on a daemon thread, so an engine that refuses (it has a trainer, a
+        # bad request) is an error now, not after the rendezvous' timeout. (The abandoned
+        # rendezvous thread ends at that timeout; a daemon thread does not hold up exit.)
+        joined: Future = Future()
+
+        def rendezvous() -> None:
+            try:
+                joined.set_result(WeightUpdateGroup(master_address, port, 0, world_size, backend=self.backend,
+                                                    group_name=group_name, timeout_s=timeout_s, listen_socket=sock))
+            except BaseException as exc:  # noqa: BLE001 - handed to the constructor's thread
+                sock.close()
+                joined.set_exception(exc)
+
+        threading.Thread(target=rendezvous, daemon=True, name="baton-sync-rendezvous").start()
+        wait([joined, *futures], return_when=FIRST_EXCEPTION)
+        for e, f in zip(self.engines, futures):
+            if f.done() and f.exception() is not None:
+                self._pool.shutdown(wait=False)
+                self._sender.shutdown(wait=False)
+                exc = f.exception()
+                status, reason = _refusal(exc)
+                error = AlreadyHasTrainer if status == 409 or isinstance(exc, AlreadyHasTrainer) else RuntimeError
+                raise error(f"weight sync: {_engine_name(e)} did not join the weight update group: {reason}") from exc
+        self.group = joined.result()
         for f in futures:
             f.result()
 
@@ -169,6 +220,35 @@ class BroadcastSync:
         self.group.close()
         self._pool.shutdown(wait=False)
         self._sender.shutdown(wait=False)
+
+
+def _engine_name(engine) -> str:
+    return getattr(engine, "base_url", None) or type(engine).__name__
+
+
+def _refusal(exc: BaseException) -> tuple[int | None, str]:
+    """(HTTP status, reason) an engine gave: a server's status and JSON `message`
+    (`RemoteEngineError` carries "POST url -> status: body"), else (None, the exception's text)."""
+    m = re.search(r"-> (\d+): (\{.*\})\s*$", str(exc), re.S)
+    if m:
+        try:
+            return int(m.group(1)), f"{json.loads(m.group(2)).get('message')} (HTTP {m.group(1)})"
+        except (ValueError, AttributeError):
+            pass
+    return None, str(exc)
+
+
+def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+    """Does something listen at host:port (a trainer's TCPStore)? Refused: no; a timeout
+    counts as yes (a busy or firewalled trainer keeps its server)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @torch.no_grad()

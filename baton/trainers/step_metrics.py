@@ -21,6 +21,8 @@ def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> 
         "rollout/policy_age": (version - batch[F.POLICY_VERSION].float()).mean().item(),
         "rollout/tokens": int(lengths.sum().item()),
     }
+    if F.PROMPT_MASK in batch.tensors:  # with rollout/tokens: the step's work (bench/grpo_vs_trl.py's FLOPs)
+        m["rollout/prompt_tokens"] = int(batch[F.PROMPT_MASK].sum().item())
     for k in batch.tensors:
         if k.startswith("reward/"):
             m[k] = batch[k].mean().item()

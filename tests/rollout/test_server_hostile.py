@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from baton.rollout.engine import EmbeddedEngine
 
@@ -74,10 +75,18 @@ class _SteppingEngine(EmbeddedEngine):
         return super().generate(prompts, params, stop)
 
 
-def test_health_tells_busy_from_wedged(fresh_served, srv_tokenizer, make_tiny_qwen):
+@pytest.mark.parametrize("sliced", [False, True], ids=["one-call", "sliced"])
+def test_health_tells_busy_from_wedged(fresh_served, srv_tokenizer, make_tiny_qwen, sliced):
+    """A long generation run as one engine call, or in slices taking turns (running_s is
+    then the generation's time, not one slice's)."""
     model = make_tiny_qwen(0)
-    engine = _SteppingEngine(model, srv_tokenizer)
-    s = fresh_served(engine=engine, model=model, wedged_after_s=1.0)
+    if sliced:  # the plain engine (sliced by the server), its decode steps slowed
+        engine = EmbeddedEngine(model, srv_tokenizer)
+        decode = engine.runner.decode
+        engine.runner.decode = lambda tokens: (time.sleep(_SteppingEngine.step_s), decode(tokens))[1]
+    else:
+        engine = _SteppingEngine(model, srv_tokenizer)
+    s = fresh_served(engine=engine, model=model, wedged_after_s=1.0, slice_steps=8)
     with httpx.Client(base_url=s.url, timeout=60) as c:
         out = {}
         t = threading.Thread(target=lambda: out.update(r=c.post("/generate", json={

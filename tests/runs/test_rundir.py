@@ -12,11 +12,9 @@ import time
 import pytest
 from runs_helpers import PYTHON, child_env, version_of, write_checkpoint
 
-from baton.runs import rundir
-from baton.runs.rundir import (
-    OWNER_FILE, RunDirBusy, RunDirError, RunDirLock, find_stale_ray_temp_dirs, prepare_run_dir,
-    record_temp_dir_owner, remove_stale_ray_temp_dirs,
-)
+from baton.runs import ray_temp, rundir
+from baton.runs.ray_temp import OWNER_FILE, find_stale_ray_temp_dirs, record_temp_dir_owner, remove_stale_ray_temp_dirs
+from baton.runs.rundir import RunDirBusy, RunDirError, RunDirLock, prepare_run_dir
 
 _HOLD = """
 import sys, time
@@ -309,7 +307,7 @@ def _owned(root, name, pid=None, **override):
 def test_record_temp_dir_owner(tmp_path):
     info = json.loads(record_temp_dir_owner(tmp_path).read_text())
     assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
-    assert info["start_ticks"] == rundir._start_ticks(os.getpid()) is not None
+    assert info["start_ticks"] == ray_temp._start_ticks(os.getpid()) is not None
 
 
 def test_only_dead_baton_ray_dirs_are_removed(tmp_path):

@@ -183,6 +183,38 @@ def test_server_restart_env_retries_and_trainer_pushes_weights_again(tmp_path, c
         api.stop()
 
 
+def test_a_second_trainer_is_refused_within_seconds_naming_the_server(tmp_path):
+    """Two trainers' server-sync roles against one server: the second one's first push
+    fails at once (not retried for recover_s, not the rendezvous timeout), one line naming
+    the server and that it already has a trainer; the first goes on pushing."""
+    tok = load_tokenizer(MODEL)
+    server, engine = serve(free_port(), tok)
+    pools, roles = [], []
+    try:
+        for nudge in (0.01, 0.02):
+            pools.append(ResourcePool(1, backend="local"))
+            roles.append(colocated_groups(pools[-1], {
+                "actor": (StubActor, (MODEL, nudge)),
+                "server_sync": (ServerSyncWorker, ([server.url],), dict(kind="broadcast", recover_s=120.0))}))
+        first, second = roles[0]["server_sync"], roles[1]["server_sync"]
+        first.push(1)
+        start = time.monotonic()
+        with pytest.raises(Exception, match="already has a trainer") as err:
+            second.push(1)
+        assert time.monotonic() - start < 30  # before: the 120 s rendezvous timeout, then retries
+        last = str(err.value).strip().splitlines()[-1]  # the worker's error ends with the remote one's line
+        assert last.startswith("baton.sync.broadcast.AlreadyHasTrainer: weight sync: " + server.url), last
+        assert "already has a trainer" in last, last
+        first.push(2)
+        assert engine.version == 2
+    finally:
+        for r in roles:
+            r["server_sync"].close_sync()
+            for g in r.values():
+                g.shutdown()
+        server.stop()
+
+
 @pytest.mark.slow
 def test_env_killed_the_trainer_waits_says_why_and_resumes(tmp_path, caplog, monkeypatch):
     import baton.trainers.api_source as api_source
