@@ -14,8 +14,9 @@ One step, top to bottom, as the controller sees it:
     rows    --reward_model.compute_rm_scores-->      reward/model     } at once: concurrent
     rows    --reference.compute_ref_logprobs-->      ref logprobs     } when the roles sit on
     rows    --critic.compute_values-->               values           } different pools
-    rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs,
-                                                     or an off-policy correction)
+    rows    --actor.compute_logprobs-->              proximal logprobs: rollout/logprob_mismatch_kl
+                                                     (engine vs trainer, every step); PPO's old ones
+                                                     with recompute_old_logprobs or algo.off_policy
     scores  --token_level_rewards (- beta KL_t, algo.kl_in_reward)--> token rewards
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
                                                      before whitening)
@@ -48,6 +49,7 @@ import torch
 from baton import fields as F
 from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, dynamic_sampling_filter,
                          explained_variance, kl_in_reward, masked_mean, overlong_penalty, token_level_rewards)
+from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
@@ -222,12 +224,13 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     pending.append(ref.compute_ref_logprobs(batch))
                 if critic is not None:
                     pending.append(critic.compute_values(batch))
-                if proximal:
-                    pending.append(actor.compute_logprobs(batch))
-                else:  # the engine's logprobs equal the trainer's in fp32 (tested): skip a forward
-                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                pending.append(actor.compute_logprobs(batch))  # pi_prox; also the engine-mismatch metric
                 for future in pending:
                     batch = batch.union(future.get())
+                metrics["rollout/logprob_mismatch_kl"] = mismatch_kl(batch[F.OLD_LOGPROBS], batch[F.ROLLOUT_LOGPROBS],
+                                                                     batch[F.RESPONSE_MASK]).item()
+                if not proximal:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
+                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
                 for key, value in total_reward(cfg, batch).items():
                     batch[key] = value
                 if cfg.remax:
