@@ -250,8 +250,12 @@ def load_weights_packed(model: torch.nn.Module, weights: Iterable[tuple[str, tor
     for m in linears.values():
         _restore_linear_weight(m)
     loaded = model.load_weights(((n, t.detach().to("cpu")) for n, t in weights))
-    missing = [f"{n}.weight" for n in linears if loaded is not None and f"{n}.weight" not in loaded]
+    loaded = set(loaded) if loaded is not None else None
+    missing = [f"{n}.weight" for n in linears if loaded is not None  # (LoRA on: `base_layer` named or not)
+               and not {f"{n}.weight", f"{n.replace('.base_layer', '')}.weight"} & loaded]
     for m in model.modules():  # pack again: linear layers (and free their weights), the LM head
+        if hasattr(m, "base_layer"):  # a LoRA wrapper (enable_lora): its base layer is packed itself
+            continue
         method = getattr(m, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(m)
@@ -275,10 +279,13 @@ class BatonWorkerExtension:
 
 
 def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
-                        max_model_len: int | None = None, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+                        max_model_len: int | None = None, python: str | None = None,
+                        max_lora_rank: int | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, extra env) of a vLLM OpenAI server that baton can sample from and keep in sync
     (`RemoteEngine(url, dialect="vllm")` + the `checkpoint` transport): baton's logprob
-    convention, its worker extension, the dev endpoints it calls, media packages hidden."""
+    convention, its worker extension, the dev endpoints it calls, media packages hidden.
+    With `max_lora_rank`: LoRA on, adapters loaded at run time (`/v1/load_lora_adapter`:
+    the `LoraSync` transport, Atropos's lora_only)."""
     import sys
 
     argv = [python or sys.executable, "-m", "baton.rollout.vllm_compat", "vllm.entrypoints.openai.api_server",
@@ -287,7 +294,11 @@ def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", d
             "--host", host, "--port", str(port)]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
-    return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if max_lora_rank:
+        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return argv, env
 
 
 def _restore_linear_weight(layer: Any) -> None:
