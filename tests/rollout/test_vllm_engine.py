@@ -138,15 +138,6 @@ def peft_policy(seed: int):
     return pm.eval()
 
 
-def lora_parity(engine, pm, name: str | None) -> float:
-    """Max |engine - peft| logprob over 8 greedy tokens after PROBE, with adapter `name`."""
-    comp = engine.generate([PROBE], SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True, lora=name))[0]
-    seq = torch.tensor([PROBE + comp.token_ids])
-    with torch.no_grad():
-        logp = torch.log_softmax(pm(input_ids=seq).logits[0, len(PROBE) - 1:-1].double(), -1)
-    want = logp.gather(-1, seq[0, len(PROBE):, None]).squeeze(-1)
-    return float((want - torch.tensor(comp.logprobs, dtype=torch.float64)).abs().max())
-
 
 def test_lora_adapters_by_request(engine, tmp_path):
     from baton.models.lora import adapter_config, adapter_tensors, save_adapter
@@ -159,13 +150,14 @@ def test_lora_adapters_by_request(engine, tmp_path):
     a, b = peft_policy(1), peft_policy(2)
     save_adapter(adapter_tensors(a), adapter_config(a), tmp_path)
     assert lora_engine.load_lora_adapter("a", str(tmp_path)) > 0  # a PEFT dir
-    assert lora_parity(lora_engine, a, "a") < TOL
-    assert lora_parity(lora_engine, a.get_base_model(), None) > 1e-3  # no adapter: the base
+    assert check_logprob_parity(lora_engine, a, PROBE, lora="a") < TOL
+    assert check_logprob_parity(lora_engine, a, PROBE) > 1e-3  # a request without it: not the policy
     with a.disable_adapter():
-        assert lora_parity(lora_engine, a, None) < TOL
+        assert check_logprob_parity(lora_engine, a, PROBE) < TOL  # but the base
     sync = LoraSync([lora_engine], adapter_config(b), name="a")  # in process: (config, tensors)
     sync.push(adapter_tensors(b), 5)
-    assert lora_parity(lora_engine, b, "a") < TOL and lora_engine.version == 5  # the new tensors, same name
+    assert check_logprob_parity(lora_engine, b, PROBE, lora="a") < TOL  # the new tensors, same name
+    assert lora_engine.version == 5
     lora_engine.unload_lora_adapter("a")
     with pytest.raises(KeyError, match="no LoRA adapter 'a' is loaded"):
         lora_engine.generate([PROBE], SamplingParams(max_new_tokens=2, lora="a"))

@@ -150,17 +150,9 @@ def test_lora_sync_to_a_vllm_server(server, tmp_path):
                     if "lora_" in name:
                         p.copy_(0.05 * torch.randn_like(p))
             sync.push(adapter_tensors(policy), version)
-            assert lora_parity(engine, policy, "policy") < TOL, version
+            assert check_logprob_parity(engine, policy, PROBE, lora="policy") < TOL, version
         with policy.disable_adapter():  # requests without the adapter: the base
-            assert lora_parity(engine, policy, None) < TOL
+            assert check_logprob_parity(engine, policy, PROBE) < TOL
     finally:
         sync.close()
 
-
-def lora_parity(engine, model, name) -> float:
-    comp = engine.generate([PROBE], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True, lora=name))[0]
-    seq = torch.tensor([PROBE + comp.token_ids])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=seq).logits[0, len(PROBE) - 1:-1].double(), -1)
-    want = logp.gather(-1, seq[0, len(PROBE):, None]).squeeze(-1)
-    return float((want - torch.tensor(comp.logprobs, dtype=torch.float64)).abs().max())
