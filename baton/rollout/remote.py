@@ -256,9 +256,14 @@ class RemoteEngine:
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
-            self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
-            self._post("/reset_prefix_cache")
-            self._post("/update_weight_version", {"new_version": str(version)})
+            # paused for the load: requests in flight finish on the old weights, new ones wait
+            self._post("/pause?mode=wait")
+            try:
+                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
+                self._post("/reset_prefix_cache")
+                self._post("/update_weight_version", {"new_version": str(version)})
+            finally:
+                self._post("/resume")
             self.version = version
             return
         body: dict[str, Any] = {"model_path": path, "weight_version": str(version)}

@@ -141,6 +141,8 @@ def test_lora_sync_to_a_vllm_server(server, tmp_path):
     base = build_transport("checkpoint", "servers", [engine])
     base.push(tiny(0).named_parameters(), 10)  # the base the adapters sit on (earlier tests moved it)
     base.close()
+    other = RemoteEngine(server, dialect="vllm")  # another client (an environment): rows carry the server's version
+    assert other.generate([PROBE], SamplingParams(max_new_tokens=1))[0].version == 10
     policy = apply_lora(tiny(0), LoraAdapterConfig(rank=8, alpha=16), seed=0).eval()
     sync = LoraSync([engine], adapter_config(policy), name="policy", directory=tmp_path)
     try:
