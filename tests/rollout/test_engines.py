@@ -70,7 +70,7 @@ def test_mismatch_kl_is_zero_at_the_same_weights(tiny_ckpt, tmp_path):
     """The embedded engine samples with the trainer's weights (in place) in fp32: no mismatch,
     logged every step with algo.off_policy=none (no forward was needed for PPO's ratio)."""
     kls = mismatch_per_step(tiny_ckpt, tmp_path)
-    assert len(kls) == 2 and all(0 <= k < 1e-7 for k in kls), kls
+    assert len(kls) == 2 and all(abs(k) < 1e-7 for k in kls), kls  # k3 >= 0 up to rounding
 
 
 def test_mismatch_kl_sees_an_engine_off_the_trainers_weights(tiny_ckpt, tmp_path, monkeypatch):
