@@ -96,19 +96,27 @@ class Parallel:
             dist.all_reduce(t, group=self.data_group)
         return t
 
-    def sync_grads(self) -> None:
+    def sync_grads(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
         """Sum gradients over the data ranks. ddp: one all-reduce of a flat buffer (the
         DTensor grads of a tp-sharded module by their local shards). fsdp2: FSDP has already
-        reduce-scattered (and, for HSDP, all-reduced) them in backward: nothing to do."""
+        reduce-scattered (and, for HSDP, all-reduced) them in backward: nothing to do.
+
+        extra: a small 1-D tensor summed over the data ranks in the same all-reduce (appended
+        to the buffer in the gradients' dtype; a caller passes values that survive the cast:
+        0 / NaN flags, counts). Returns its sum, or None when no all-reduce ran (fsdp2, one
+        rank, no gradients): the caller reduces it itself if it must."""
         if self.strategy == "fsdp2" or self.data_size == 1:
-            return
+            return None
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         if not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
+            return None
+        tail = [] if extra is None else [extra.to(grads[0].dtype)]
+        flat = _flatten_dense_tensors(grads + tail)
         dist.all_reduce(flat, group=self.data_group)  # SUM: losses are divided by global counts
-        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        n_grad = flat.numel() - sum(t.numel() for t in tail)
+        for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
             g.copy_(synced)
+        return flat[n_grad:].to(extra.dtype) if extra is not None else None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm of all gradients (before clipping); scales them to `max_norm`.
