@@ -83,3 +83,15 @@ def test_a_config_built_without_it_is_refused():
         load_config(PPOConfig, RECIPE, ["placement.auto=true"])
     with pytest.raises(ConfigError, match="PPO family"):
         load_recipe("online_dpo", str(REPO / "recipes/online_dpo_arithmetic.yaml"), ["placement.auto=true"])
+
+
+def test_a_recipe_that_refuses_the_generator_gets_ranks_instead(capsys, monkeypatch):
+    monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
+    # the checkpoint transport cannot reach a generator apart: auto falls back to no overlap
+    cfg = load_recipe("grpo", RECIPE, ["rollout.weight_sync=checkpoint"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "[one_step_off refused: " in out[0] and "weight_sync" in out[0]
+    assert cfg.trainer.mode == "sync"
+    # agent / api recipes: never a generator ahead
+    cfg = load_recipe("grpo", str(REPO / "recipes/grpo_arithmetic_api.yaml"), [])
+    assert cfg.trainer.mode == "sync" and "cannot run ahead" in capsys.readouterr().out

@@ -87,9 +87,21 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
             from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
 
             path = (merged.get("model") or {}).get("path")
-            choice = choose(*detect_machine(), count_model_params(path) if path else 0, view_from_raw(merged))
+            machine, view = (*detect_machine(), count_model_params(path) if path else 0), view_from_raw(merged)
+            choice = choose(*machine, view)
+            placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+            if choice.overlap and "trainer.mode" in choice.decided:
+                try:  # a recipe the generator cannot run ahead for (a rule view_from_raw does not know)
+                    cfg = load_config(cls, data=placed)
+                except ConfigError as e:
+                    choice = choose(*machine, dataclasses.replace(view, overlap_ok=False))
+                    placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+                    print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", flush=True)
+                    return load_config(cls, data=placed)
+                print(choice.line(), flush=True)
+                return cfg
             print(choice.line(), flush=True)
-            merged = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+            merged = placed
     return load_config(cls, data=merged)
 
 
