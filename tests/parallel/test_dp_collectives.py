@@ -79,7 +79,7 @@ def _rank(rank: int, port: int, q) -> None:
 
 
 def test_two_gloo_ranks_fold_the_loss_verdict_and_the_normalisers():
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # the ranks inherit the imports (spawn re-imports torch: ~10 s here)
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, q)) for r in range(2)]
