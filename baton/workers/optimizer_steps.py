@@ -108,7 +108,7 @@ class OptimizerSteps:
                 for mc in mb.minibatches(micro, shuffle=False):
                     value = loss(mc, ctx)
                     value.backward()
-                    mb_loss += value.item()
+                    mb_loss += value.detach().double()  # no .item() per micro-batch (a device sync)
                 loss_sum += mb_loss
                 finite_loss = all_finite(self.par, mb_loss)  # with the gradients' SUM over data ranks
                 norm = float(self.par.clip_grad_norm_(self.grad_clip))  # global, before clipping
