@@ -83,6 +83,7 @@ class Parallel:
     data_size: int
     tp_size: int
     share_prompts: bool = True  # False under activation checkpointing (see module docstring)
+    _overlap: "_OverlappedSync | None" = None  # ddp over plain tensors: built on first arm_grad_sync
 
     @property
     def sharded(self) -> bool:
@@ -107,6 +108,8 @@ class Parallel:
         rank, no gradients): the caller reduces it itself if it must."""
         if self.strategy == "fsdp2" or self.data_size == 1:
             return None
+        if self._overlap is not None and self._overlap.armed:
+            return self._overlap.finish()
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         if not grads:
             return None
@@ -117,6 +120,18 @@ class Parallel:
         for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
             g.copy_(synced)
         return flat[n_grad:].to(extra.dtype) if extra is not None else None
+
+    def arm_grad_sync(self, extra: torch.Tensor | None = None) -> None:
+        """Call before the last backward of an optimizer step: gradients are then summed in
+        buckets launched (async) as the backward finishes them, so the all-reduce overlaps
+        the rest of the backward; `sync_grads()` waits for them (and returns `extra`'s sum,
+        carried by the last bucket). ddp over plain tensors only (tp / fsdp2 / one rank:
+        nothing to arm; `sync_grads` does what it always did)."""
+        if self.strategy != "ddp" or self.data_size == 1 or self.tp_size > 1:
+            return
+        if self._overlap is None:
+            self._overlap = _OverlappedSync(self.module, self.data_group)
+        self._overlap.arm(extra)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm of all gradients (before clipping); scales them to `max_norm`.
@@ -162,6 +177,75 @@ class Parallel:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         set_optimizer_state_dict(self.module, optim, state, options=StateDictOptions(full_state_dict=True))
+
+
+GRAD_BUCKET_BYTES = 1 << 21  # 2 MiB per all-reduce bucket (the demo's 3.3 MB of gradients: 2 buckets)
+
+
+class _OverlappedSync:
+    """Gradient buckets all-reduced while the backward runs (DDP's reducer, by hand).
+
+    Buckets: the parameters in reverse order (the backward finishes the last layers first),
+    cut at GRAD_BUCKET_BYTES. A post-accumulate-grad hook counts each bucket's gradients;
+    bucket i is launched (async all-reduce of its flattened gradients) once it is complete
+    and buckets 0..i-1 are launched: the same order on every rank, whatever order each
+    rank's backward produced them in. `finish` launches what is left (parameters that got
+    no gradient this step), waits, and copies the sums back. Sums of the same values in
+    the same buckets as one flat buffer would hold them: SUM over ranks is elementwise."""
+
+    def __init__(self, module: nn.Module, group: Any):
+        self.group = group
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets: list[list[nn.Parameter]] = []
+        size = GRAD_BUCKET_BYTES
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if size + nbytes > GRAD_BUCKET_BYTES and (not self.buckets or self.buckets[-1]):
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.where = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.armed = False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def arm(self, extra: torch.Tensor | None) -> None:
+        self.armed, self.extra = True, extra
+        self.count = [0] * len(self.buckets)
+        self.next = 0
+        self.works: list[tuple[list[torch.Tensor], torch.Tensor, Any]] = []
+
+    def _ready(self, p: nn.Parameter) -> None:
+        if not self.armed:
+            return
+        i = self.where[id(p)]
+        self.count[i] += 1
+        while self.next < len(self.buckets) and self.count[self.next] == len(self.buckets[self.next]):
+            self._launch(self.next)
+
+    def _launch(self, i: int) -> None:
+        grads = [p.grad for p in self.buckets[i] if p.grad is not None]
+        tail = [self.extra.to(grads[0].dtype if grads else self.extra.dtype)] \
+            if self.extra is not None and i == len(self.buckets) - 1 else []
+        flat = _flatten_dense_tensors(grads + tail) if grads + tail else torch.zeros(0)
+        self.works.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+        self.next = i + 1
+
+    def finish(self) -> torch.Tensor | None:
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        self.armed = False
+        extra = None
+        for grads, flat, work in self.works:
+            work.wait()
+            n_grad = sum(g.numel() for g in grads)
+            for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
+                g.copy_(synced)
+            if flat.numel() > n_grad:
+                extra = flat[n_grad:].to(self.extra.dtype)
+        self.works = []
+        return extra
 
 
 @torch.no_grad()

@@ -105,12 +105,16 @@ class OptimizerSteps:
                 ctx = prepare(mb)
                 self.optim.zero_grad(set_to_none=True)
                 mb_loss = torch.zeros((), dtype=torch.float64)
-                for mc in mb.minibatches(micro, shuffle=False):
+                mcs = list(mb.minibatches(micro, shuffle=False))
+                for i, mc in enumerate(mcs):
                     value = loss(mc, ctx)
-                    value.backward()
                     mb_loss += value.detach().double()  # no .item() per micro-batch (a device sync)
+                    if i == len(mcs) - 1:  # the step's last backward: its gradients sum while it runs
+                        flag = finite_flag(mb_loss)
+                        self.par.arm_grad_sync(flag)
+                    value.backward()
                 loss_sum += mb_loss
-                finite_loss = all_finite(self.par, mb_loss)  # with the gradients' SUM over data ranks
+                finite_loss = all_finite(self.par, flag)  # with the gradients' SUM over data ranks
                 norm = float(self.par.clip_grad_norm_(self.grad_clip))  # global, before clipping
                 norm_sum, n_steps = norm_sum + norm, n_steps + 1
                 if finite_loss and math.isfinite(norm):
@@ -129,13 +133,19 @@ class OptimizerSteps:
                 f"{p}/lr": self.optim.param_groups[0]["lr"], f"{p}/nonfinite_skipped": float(skipped)}, n_steps
 
 
-def all_finite(par: Any, local_loss: torch.Tensor) -> bool:
-    """Sums the gradients over the data ranks (`par.sync_grads`) and says whether every
-    rank's loss is finite, the same answer on every rank: the verdict rides on the gradient
-    all-reduce as one extra element (0, or NaN from a rank whose loss is not finite);
-    strategies without that all-reduce (fsdp2, one rank) all-reduce the verdict alone."""
-    flag = torch.zeros(1, dtype=torch.float64) if math.isfinite(local_loss.item()) \
-        else torch.full((1,), math.nan, dtype=torch.float64)
+def finite_flag(local_loss: torch.Tensor) -> torch.Tensor:
+    """[1] float64: 0 where `local_loss` is finite, NaN where not (a sum over ranks is NaN
+    when any rank's is); no device sync."""
+    zero = torch.zeros(1, dtype=torch.float64, device=local_loss.device)
+    return torch.where(torch.isfinite(local_loss), zero, torch.full_like(zero, math.nan)).cpu()
+
+
+def all_finite(par: Any, flag: torch.Tensor) -> bool:
+    """Sums the gradients over the data ranks (`par.sync_grads`: the armed, overlapped
+    all-reduce where one was armed) and says whether every rank's loss is finite, the same
+    answer on every rank: the verdict (`finite_flag`) rides on the gradient all-reduce as
+    one extra element; strategies without that all-reduce (fsdp2, one rank) all-reduce it
+    alone."""
     verdict = par.sync_grads(extra=flag)
     if verdict is None:
         verdict = par.all_reduce(flag)

@@ -4,7 +4,8 @@ On two real gloo ranks (two processes): the gradient all-reduce carries an extra
 summed with the gradients; a non-finite loss on one rank only skips the optimizer step on
 both (the verdict rides on that all-reduce); and an actor update of k optimizer steps
 runs k + 2 all-reduces (the k gradient all-reduces, the normalisers of the whole pass, the
-loss metric), not 3k.
+loss metric), not 3k; the gradient buckets are launched during the backward (overlapped)
+and sum bit for bit to what one flat all-reduce gives.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from baton.models.parallel import wrap
-from baton.workers.optimizer_steps import OptimizerSteps, all_finite
+from baton.workers.optimizer_steps import OptimizerSteps, all_finite, finite_flag
 
 
 def _free_port() -> int:
@@ -43,10 +44,10 @@ def _rank(rank: int, port: int, q) -> None:
         summed = par.sync_grads(extra=torch.tensor([10.0 * (rank + 1)], dtype=torch.float64))
         out = {"grad": model.weight.grad.tolist(), "extra": summed.tolist()}
         model.weight.grad = torch.ones_like(model.weight)
-        out["verdict_finite"] = all_finite(par, torch.tensor(1.0, dtype=torch.float64))
+        out["verdict_finite"] = all_finite(par, finite_flag(torch.tensor(1.0, dtype=torch.float64)))
         model.weight.grad = torch.ones_like(model.weight)
         bad = torch.tensor(math.nan if rank == 1 else 1.0, dtype=torch.float64)
-        out["verdict_one_nan"] = all_finite(par, bad)  # rank 0's own loss is finite
+        out["verdict_one_nan"] = all_finite(par, finite_flag(bad))  # rank 0's own loss is finite
 
         # a run of 2 optimizer steps (mini = 2 rows per rank of 4): count the all-reduces
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -73,6 +74,29 @@ def _rank(rank: int, port: int, q) -> None:
         finally:
             dist.all_reduce = real
         out.update(n=n, calls=calls, skipped=metrics["role/nonfinite_skipped"])
+
+        # overlapped buckets: 3 layers cut into several buckets, launched during the backward,
+        # summing to what the one flat all-reduce gives
+        import baton.models.parallel as parallel_mod
+        parallel_mod.GRAD_BUCKET_BYTES = 200  # a bucket per layer or two
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 1)).double()
+        npar = wrap(net, mesh, "ddp")
+        x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+
+        def backward(arm):
+            net.zero_grad(set_to_none=True)
+            y = net(x).sum()
+            if arm:
+                npar.arm_grad_sync(torch.zeros(1, dtype=torch.float64))
+            y.backward()
+            launched = len(npar._overlap.works) if arm else 0
+            npar.sync_grads(extra=torch.zeros(1, dtype=torch.float64))
+            return [q.grad.clone() for q in net.parameters()], launched
+        flat, _ = backward(False)
+        over, launched = backward(True)
+        out.update(buckets=len(npar._overlap.buckets), launched=launched,
+                   same=all(torch.equal(a, b) for a, b in zip(flat, over)))
         q.put((rank, out))
     finally:
         dist.destroy_process_group()
@@ -99,3 +123,5 @@ def test_two_gloo_ranks_fold_the_loss_verdict_and_the_normalisers():
         # 2 optimizer steps: one normalisers all-reduce ([2 mini-batches, 2] counts), one
         # gradient all-reduce per step (1 x 2 weights + the verdict), one loss all-reduce
         assert r["calls"] == [4, 3, 3, 1], r["calls"]
+        assert r["buckets"] >= 3 and r["launched"] == r["buckets"]  # all in flight before sync_grads
+        assert r["same"]  # bit for bit the flat all-reduce's sums
