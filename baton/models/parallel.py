@@ -5,13 +5,16 @@ A trainable role wraps its module once and then only calls the returned `Paralle
     par = wrap(model, mesh, "fsdp2")          # mesh: the worker's ("dp", "fsdp", "tp") mesh
     optim = build_optimizer(par.module, ...)  # after wrapping: sharded parameters are DTensors
     n = par.all_reduce(counts)                # sums over the *data* ranks (tp peers share data)
-    loss.backward(); par.sync_grads()         # ddp: one flat all-reduce; fsdp2: done in backward
+    par.arm_grad_sync(); loss.backward()      # ddp: buckets all-reduced while the backward runs
+    par.sync_grads()                          # waits for them (unarmed: one flat all-reduce); fsdp2: done in backward
     norm = par.clip_grad_norm_(1.0)           # correct for DTensor (sharded) gradients
     for name, full in par.full_state_dict_iter(): ...   # full tensors one at a time (every rank calls)
 
 Strategies (`strategy` x the mesh's sizes, taken from `placement.mesh`):
-  ddp    every data rank holds the whole module; gradients summed by one flat all-reduce
-         over the data ranks (the losses carry global normalisers, so SUM, not mean).
+  ddp    every data rank holds the whole module; gradients summed over the data ranks
+         (the losses carry global normalisers, so SUM, not mean): armed before a step's
+         last backward, in 2 MiB buckets launched as the backward finishes them (DDP's
+         reducer, by hand: `_OverlappedSync`); else (and with tp) one flat all-reduce.
   fsdp2  `fully_shard` on every decoder layer, then on the root (embeddings, final norm,
          tied head). Shards over the mesh's `fsdp` dim; when `placement.mesh` leaves fsdp
          at 1, over the `dp` dim (plain FSDP over every data rank); both > 1 is HSDP
@@ -113,7 +116,7 @@ class Parallel:
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         if not grads:
             return None
-        tail = [] if extra is None else [extra.to(grads[0].dtype)]
+        tail = [] if extra is None else [extra.to(device=grads[0].device, dtype=grads[0].dtype)]
         flat = _flatten_dense_tensors(grads + tail)
         dist.all_reduce(flat, group=self.data_group)  # SUM: losses are divided by global counts
         n_grad = flat.numel() - sum(t.numel() for t in tail)
@@ -226,7 +229,7 @@ class _OverlappedSync:
 
     def _launch(self, i: int) -> None:
         grads = [p.grad for p in self.buckets[i] if p.grad is not None]
-        tail = [self.extra.to(grads[0].dtype if grads else self.extra.dtype)] \
+        tail = [self.extra.to(device=grads[0].device, dtype=grads[0].dtype) if grads else self.extra] \
             if self.extra is not None and i == len(self.buckets) - 1 else []
         flat = _flatten_dense_tensors(grads + tail) if grads + tail else torch.zeros(0)
         self.works.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True)))

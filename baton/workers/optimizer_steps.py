@@ -93,7 +93,7 @@ class OptimizerSteps:
         p = self.prefix
         if self.offload:
             move_optimizer_state(self.optim, self.device)
-        loss_sum = torch.zeros((), dtype=torch.float64)  # this rank's share, summed over steps
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # this rank's share, summed over steps
         norm_sum = 0.0
         n_steps = skipped = 0
         for epoch in range(epochs):
@@ -104,7 +104,7 @@ class OptimizerSteps:
             for self._at, mb in enumerate(mbs):
                 ctx = prepare(mb)
                 self.optim.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), dtype=torch.float64)
+                mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
                 mcs = list(mb.minibatches(micro, shuffle=False))
                 for i, mc in enumerate(mcs):
                     value = loss(mc, ctx)
@@ -134,10 +134,10 @@ class OptimizerSteps:
 
 
 def finite_flag(local_loss: torch.Tensor) -> torch.Tensor:
-    """[1] float64: 0 where `local_loss` is finite, NaN where not (a sum over ranks is NaN
-    when any rank's is); no device sync."""
+    """[1] float64 on the loss's device: 0 where `local_loss` is finite, NaN where not (a
+    sum over ranks is NaN when any rank's is); no device sync."""
     zero = torch.zeros(1, dtype=torch.float64, device=local_loss.device)
-    return torch.where(torch.isfinite(local_loss), zero, torch.full_like(zero, math.nan)).cpu()
+    return torch.where(torch.isfinite(local_loss), zero, torch.full_like(zero, math.nan))
 
 
 def all_finite(par: Any, flag: torch.Tensor) -> bool:
