@@ -37,8 +37,11 @@ from typing import Any
 # ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
 # load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
 # at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
-# 0.66x of the whole at 0.82M, 0.60x at 5M). 10M is the next size up, not measured yet:
-# re-measure on a quiet machine and move it.
+# 0.66x of the whole at 0.82M, 0.60x at 5M). Again with one collective per optimizer step
+# (issue 20 round 2, 3 rounds under load 5-9, s/step): one_step_off 0.426 / 0.444 / 0.456 vs
+# dp2 0.424 / 0.870 / 0.879 -- a tie at best for dp2, which waits on its peer every step.
+# On a quiet day dp2 was ~10% ahead (BENCHMARKS.md): re-measure quiet, at 5M and 25M, with
+# bench/placement.py and move the threshold.
 MIN_DP_PARAMS = 10_000_000
 
 
