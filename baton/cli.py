@@ -179,12 +179,13 @@ def _make_tiny(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     import yaml
 
-    from baton.cli_help import config_class
     from baton.config import to_dict
+    from baton.trainers.algorithms import load_recipe
 
     name = _algorithm(args.recipe, args.overrides)
-    cfg = load_config(config_class(name), args.recipe,
-                      [*(o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"), f"algorithm={name}"])
+    cfg = load_recipe(name, args.recipe,  # as `baton train` resolves it: placement.auto applied (its line on stderr)
+                      [*(o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"), f"algorithm={name}"],
+                      say=sys.stderr)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
 

@@ -51,7 +51,7 @@ AUTO_FAMILY = ("grpo", "ppo")  # algorithms whose placement `placement.auto` cho
 AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe sets it (the test suite)
 
 
-def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
+def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
     applied: the machine's choice of ranks, overlap and threads for whatever the recipe left
     unset (`baton.controller.auto_placement`), printed in one line; what it decided becomes
@@ -60,9 +60,13 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
     For the PPO family auto is on unless the recipe or an override sets `placement.auto`
     (or the environment sets BATON_PLACEMENT_AUTO=0: the test suite, whose numbers are one
     process's). A resumed run (trainer.resume set, the run dir's config.yaml present) keeps
-    the placement that config.yaml holds instead of choosing again."""
+    the placement that config.yaml holds instead of choosing again. `say` is where the line
+    goes (a text stream; stdout by default: `baton config` sends it to stderr)."""
     import dataclasses
     import os
+    import sys
+
+    say = say or sys.stdout
 
     from baton.config import ConfigError, load_config, merge_recipe
 
@@ -81,7 +85,7 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
                               f"ppo); algorithm {name} places its roles as the recipe says: remove placement.auto")
         kept = _saved_placement(merged)
         if kept is not None:
-            print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", flush=True)
+            print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", file=say, flush=True)
             merged = merge_recipe(None, [*kept, "placement.auto=false"], data=merged)
         else:
             from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
@@ -96,11 +100,11 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
                 except ConfigError as e:
                     choice = choose(*machine, dataclasses.replace(view, overlap_ok=False))
                     placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
-                    print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", flush=True)
+                    print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", file=say, flush=True)
                     return load_config(cls, data=placed)
-                print(choice.line(), flush=True)
+                print(choice.line(), file=say, flush=True)
                 return cfg
-            print(choice.line(), flush=True)
+            print(choice.line(), file=say, flush=True)
             merged = placed
     return load_config(cls, data=merged)
 
