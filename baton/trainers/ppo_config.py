@@ -203,7 +203,7 @@ class PPOConfig:
             raise ValueError("data.source=agent runs the episodes its `agent:` section describes: give both or neither")
         if (d.source == "gateway") != (self.gateway is not None):
             raise ValueError("data.source=gateway runs the agent its `gateway:` section names: give both or neither")
-        if d.source in ("agent", "gateway"):
+        if d.source == "gateway":  # data.source=agent also runs on a generator (EpisodeGeneratorSource)
             where = f"trainer.mode={mode}" if mode != "sync" else (
                 "a rollout on a pool of its own" if self.placement.pool_of("rollout") != self.placement.pool_of("actor")
                 else None)
