@@ -51,3 +51,13 @@ def test_agent_one_step_off_trains_on_episodes_one_version_old(tmp_path):
     assert rows[1]["rollout/policy_age"] == 0 and rows[1]["off_policy/mismatch_kl"] < 1e-6
     assert rows[2]["rollout/policy_age"] == 1 and rows[2]["off_policy/mismatch_kl"] > 1e-6
     assert rows[2]["agent/trajectories"] == 4 and rows[2]["agent/turns_mean"] > 1
+
+
+@pytest.mark.ray
+def test_agent_episodes_on_two_ray_ranks(tmp_path):
+    """placement.backend=ray, world_size 2: each rank runs the episodes of its half of the
+    prompts; the driver gets every rank's rows (groups numbered across ranks) and counts."""
+    ppo.train(config(tmp_path, "trainer.steps=1", "placement.backend=ray", "placement.world_size=2"))
+    rows = {r["step"]: r for r in steps(tmp_path)}
+    assert rows[1]["agent/trajectories"] == 4 and rows[1]["agent/turns_mean"] > 1
+    assert "actor/loss" in rows[1] and "eval/accuracy_greedy" in rows[1]
