@@ -54,6 +54,22 @@ def test_agent_one_step_off_trains_on_episodes_one_version_old(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 10-25 s here: two runs, each with a generator process (the default run has the ages)
+def test_agent_one_step_off_resumes_exactly_with_its_staleness_state(tmp_path):
+    """Step 3's episodes, sampled by version 1 before the step-2 checkpoint was written, come
+    back from it (rows, masks, behaviour logprobs, counts): the resumed step 3 is the
+    uninterrupted run's step 3."""
+    full = tmp_path / "full"
+    ppo.train(config(full, "trainer.steps=3", "trainer.save_every=2", "trainer.mode=one_step_off"))
+    rows = steps(full)
+    assert [r.get("rollout/policy_age") for r in rows] == [None, 0.0, 1.0, 1.0]
+    ppo.train(config(tmp_path / "part", "trainer.steps=3", "trainer.mode=one_step_off",
+                     f"trainer.resume={full / 'checkpoints' / 'step_2'}"))
+    again = [r for r in steps(tmp_path / "part") if r["step"] == 3]
+    assert again == [rows[3]] and "agent/trajectories" in again[0]
+
+
+@pytest.mark.ray
 def test_agent_episodes_on_two_ray_ranks(tmp_path):
     """placement.backend=ray, world_size 2: each rank runs the episodes of its half of the
     prompts; the driver gets every rank's rows (groups numbered across ranks) and counts."""
