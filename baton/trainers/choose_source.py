@@ -7,7 +7,8 @@ from typing import Any
 
 from baton.trainers.api_source import ApiSource
 from baton.trainers.async_source import generator_args, rollout_source
-from baton.trainers.episode_source import EpisodeGeneratorSource, EpisodeSource, SessionSource
+from baton.trainers.episode_source import (EpisodeGeneratorSource, EpisodeSource, SessionGeneratorSource,
+                                           SessionSource)
 from baton.trainers.placement import apart
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RowSource
@@ -24,6 +25,8 @@ def row_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
         return EpisodeGeneratorSource(cfg.agent, **generator_args(cfg, roles, state))
     if cfg.data.source == "agent":
         return EpisodeSource(cfg.agent, roles["rollout"], state, cfg.data.prompts_per_step)
+    if cfg.data.source == "gateway" and apart(cfg):
+        return SessionGeneratorSource(cfg.gateway, **generator_args(cfg, roles, state))
     if cfg.data.source == "gateway":
         return SessionSource(cfg.gateway, roles["rollout"], state, cfg.data.prompts_per_step)
     return rollout_source(cfg, roles, state)

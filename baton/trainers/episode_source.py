@@ -17,7 +17,8 @@ may have fewer than n rows (dropped trajectories). `last_stats` holds the step's
 `EpisodeGeneratorSource`: the same episodes from a generator on a pool of its own
 (`trainer.mode` one_step_off | async, or a rollout placed apart): `GeneratorSource`'s
 admission and staleness schedule, its generator running `generate_episodes` instead of
-`generate`; rows keep their masks, behaviour logprobs and the version that sampled them.
+`generate`; rows keep their masks, behaviour logprobs and the version that sampled them
+(`SessionGeneratorSource`: the same for data.source: gateway, `generate_sessions`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ class EpisodeGeneratorSource(GeneratorSource):
 
     def metrics(self) -> dict[str, float]:
         return stats_metrics(self.last_stats)
+
+
+class SessionGeneratorSource(EpisodeGeneratorSource):
+    """`data.source: gateway` on a generator of its own: `SessionSource`'s sessions under
+    `GeneratorSource`'s staleness schedule (groups made step-unique as the rows arrive)."""
+
+    def __init__(self, cfg: GatewayAgentConfig, **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)  # type: ignore[arg-type]  (check / asdict: any config)
+
+    def _generate(self, prompts: Batch, step: int) -> Future:
+        return self.rollout.submit("generate_sessions", prompts, step, asdict(self.cfg))
+
+    def rows(self, step: int) -> Batch:
+        rows = super().rows(step)
+        if len(rows):  # groups numbered by the gateway per call: step-unique here
+            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
+        return rows
 
 
 class SessionSource(EpisodeSource):
