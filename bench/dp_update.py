@@ -41,11 +41,12 @@ class TimedActor(ActorWorker):
     def update(self, batch):
         sync, t_sync = self.par.sync_grads, [0.0, 0.0]
 
-        def timed_sync():
+        def timed_sync(*args, **kwargs):
             t0, c0 = time.perf_counter(), time.process_time()
-            sync()
+            out = sync(*args, **kwargs)
             t_sync[0] += time.perf_counter() - t0
             t_sync[1] += time.process_time() - c0
+            return out
         self.par.sync_grads = timed_sync
         t0, c0 = time.perf_counter(), time.process_time()
         try:

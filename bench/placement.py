@@ -10,7 +10,8 @@ machine the load moves the numbers.
 
 Candidates: one process with 1 thread and with one thread per core; data parallel
 (placement.backend=ray, world_size = cores, 1 thread per rank); one_step_off (the
-generator in a second process); and the two combined.
+generator in a second process); the two combined; and `auto`, the plain command (what
+`placement.auto` chooses; its one line is printed).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from _common import REPO, SMOKE_TRAIN, add_smoke  # bench/_common.py (scripts ru
 
 
 def candidates(cores: int) -> dict[str, list[str]]:
+    """Each candidate with placement.auto=false (what it names and nothing else), and `auto`:
+    the command as a user types it (whatever `placement.auto` chooses on this machine)."""
     dp = ["placement.backend=ray", f"placement.world_size={cores}", "placement.threads_per_worker=1"]
-    return {"1 process, 1 thread": ["placement.threads_per_worker=1"],
+    hand = {"1 process, 1 thread": ["placement.threads_per_worker=1"],
             f"1 process, {cores} threads": [f"placement.threads_per_worker={cores}"],
             f"dp{cores} (ray)": dp,
             "one_step_off": ["trainer.mode=one_step_off", "placement.threads_per_worker=1"],
             f"dp{cores} + one_step_off": [*dp, "trainer.mode=one_step_off"]}
+    return {**{k: ["placement.auto=false", *v] for k, v in hand.items()}, "auto": []}
 
 
 def load() -> str:
@@ -47,9 +51,13 @@ def run(recipe: str, extra: list[str], run_dir: Path) -> dict:
             "data.eval_size=8", *extra]
     before, t0 = load(), time.perf_counter()
     p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                       env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                            "BATON_PLACEMENT_AUTO": "1"})
     if p.returncode != 0:
         sys.exit(f"baton train {' '.join(extra)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    chose = [x for x in p.stdout.splitlines() if x.startswith("placement auto:")]
+    if chose:
+        print(chose[0], flush=True)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if r.get("step", 0) >= 3 and "timing/step_s" in r
              and not any(k.startswith("eval/") for k in r)]

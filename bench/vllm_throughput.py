@@ -1,7 +1,8 @@
 """Rollout throughput: baton's embedded engine vs vLLM inside baton vs bare vLLM, same weights.
 
 Qwen2 shapes of bench/engine_throughput.py (5M, 25M): 64 prompts (16..48 tokens) x 64 new
-tokens, temperature 1, EOS ignored, so every method produces 64 x 64 tokens.
+tokens, temperature 1, EOS ignored, so every method produces 64 x 64 tokens; `0.5b`: the
+Qwen2.5-0.5B shape (random weights, 494M, vocab 151936), 16 prompts x 32 new tokens.
 
     embedded        EmbeddedEngine.generate (what rollout.engine=embedded runs)
     vllm in baton   VLLMEngine.generate: baton's protocol, a seeded request per sample,
@@ -15,7 +16,7 @@ Also the colocated weight sync into vLLM (`VLLMEngine.update_weights`: load + re
 no disk), median of --repeats. Prints median tokens/s over --repeats runs, and the machine's load (`uptime`) before and
 after: the machine is shared, so numbers taken under load say so.
 
-    /work/venv-vllm/bin/python bench/vllm_throughput.py [--sizes 5m,25m] [--threads 1] [--repeats 3]
+    /work/venv-vllm/bin/python bench/vllm_throughput.py [--sizes 5m,25m,0.5b] [--threads 1] [--repeats 3]
     /work/venv-vllm/bin/python bench/vllm_throughput.py --smoke     # 5M, 8 x 8, once: does it run
 """
 
@@ -41,6 +42,20 @@ def timed(fn) -> tuple[float, int]:
     return time.perf_counter() - t0, tokens
 
 
+# Qwen2.5-0.5B's shape (config.json of Qwen/Qwen2.5-0.5B), random weights: 494M parameters
+QWEN_05B = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936)
+
+
+def build_shape(et, size: str) -> torch.nn.Module:
+    """A random model of the bench's shape `size` (engine_throughput's, or 0.5b)."""
+    if size != "0.5b":
+        return et.build(size)
+    from baton.models.tiny import build_tiny_model
+
+    kw = dict(QWEN_05B)
+    return build_tiny_model(None, vocab_size=kw.pop("vocab_size"), eos_token_id=None, max_position=512, **kw).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="5m,25m")
@@ -58,11 +73,13 @@ def main() -> None:
     from baton.rollout.vllm_engine import VLLMEngine
 
     n_prompts, new_tokens, repeats = (8, 8, 1) if args.smoke else (et.N_PROMPTS, et.NEW_TOKENS, args.repeats)
+    default, shape_of = (n_prompts, new_tokens), {}
     sizes = ["5m"] if args.smoke else args.sizes.split(",")
     print(f"load average before: {load_avg()}  (threads {args.threads}; 2-core machine shared with other jobs)")
     rows = []
     for size in sizes:
-        model = et.build(size)
+        model = build_shape(et, size)
+        n_prompts, new_tokens = shape_of[size] = (16, 32) if size == "0.5b" and not args.smoke else default
         vocab = model.config.vocab_size
         prompts = et.make_prompts(vocab)[:n_prompts]
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
@@ -104,7 +121,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for size in sizes:
         r = {name: v for s, name, v in rows if s == size}
-        print(f"| {size} | {n_prompts} x {new_tokens} | {r['embedded']:.0f} | {r['vllm in baton']:.0f} | "
+        print(f"| {size} | {shape_of[size][0]} x {shape_of[size][1]} | {r['embedded']:.0f} | {r['vllm in baton']:.0f} | "
               f"{r['bare vllm']:.0f} | {r['bare, seeded']:.0f} | {r['vllm in baton'] / r['bare, seeded']:.2f}x |")
 
 

@@ -11,6 +11,14 @@ Transports (trainer -> engine, medians over --reps pushes):
 The server runs in a thread of this process (uvicorn + its engine thread), so the numbers
 include HTTP but share the CPU with the trainer side. After every transport the engine's
 logprobs are checked against the trainer's (max |diff| printed).
+
+With --vllm (run it with the vLLM venv), also:
+  vllm/copy             colocated `VLLMEngine` (rollout.engine=vllm): load + re-pack, no disk
+  vllm/checkpoint/http  a vLLM OpenAI server (a process of its own): safetensors file, then
+                        baton's worker extension over /collective_rpc, paused meanwhile
+and `--sizes` may name `0.5b` (Qwen2.5-0.5B's shape, random weights, 494M):
+
+    PYTHONPATH=$PWD /work/venv-vllm/bin/python bench/weight_sync.py --vllm --sizes 25m,0.5b --buckets 64
 """
 
 from __future__ import annotations
@@ -51,9 +59,51 @@ def _time(sync, trainer, reps: int) -> list[float]:
     return times[1:]
 
 
-def bench_size(preset: str, reps: int, buckets: list[float]) -> list[tuple]:
+def build(preset: str, seed: int) -> torch.nn.Module:
+    if preset != "0.5b":
+        return build_tiny_model(preset, seed=seed)
+    from vllm_throughput import QWEN_05B  # bench/ is on sys.path
+
+    kw = dict(QWEN_05B)
+    return build_tiny_model(None, vocab_size=kw.pop("vocab_size"), seed=seed, **kw).eval()
+
+
+def bench_vllm(preset: str, record, tmp: str) -> None:
+    """The vLLM transports (see the module docstring)."""
+    import os
+    import socket
+    import subprocess
+
+    from baton.models.load import save_pretrained
+    from baton.rollout.engines import build_engine
+    from baton.rollout.vllm_engine import vllm_server_command
+    from baton.sync import CopySync
+
     tok = build_char_tokenizer()
-    trainer = build_tiny_model(preset, seed=1)
+    eng = build_engine("vllm", build(preset, 0), tok, max_model_len=256)
+    record("vllm/copy", CopySync(eng), eng, eng)
+    del eng
+    model_dir = save_pretrained(build(preset, 0), tok, os.path.join(tmp, "vllm-model"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv, env = vllm_server_command(str(model_dir), port, max_model_len=256)
+    proc = subprocess.Popen(argv, env={**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        remote = RemoteEngine(f"http://127.0.0.1:{port}", dialect="vllm")
+        remote.wait_ready(timeout=600)
+        sync = CheckpointSync([remote], directory=tmp)
+        record("vllm/checkpoint/http", sync, remote, remote)
+        sync.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def bench_size(preset: str, reps: int, buckets: list[float], vllm: bool = False) -> list[tuple]:
+    tok = build_char_tokenizer()
+    trainer = build(preset, seed=1)
     n_params = count_params(trainer)
     mb = sum(p.numel() * p.element_size() for p in trainer.parameters()) / 2**20
     rows = []
@@ -71,12 +121,14 @@ def bench_size(preset: str, reps: int, buckets: list[float]) -> list[tuple]:
 
     tmp = tempfile.mkdtemp(prefix="baton-bench-")
     try:
-        eng = EmbeddedEngine(build_tiny_model(preset, seed=0), tok)
+        if vllm:
+            bench_vllm(preset, record, tmp)
+        eng = EmbeddedEngine(build(preset, 0), tok)
         sync = CheckpointSync([eng], directory=tmp)
         record("checkpoint/local", sync, eng, eng)
         sync.close()
 
-        eng = EmbeddedEngine(build_tiny_model(preset, seed=0), tok)
+        eng = EmbeddedEngine(build(preset, 0), tok)
         with ServerThread(build_app(eng, tok, preset)) as server:
             remote = RemoteEngine(server.url)
             sync = CheckpointSync([remote], directory=tmp)
@@ -100,6 +152,7 @@ def main() -> None:
     ap.add_argument("--buckets", default="0,4,64", help="broadcast bucket sizes in MB (0 = per tensor)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on an oversubscribed CPU multi-threaded copies stall)")
+    ap.add_argument("--vllm", action="store_true", help="also the vLLM transports (needs vLLM)")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -108,7 +161,7 @@ def main() -> None:
     buckets = [float(b) for b in args.buckets.split(",")]
     rows = []
     for preset in args.sizes.split(","):
-        rows += bench_size(preset, args.reps, buckets)
+        rows += bench_size(preset, args.reps, buckets, vllm=args.vllm)
     print(f"\nweight sync latency, median of {args.reps} pushes, fp32, torch threads={args.threads}")
     print(f"{'model':>6} {'params':>7} {'transport':<24} {'median ms':>10} {'min ms':>8} {'GB/s':>6} {'parity':>8}")
     for preset, n, name, med, mn, gbs, diff in rows:

@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+# `baton train` of a PPO-family recipe chooses its placement from the machine unless told
+# (placement.auto); the suite's runs, in-process and in subprocesses, are one process each,
+# as measured: a test that wants auto sets placement.auto=true (tests/test_placement_auto_wiring.py).
+os.environ.setdefault("BATON_PLACEMENT_AUTO", "0")
 
 
 def _start_ray() -> bool:

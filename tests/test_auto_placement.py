@@ -113,3 +113,18 @@ def test_machine_and_model_size_probes():
     demo = Path(__file__).resolve().parents[1] / "checkpoints" / "arith-sft"
     real = sum(p.numel() for p in load_model(demo).parameters())  # the weights, really loaded
     assert count_model_params(str(demo)) == real < MIN_DP_PARAMS
+
+
+def test_no_generator_ahead_where_the_recipe_cannot_have_one():
+    # rows from the environments, dynamic sampling, remax: every core holds a rank instead
+    for raw in ({"data": {"source": "api", "prompts_per_step": 64}},
+                {"data": {"prompts_per_step": 64}, "algo": {"dynamic_sampling": True}},
+                {"data": {"prompts_per_step": 64}, "algo": {"advantage": "remax"}}):
+        view = view_from_raw(raw)
+        assert view.overlap_ok is False
+        c = choose(2, 0, SMALL, view)
+        assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("ray", 2, False, 1)
+        assert "cannot run ahead" in c.line()
+        c = choose(2, 0, SMALL, view_from_raw({**raw, "placement": {"world_size": 1}}))  # 1 rank as set
+        assert (c.world_size, c.overlap, c.threads_per_worker) == (1, False, 2)
+    assert view_from_raw({"data": {"source": "rollout"}}).overlap_ok

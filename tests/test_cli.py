@@ -31,7 +31,7 @@ def test_make_tiny_then_eval(tmp_path, capsys):
 BAD = [  # (override, what the one-line error must name)
     ("data.task=nope", "data.task='nope' is not one of ['arithmetic', "),  # + gsm8k, + any a test registered
     ("data.task=gsm8k", "data.task=gsm8k reads its rows from a local file: set data.path"),
-    ("data.source=nope", "data.source='nope' is not one of ['rollout', 'api', 'agent']"),
+    ("data.source=nope", "data.source='nope' is not one of ['rollout', 'api', 'agent', 'gateway']"),
     ("rollout.weight_sync=nccl", "rollout.weight_sync='nccl' is not one of"),
     ("algo.advantage=gae", "needs values from a critic"),
     ("algo.advantage=grpo_typo", "algo.advantage='grpo_typo' is not one of"),

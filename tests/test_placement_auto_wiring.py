@@ -1,13 +1,17 @@
-"""`placement.auto: true` is applied where a recipe is loaded (`baton train`,
+"""`placement.auto` is applied where a recipe is loaded (`baton train`,
 `baton.trainers.algorithms.load_recipe`): the machine's choice fills what the recipe left
-unset, is printed in one line, and becomes explicit keys; a config built without it is
-refused rather than silently left unplaced."""
+unset, is printed in one line, and becomes explicit keys; on by default for the PPO family
+(the suite turns the default off: BATON_PLACEMENT_AUTO=0 in tests/conftest.py); a resumed
+run keeps the placement of its config.yaml; a config built without it is refused rather
+than silently left unplaced."""
 
 from pathlib import Path
 
 import pytest
 
-from baton.config import ConfigError, load_config
+import yaml
+
+from baton.config import ConfigError, load_config, save_config
 from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
 from baton.trainers.algorithms import load_recipe
 from baton.trainers.ppo_config import PPOConfig
@@ -26,11 +30,52 @@ def test_auto_fills_what_the_recipe_left_unset(capsys):
     assert cfg.trainer.mode == ("one_step_off" if expected.overlap else "sync") and cfg.placement.auto is False
 
 
-def test_explicit_settings_win_and_off_is_the_default(capsys):
-    cfg = load_recipe("grpo", RECIPE, ["placement.auto=true", "trainer.mode=sync"])
-    assert cfg.trainer.mode == "sync" and cfg.placement.world_size == 1  # the recipe's own world_size
+def test_explicit_settings_win(capsys):
+    cfg = load_recipe("grpo", RECIPE, ["placement.auto=true", "trainer.mode=sync", "placement.world_size=1"])
+    assert cfg.trainer.mode == "sync" and cfg.placement.world_size == 1
     assert "overlaps" not in capsys.readouterr().out  # trainer.mode=sync as set: no generator
-    assert load_recipe("grpo", RECIPE, []).placement.auto is False  # off unless asked this round
+
+
+def test_on_by_default_for_the_ppo_family_unless_the_environment_says_0(capsys, monkeypatch):
+    monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
+    default = load_recipe("grpo", RECIPE, [])
+    asked = load_recipe("grpo", RECIPE, ["placement.auto=true"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1] and lines[0].startswith("placement auto: ")
+    assert (default.placement, default.trainer.mode) == (asked.placement, asked.trainer.mode)
+    off = load_recipe("grpo", RECIPE, ["placement.auto=false"])  # the recipe's own placement
+    assert (off.placement.backend, off.placement.world_size, off.trainer.mode) == ("local", 1, "sync")
+    assert capsys.readouterr().out == ""
+    load_recipe("online_dpo", str(REPO / "recipes/online_dpo_arithmetic.yaml"), [])  # not the PPO family: as set
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("BATON_PLACEMENT_AUTO", "0")
+    cfg = load_recipe("grpo", RECIPE, [])
+    assert (cfg.placement.world_size, cfg.trainer.mode, capsys.readouterr().out) == (1, "sync", "")
+
+
+def test_a_resumed_run_keeps_the_placement_of_its_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
+    raw = yaml.safe_load(Path(RECIPE).read_text())
+    raw["model"]["path"] = str(REPO / raw["model"]["path"])
+    raw.pop("placement", None)  # nothing placed by hand: auto decides every key
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = load_recipe("grpo", str(recipe), [f"trainer.run_dir={run_dir}"])
+    save_config(first, run_dir / "config.yaml")
+    # the saved run was placed otherwise (another machine): resuming keeps that, not a new choice
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved["placement"].update(backend="ray", world_size=4, threads_per_worker=3)
+    saved["trainer"]["mode"] = "one_step_off"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    capsys.readouterr()
+    cfg = load_recipe("grpo", str(recipe), [f"trainer.run_dir={run_dir}", "trainer.resume=auto"])
+    assert (cfg.placement.backend, cfg.placement.world_size, cfg.placement.threads_per_worker,
+            cfg.trainer.mode) == ("ray", 4, 3, "one_step_off")
+    assert capsys.readouterr().out.startswith("placement auto: kept from the resumed run's config.yaml")
+    fresh = load_recipe("grpo", str(recipe), [f"trainer.run_dir={run_dir}", "trainer.overwrite=true"])
+    assert (fresh.placement, fresh.trainer.mode) == (first.placement, first.trainer.mode)
 
 
 def test_a_config_built_without_it_is_refused():
@@ -38,3 +83,15 @@ def test_a_config_built_without_it_is_refused():
         load_config(PPOConfig, RECIPE, ["placement.auto=true"])
     with pytest.raises(ConfigError, match="PPO family"):
         load_recipe("online_dpo", str(REPO / "recipes/online_dpo_arithmetic.yaml"), ["placement.auto=true"])
+
+
+def test_a_recipe_that_refuses_the_generator_gets_ranks_instead(capsys, monkeypatch):
+    monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
+    # the checkpoint transport cannot reach a generator apart: auto falls back to no overlap
+    cfg = load_recipe("grpo", RECIPE, ["rollout.weight_sync=checkpoint"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "[one_step_off refused: " in out[0] and "weight_sync" in out[0]
+    assert cfg.trainer.mode == "sync"
+    # agent / api recipes: never a generator ahead
+    cfg = load_recipe("grpo", str(REPO / "recipes/grpo_arithmetic_api.yaml"), [])
+    assert cfg.trainer.mode == "sync" and "cannot run ahead" in capsys.readouterr().out

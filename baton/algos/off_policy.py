@@ -54,8 +54,22 @@ def _ratio(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor):
     return mask, log_ratio, log_ratio.exp()  # ratio [B, R]: 1 on padding
 
 
+@torch.no_grad()
+def mismatch_kl(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                response_mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(mu || pi_prox) on the sampled tokens, masked mean (0-d): r - 1 - log r
+    with r = pi_prox / mu per token (>= 0, 0 where the two agree). The trainer logs it every
+    step as `rollout/logprob_mismatch_kl` (engine vs trainer) whatever `algo.off_policy` is."""
+    mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    return _k3(mask, log_ratio, ratio)
+
+
+def _k3(mask, log_ratio, ratio) -> torch.Tensor:
+    return masked_mean(ratio - 1 - log_ratio, mask)
+
+
 def _metrics(mask, log_ratio, ratio, weights, cap) -> dict[str, torch.Tensor]:
-    return {"off_policy/mismatch_kl": masked_mean(ratio - 1 - log_ratio, mask),
+    return {"off_policy/mismatch_kl": _k3(mask, log_ratio, ratio),
             "off_policy/capped_frac": masked_mean((ratio > cap).float(), mask),
             "off_policy/weight_mean": masked_mean(weights, mask)}
 

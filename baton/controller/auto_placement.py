@@ -37,8 +37,11 @@ from typing import Any
 # ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
 # load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
 # at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
-# 0.66x of the whole at 0.82M, 0.60x at 5M). 10M is the next size up, not measured yet:
-# re-measure on a quiet machine and move it.
+# 0.66x of the whole at 0.82M, 0.60x at 5M). Again with one collective per optimizer step
+# (issue 20 round 2, 3 rounds under load 5-9, s/step): one_step_off 0.426 / 0.444 / 0.456 vs
+# dp2 0.424 / 0.870 / 0.879 -- a tie at best for dp2, which waits on its peer every step.
+# On a quiet day dp2 was ~10% ahead (BENCHMARKS.md): re-measure quiet, at 5M and 25M, with
+# bench/placement.py and move the threshold.
 MIN_DP_PARAMS = 10_000_000
 
 
@@ -55,6 +58,9 @@ class AutoView:
     prompts_per_step: int = 1
     rows_per_update: int = 0  # actor.mini_batch_size (0: the whole step's rows)
     has_pools: bool = False  # placement.pools / roles set: a hand-made placement, leave it alone
+    # False where a generator cannot run ahead: rows from the environments (data.source api /
+    # agent), dynamic sampling, ReMax's greedy baseline (the colocated rollout's jobs)
+    overlap_ok: bool = True
 
 
 @dataclass(frozen=True)
@@ -105,22 +111,25 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
         why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
     elif cores == 1:
         ws, overlap, why = view.world_size or 1, False, "1 core: one process"
-    elif model_params < MIN_DP_PARAMS and view.world_size is None:
+    elif model_params < MIN_DP_PARAMS and view.world_size is None and view.overlap_ok:
         ws, overlap = _ranks(cores - 1, view), True
         why = (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one core generates "
                f"ahead, {ws} rank(s) update")
     else:
         ws = view.world_size or _ranks(cores, view)
-        overlap = ws < cores  # a core without a rank generates ahead, in a process of its own
+        overlap = ws < cores and view.overlap_ok  # a core without a rank generates ahead, in a process of its own
         if view.world_size is not None:
             why = f"{cores} cores, {ws} rank(s) as set"
         elif ws == cores:
             why = f"{cores} cores: one rank per core, each generating and updating its share"
         else:
             why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
+        if not view.overlap_ok:
+            why += "; generation cannot run ahead for this recipe"
     if view.mode is not None:
         overlap = view.mode != "sync"
-    elif overlap and gpus == 0 and cores > 1 and not (model_params < MIN_DP_PARAMS and view.world_size is None):
+    elif overlap and gpus == 0 and cores > 1 and not (model_params < MIN_DP_PARAMS and view.world_size is None
+                                                      and view.overlap_ok):
         why += "; the generator overlaps the update on a core of its own"
     backend = view.backend or ("ray" if ws > 1 else "local")
     procs = ws + (1 if overlap else 0)  # the generator is a process of its own
@@ -139,12 +148,14 @@ def view_from_raw(raw: dict[str, Any]) -> AutoView:
         place = {}
     if not isinstance(place, dict):
         raise ValueError(f"placement: expected a mapping or 'auto', got {place!r}")
-    data, actor, trainer = (raw.get(k) or {} for k in ("data", "actor", "trainer"))
+    data, actor, trainer, algo = (raw.get(k) or {} for k in ("data", "actor", "trainer", "algo"))
+    overlap_ok = (data.get("source", "rollout") == "rollout" and not algo.get("dynamic_sampling")
+                  and algo.get("advantage") != "remax")
     return AutoView(auto=bool(place.get("auto", True)), backend=place.get("backend"),
                     world_size=place.get("world_size"), threads_per_worker=place.get("threads_per_worker"),
                     mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
                     rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
-                    has_pools=bool(place.get("pools") or place.get("roles")))
+                    has_pools=bool(place.get("pools") or place.get("roles")), overlap_ok=overlap_ok)
 
 
 def detect_machine() -> tuple[int, int]:

@@ -22,8 +22,9 @@ from typing import Literal
 class PlacementConfig:
     # auto: true (baton.controller.auto_placement.choose) fills backend, world_size,
     # threads_per_worker and trainer.mode from the machine where the recipe leaves them unset,
-    # when the recipe is loaded (baton.trainers.algorithms.load_recipe); off by default this
-    # round (the suite and the recipes' numbers were measured without it).
+    # when the recipe is loaded (baton.trainers.algorithms.load_recipe): `baton train` of a
+    # PPO-family recipe that does not set placement.auto turns it on (BATON_PLACEMENT_AUTO=0:
+    # off, as the test suite runs); a config built in Python (load_config) is placed as given.
     auto: bool = False
     backend: Literal["local", "ray"] = "local"
     world_size: int = 1  # size of the "main" pool: data-parallel actor ranks

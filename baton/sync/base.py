@@ -33,14 +33,16 @@ class WeightSync(Protocol):
 
 
 @torch.no_grad()
-def check_logprob_parity(engine, model: torch.nn.Module, token_ids: Sequence[int], max_new_tokens: int = 8) -> float:
+def check_logprob_parity(engine, model: torch.nn.Module, token_ids: Sequence[int], max_new_tokens: int = 8,
+                         lora: str | None = None) -> float:
     """Max |engine logprob - trainer logprob| over `max_new_tokens` greedy tokens after `token_ids`.
 
     The engine continues the prompt greedily (temperature 0 -> logprobs at temperature 1,
     see the protocol); the trainer scores the same tokens with one full forward pass. The
     tokens come from the engine, so the comparison is meaningful even if argmaxes differ.
+    `lora`: the engine samples with that adapter (`model`: the peft model holding it).
     """
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, lora=lora)
     comp = engine.generate([list(token_ids)], params)[0]
     device = next(model.parameters()).device
     seq = torch.tensor([list(token_ids) + comp.token_ids], device=device)  # [1, P + R]

@@ -47,12 +47,22 @@ def driver(name: str) -> Callable[[Any], dict[str, Any]]:
     return _load(ALGORITHMS[name][1])
 
 
+AUTO_FAMILY = ("grpo", "ppo")  # algorithms whose placement `placement.auto` chooses
+AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe sets it (the test suite)
+
+
 def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
-    """The algorithm's config from a recipe and dotted overrides, with `placement.auto: true`
+    """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
     applied: the machine's choice of ranks, overlap and threads for whatever the recipe left
     unset (`baton.controller.auto_placement`), printed in one line; what it decided becomes
-    explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice."""
+    explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
+
+    For the PPO family auto is on unless the recipe or an override sets `placement.auto`
+    (or the environment sets BATON_PLACEMENT_AUTO=0: the test suite, whose numbers are one
+    process's). A resumed run (trainer.resume set, the run dir's config.yaml present) keeps
+    the placement that config.yaml holds instead of choosing again."""
     import dataclasses
+    import os
 
     from baton.config import ConfigError, load_config, merge_recipe
 
@@ -60,15 +70,62 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str]) -> Any:
     merged = merge_recipe(recipe, overrides)
     if merged.get("placement") == "auto":
         merged["placement"] = {"auto": True}
+    has_placement = "placement" in {f.name for f in dataclasses.fields(cls)}
     place = merged.get("placement")
-    if isinstance(place, dict) and place.get("auto") is True and "placement" in {f.name for f in dataclasses.fields(cls)}:
-        if name not in ("grpo", "ppo"):
+    if (name in AUTO_FAMILY and has_placement and os.environ.get(AUTO_ENV, "1") != "0"
+            and (place is None or (isinstance(place, dict) and "auto" not in place))):
+        merged["placement"] = place = {**(place or {}), "auto": True}
+    if isinstance(place, dict) and place.get("auto") is True and has_placement:
+        if name not in AUTO_FAMILY:
             raise ConfigError(f"placement.auto=true chooses ranks and generation overlap for the PPO family (grpo, "
                               f"ppo); algorithm {name} places its roles as the recipe says: remove placement.auto")
-        from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
+        kept = _saved_placement(merged)
+        if kept is not None:
+            print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", flush=True)
+            merged = merge_recipe(None, [*kept, "placement.auto=false"], data=merged)
+        else:
+            from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
 
-        path = (merged.get("model") or {}).get("path")
-        choice = choose(*detect_machine(), count_model_params(path) if path else 0, view_from_raw(merged))
-        print(choice.line(), flush=True)
-        merged = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+            path = (merged.get("model") or {}).get("path")
+            machine, view = (*detect_machine(), count_model_params(path) if path else 0), view_from_raw(merged)
+            choice = choose(*machine, view)
+            placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+            if choice.overlap and "trainer.mode" in choice.decided:
+                try:  # a recipe the generator cannot run ahead for (a rule view_from_raw does not know)
+                    cfg = load_config(cls, data=placed)
+                except ConfigError as e:
+                    choice = choose(*machine, dataclasses.replace(view, overlap_ok=False))
+                    placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
+                    print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", flush=True)
+                    return load_config(cls, data=placed)
+                print(choice.line(), flush=True)
+                return cfg
+            print(choice.line(), flush=True)
+            merged = placed
     return load_config(cls, data=merged)
+
+
+AUTO_KEYS = ("placement.backend", "placement.world_size", "placement.threads_per_worker", "trainer.mode")
+
+
+def _saved_placement(merged: dict[str, Any]) -> list[str] | None:
+    """Overrides restoring the keys auto decides from the run dir's config.yaml, for a
+    resumed run (None: not resuming, or no config.yaml yet). Keys the recipe sets win."""
+    from pathlib import Path
+
+    import yaml
+
+    trainer = merged.get("trainer") or {}
+    if not trainer.get("resume") or not trainer.get("run_dir"):
+        return None
+    saved_path = Path(str(trainer["run_dir"])) / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    out = []
+    for key in AUTO_KEYS:
+        section, field = key.split(".")
+        if field in (merged.get(section) or {}) or field not in (saved.get(section) or {}):
+            continue
+        out.append(f"{key}={saved[section][field]}")
+    return out

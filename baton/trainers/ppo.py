@@ -14,8 +14,9 @@ One step, top to bottom, as the controller sees it:
     rows    --reward_model.compute_rm_scores-->      reward/model     } at once: concurrent
     rows    --reference.compute_ref_logprobs-->      ref logprobs     } when the roles sit on
     rows    --critic.compute_values-->               values           } different pools
-    rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs,
-                                                     or an off-policy correction)
+    rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs or
+                                                     algo.off_policy); else of MISMATCH_ROWS rows only:
+                                                     rollout/logprob_mismatch_kl, every step
     scores  --token_level_rewards (- beta KL_t, algo.kl_in_reward)--> token rewards
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
                                                      before whitening)
@@ -48,6 +49,7 @@ import torch
 from baton import fields as F
 from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, dynamic_sampling_filter,
                          explained_variance, kl_in_reward, masked_mean, overlong_penalty, token_level_rewards)
+from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
@@ -62,6 +64,7 @@ from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
 from baton.workers.rollout import BASELINE_COMPLETION
 
+MISMATCH_ROWS = 64  # rows scored for rollout/logprob_mismatch_kl when PPO's ratio needs no forward
 CRITIC_PREFIX = "critic_step_"  # checkpoints/critic_step_N, written before the actor's step_N
 
 
@@ -223,12 +226,21 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     pending.append(ref.compute_ref_logprobs(batch))
                 if critic is not None:
                     pending.append(critic.compute_values(batch))
+                # the trainer's logprobs: pi_prox, or (not needed for the loss) a sample of rows,
+                # for rollout/logprob_mismatch_kl (engine vs trainer) every step
+                scored = batch if proximal else batch.rows(torch.arange(min(len(batch), MISMATCH_ROWS)))
+                trainer_lp = actor.compute_logprobs(scored)
                 if proximal:
-                    pending.append(actor.compute_logprobs(batch))
-                else:  # the engine's logprobs equal the trainer's in fp32 (tested): skip a forward
-                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                    pending.append(trainer_lp)
                 for future in pending:
                     batch = batch.union(future.get())
+                if proximal:
+                    scored = batch
+                else:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
+                    scored = scored.union(trainer_lp.get())
+                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                metrics["rollout/logprob_mismatch_kl"] = mismatch_kl(
+                    scored[F.OLD_LOGPROBS], scored[F.ROLLOUT_LOGPROBS], scored[F.RESPONSE_MASK]).item()
                 for key, value in total_reward(cfg, batch).items():
                     batch[key] = value
                 if cfg.remax:

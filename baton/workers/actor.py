@@ -135,7 +135,7 @@ class ActorWorker(Worker):
         """SUM over the data ranks (tp peers hold the same rows: not counted twice)."""
         return self.par.all_reduce(t)
 
-    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, Any]]:
         algo = self.algo
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             logp, ent = response_logprobs(self.model, micro, self.temperature,
@@ -151,7 +151,8 @@ class ActorWorker(Worker):
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.max_new_tokens)
-        return loss, {f"actor/{k}": float(v) for k, v in stats.items()}
+        # metrics stay tensors (float64) until the update ends: no device sync per micro-batch
+        return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> dict[str, float]:
@@ -181,7 +182,7 @@ class ActorWorker(Worker):
             micro=max(1, a.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
             shuffle=self._group_shuffled, prepare=prepare, loss=loss)
         self.policy.version += 1
-        return {**{k: v / max(n_steps, 1) for k, v in sums.items()}, **metrics}
+        return {**{k: float(v) / max(n_steps, 1) for k, v in sums.items()}, **metrics}
 
     @staticmethod
     def _group_shuffled(batch: Batch, seed: int) -> Batch:

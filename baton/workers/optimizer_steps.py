@@ -9,7 +9,13 @@ each, gradients accumulated), and around that does what every role must do alike
   the uninterrupted one did;
 - `zero_grad`, backward of the role's loss, the gradient sync over data ranks, the loss
   summed over ranks (each rank's loss is its share of the global one: losses are divided
-  by global normalisers, which the role's `prepare` all-reduces once per mini-batch);
+  by global normalisers, `global_counts`, which the role's `prepare` asks for);
+- few collectives (each one a point where every rank waits for the slowest): the
+  normalisers of every mini-batch of a pass are all-reduced together at the pass's first
+  `global_counts`; an optimizer step's only collective is the gradient all-reduce, which
+  carries the step's finite-loss verdict as one extra element (`Parallel.sync_grads`); the
+  loss metric is all-reduced once per `run` (fsdp2, whose gradients are reduced inside the
+  backward, all-reduces the verdict on its own);
 - clipping by the global gradient norm (`prefix/grad_norm`: mean over optimizer steps,
   before clipping);
 - the non-finite guard: a non-finite loss or gradient norm skips the optimizer step and
@@ -32,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 
+from baton import fields as F
 from baton.algos import loss_normalisers
 from baton.batch import Batch
 from baton.models.parallel import move_optimizer_state
@@ -56,10 +63,25 @@ class OptimizerSteps:
     prefix: str = "actor"
     loss_key: str = "loss"
 
+    def __post_init__(self) -> None:
+        self._pass: list[torch.Tensor] = []  # response masks of the current pass's mini-batches
+        self._pass_counts: torch.Tensor | None = None  # [n, 2] their global normalisers
+        self._at = -1  # index of the current mini-batch in the pass
+
     def global_counts(self, response_mask: torch.Tensor) -> tuple[float, float]:
         """(tokens, sequences) of a mini-batch over all data ranks: the normalisers of a
-        token- or sequence-averaged loss (`baton.algos.loss_normalisers`)."""
-        counts = self.par.all_reduce(torch.stack(loss_normalisers(response_mask)).double())
+        token- or sequence-averaged loss (`baton.algos.loss_normalisers`).
+
+        Asked inside `run` for the current mini-batch's mask, the first call of a pass
+        all-reduces the normalisers of all the pass's mini-batches at once (one collective
+        per pass, not one per optimizer step); any other mask: its own all-reduce."""
+        if 0 <= self._at < len(self._pass) and response_mask is self._pass[self._at]:
+            if self._pass_counts is None:
+                local = torch.stack([torch.stack(loss_normalisers(m)).double() for m in self._pass])  # [n, 2]
+                self._pass_counts = self.par.all_reduce(local)
+            counts = self._pass_counts[self._at]
+        else:
+            counts = self.par.all_reduce(torch.stack(loss_normalisers(response_mask)).double())
         return counts[0].item(), counts[1].item()
 
     def run(self, batch: Batch, *, epochs: int, mini: int, micro: int, seed: int, version: int,
@@ -71,30 +93,60 @@ class OptimizerSteps:
         p = self.prefix
         if self.offload:
             move_optimizer_state(self.optim, self.device)
-        loss_sum = norm_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # this rank's share, summed over steps
+        norm_sum = 0.0
         n_steps = skipped = 0
         for epoch in range(epochs):
-            for mb in shuffle(batch, step_seed(seed, version, epoch)).minibatches(mini, shuffle=False):
+            mbs = list(shuffle(batch, step_seed(seed, version, epoch)).minibatches(mini, shuffle=False))
+            self._pass, self._pass_counts = [mb[F.RESPONSE_MASK] for mb in mbs if F.RESPONSE_MASK in mb], None
+            if len(self._pass) != len(mbs):
+                self._pass = []
+            for self._at, mb in enumerate(mbs):
                 ctx = prepare(mb)
                 self.optim.zero_grad(set_to_none=True)
-                mb_loss = torch.zeros((), dtype=torch.float64)
-                for mc in mb.minibatches(micro, shuffle=False):
+                mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+                mcs = list(mb.minibatches(micro, shuffle=False))
+                for i, mc in enumerate(mcs):
                     value = loss(mc, ctx)
+                    mb_loss += value.detach().double()  # no .item() per micro-batch (a device sync)
+                    if i == len(mcs) - 1:  # the step's last backward: its gradients sum while it runs
+                        flag = finite_flag(mb_loss)
+                        self.par.arm_grad_sync(flag)
                     value.backward()
-                    mb_loss += value.item()
-                self.par.sync_grads()  # SUM over data ranks: losses use global normalisers
-                total = self.par.all_reduce(mb_loss).item()  # each rank's share: sum
+                loss_sum += mb_loss
+                finite_loss = all_finite(self.par, flag)  # with the gradients' SUM over data ranks
                 norm = float(self.par.clip_grad_norm_(self.grad_clip))  # global, before clipping
-                loss_sum, norm_sum, n_steps = loss_sum + total, norm_sum + norm, n_steps + 1
-                if math.isfinite(total) and math.isfinite(norm):
+                norm_sum, n_steps = norm_sum + norm, n_steps + 1
+                if finite_loss and math.isfinite(norm):
                     self.optim.step()
                 else:  # never step on NaN / inf: it would poison the weights and every checkpoint
                     self.optim.zero_grad(set_to_none=True)
                     skipped += 1
+        self._pass, self._pass_counts, self._at = [], None, -1
+        total = self.par.all_reduce(loss_sum).item()  # the ranks' shares of every step's loss
         self.sched.step()
         if self.offload:
             self.optim.zero_grad(set_to_none=True)
             move_optimizer_state(self.optim, "cpu")
         n = max(n_steps, 1)
-        return {f"{p}/{self.loss_key}": loss_sum / n, f"{p}/grad_norm": norm_sum / n,
+        return {f"{p}/{self.loss_key}": total / n, f"{p}/grad_norm": norm_sum / n,
                 f"{p}/lr": self.optim.param_groups[0]["lr"], f"{p}/nonfinite_skipped": float(skipped)}, n_steps
+
+
+def finite_flag(local_loss: torch.Tensor) -> torch.Tensor:
+    """[1] float64 on the loss's device: 0 where `local_loss` is finite, NaN where not (a
+    sum over ranks is NaN when any rank's is); no device sync."""
+    zero = torch.zeros(1, dtype=torch.float64, device=local_loss.device)
+    return torch.where(torch.isfinite(local_loss), zero, torch.full_like(zero, math.nan))
+
+
+def all_finite(par: Any, flag: torch.Tensor) -> bool:
+    """Sums the gradients over the data ranks (`par.sync_grads`: the armed, overlapped
+    all-reduce where one was armed) and says whether every rank's loss is finite, the same
+    answer on every rank: the verdict (`finite_flag`) rides on the gradient all-reduce as
+    one extra element; strategies without that all-reduce (fsdp2, one rank) all-reduce it
+    alone."""
+    verdict = par.sync_grads(extra=flag)
+    if verdict is None:
+        verdict = par.all_reduce(flag)
+    return math.isfinite(verdict.item())

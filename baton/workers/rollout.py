@@ -117,6 +117,7 @@ class RolloutWorker(Worker):
         self.sync = build_transport(sync, "colocated", [self.engine])
         if self.own_weights:  # fill the engine's copy (sharded actor: a collective)
             self.sync.push(self.policy.named_weights(), self.policy.version)
+        self._weights_of = self.policy.version  # the policy version the engine's weights are
         self.probe_ids = prompt_ids(self.tokenizer, probe_prompt)
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
@@ -189,14 +190,21 @@ class RolloutWorker(Worker):
         runtime check that the engine samples from the policy being trained)."""
         self.engine.wake()  # a no-op unless generate() discarded the engine's own copy
         self.sync.push(self.policy.named_weights(), version)
+        self._weights_of = self.policy.version
         if not check:
             return None
         return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> float:
-        """Held-out accuracy with the current weights (greedy, or 4 samples per prompt)."""
+        """Held-out accuracy with the current weights (greedy, or 4 samples per prompt).
+        An engine with its own copy that no step synced (data.source=api: each step syncs the
+        servers) gets the weights first (an unsharded actor: a local copy; the label stays)."""
         r = self.cfg
+        if self.own_weights and self.policy.in_place and self._weights_of != self.policy.version:
+            self.engine.wake()
+            self.sync.push(self.policy.named_weights(), self.engine.version)
+            self._weights_of = self.policy.version
         return evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
                         max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                         seed=self.seed)["accuracy"]

