@@ -90,11 +90,14 @@ class GeneratorSource:
         """Hand the generator every step the bound allows: s <= pushed + 1 + k."""
         while self.next_step <= min(self.total_steps, self.pushed + 1 + self.k):
             s = self.next_step
-            prompts = self.state.next_prompts(self.prompts_per_step)
-            rows = self.rollout.submit("generate", prompts, s)
+            rows = self._generate(self.state.next_prompts(self.prompts_per_step), s)
             scores = self.reward.submit("compute_rewards", rows) if self.reward is not None else None
             self.admitted[s] = _Admitted(self.pushed, rows, scores)
             self.next_step += 1
+
+    def _generate(self, prompts: Batch, step: int) -> Future:
+        """The generator's call for step `step` (episodes instead: `EpisodeGeneratorSource`)."""
+        return self.rollout.submit("generate", prompts, step)
 
     def _check_pushes(self, upto: int) -> None:
         """Raise the error of any push of version <= `upto` (done: queued before rows that
@@ -156,11 +159,17 @@ def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSourc
     if not apart(cfg):  # ReMax: also one greedy response per prompt
         return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step,
                              greedy_baseline=getattr(cfg, "remax", False))
+    return GeneratorSource(**generator_args(cfg, roles, state))
+
+
+def generator_args(cfg: Any, roles: dict[str, Any], state: RunState) -> dict[str, Any]:
+    """`GeneratorSource`'s arguments for a run whose rollout is on a pool of its own."""
     p = cfg.placement
     scores = p.pool_of("reward") != p.pool_of("actor")
-    return GeneratorSource(roles["rollout"], roles["policy_weights"], state, cfg.data.prompts_per_step,
-                           max_staleness=cfg.trainer.staleness, total_steps=cfg.trainer.steps,
-                           reward=roles.get("reward") if scores else None, weight_sync=cfg.rollout.weight_sync)
+    return dict(rollout=roles["rollout"], weights=roles["policy_weights"], state=state,
+                prompts_per_step=cfg.data.prompts_per_step, max_staleness=cfg.trainer.staleness,
+                total_steps=cfg.trainer.steps, reward=roles.get("reward") if scores else None,
+                weight_sync=cfg.rollout.weight_sync)
 
 
-__all__ = ["GeneratorSource", "rollout_source"]
+__all__ = ["GeneratorSource", "generator_args", "rollout_source"]

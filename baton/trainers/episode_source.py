@@ -13,6 +13,12 @@ policy token, the trajectory reward at the last one), rewards (their sum), group
 turn_index, num_turns, policy_version, completion, finish_reason, tool_status; a group
 may have fewer than n rows (dropped trajectories). `last_stats` holds the step's counts
 (drops by kind, parse statuses, template-invariant mismatches per segment kind).
+
+`EpisodeGeneratorSource`: the same episodes from a generator on a pool of its own
+(`trainer.mode` one_step_off | async, or a rollout placed apart): `GeneratorSource`'s
+admission and staleness schedule, its generator running `generate_episodes` instead of
+`generate`; rows keep their masks, behaviour logprobs and the version that sampled them
+(`SessionGeneratorSource`: the same for data.source: gateway, `generate_sessions`).
 """
 
 from __future__ import annotations
@@ -25,8 +31,28 @@ import torch
 from baton import fields as F
 from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.batch import Batch
+from baton.controller import Future
+from baton.trainers.async_source import GeneratorSource
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RolloutSource
+
+
+def number_groups(prompts: Batch, step: int, prompts_per_step: int) -> Batch:
+    """Give the step's prompts step-unique group indices (step * prompts_per_step + row)."""
+    prompts[F.GROUP_INDEX] = step * prompts_per_step + torch.arange(len(prompts))
+    return prompts
+
+
+def stats_metrics(stats: dict[str, Any]) -> dict[str, float]:
+    """A step's episode counts as metrics (agent/*): drops by kind, tool-call parse statuses,
+    mean turns, template-invariant mismatches by segment kind."""
+    out: dict[str, float] = {}
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            out.update({f"agent/{key}/{k}": float(v) for k, v in value.items()})
+        elif isinstance(value, (int, float)):
+            out[f"agent/{key}"] = float(value)
+    return out
 
 
 class EpisodeSource(RolloutSource):
@@ -39,22 +65,53 @@ class EpisodeSource(RolloutSource):
         self.last_stats: dict[str, Any] = {}
 
     def rows(self, step: int) -> Batch:
-        prompts = self.state.next_prompts(self.prompts_per_step)
-        prompts[F.GROUP_INDEX] = step * self.prompts_per_step + torch.arange(len(prompts))
+        prompts = number_groups(self.state.next_prompts(self.prompts_per_step), step, self.prompts_per_step)
         rows = self.rollout.generate_episodes(prompts, step, asdict(self.cfg))
         self.last_stats = rows.meta.get("agent_stats", {})
         return rows
 
     def metrics(self) -> dict[str, float]:
-        """The step's episode counts as metrics (agent/*): drops by kind, tool-call parse
-        statuses, mean turns, template-invariant mismatches by segment kind."""
-        out: dict[str, float] = {}
-        for key, value in self.last_stats.items():
-            if isinstance(value, dict):
-                out.update({f"agent/{key}/{k}": float(v) for k, v in value.items()})
-            elif isinstance(value, (int, float)):
-                out[f"agent/{key}"] = float(value)
-        return out
+        return stats_metrics(self.last_stats)
+
+
+class EpisodeGeneratorSource(GeneratorSource):
+    """`EpisodeGeneratorSource(cfg, **generator_args(...))`: `GeneratorSource` whose generator
+    runs episodes; metrics as `EpisodeSource` (of the step last handed to the trainer)."""
+
+    def __init__(self, cfg: AgentConfig, **kwargs: Any) -> None:
+        cfg.check()
+        super().__init__(**kwargs)
+        self.cfg = cfg
+        self.last_stats: dict[str, Any] = {}
+
+    def _generate(self, prompts: Batch, step: int) -> Future:
+        prompts = number_groups(prompts, step, self.prompts_per_step)
+        return self.rollout.submit("generate_episodes", prompts, step, asdict(self.cfg))
+
+    def rows(self, step: int) -> Batch:
+        rows = super().rows(step)
+        self.last_stats = rows.meta.get("agent_stats", {})
+        return rows
+
+    def metrics(self) -> dict[str, float]:
+        return stats_metrics(self.last_stats)
+
+
+class SessionGeneratorSource(EpisodeGeneratorSource):
+    """`data.source: gateway` on a generator of its own: `SessionSource`'s sessions under
+    `GeneratorSource`'s staleness schedule (groups made step-unique as the rows arrive)."""
+
+    def __init__(self, cfg: GatewayAgentConfig, **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)  # type: ignore[arg-type]  (check / asdict: any config)
+
+    def _generate(self, prompts: Batch, step: int) -> Future:
+        return self.rollout.submit("generate_sessions", prompts, step, asdict(self.cfg))
+
+    def rows(self, step: int) -> Batch:
+        rows = super().rows(step)
+        if len(rows):  # groups numbered by the gateway per call: step-unique here
+            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
+        return rows
 
 
 class SessionSource(EpisodeSource):

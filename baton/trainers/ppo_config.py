@@ -203,13 +203,6 @@ class PPOConfig:
             raise ValueError("data.source=agent runs the episodes its `agent:` section describes: give both or neither")
         if (d.source == "gateway") != (self.gateway is not None):
             raise ValueError("data.source=gateway runs the agent its `gateway:` section names: give both or neither")
-        if d.source in ("agent", "gateway"):
-            where = f"trainer.mode={mode}" if mode != "sync" else (
-                "a rollout on a pool of its own" if self.placement.pool_of("rollout") != self.placement.pool_of("actor")
-                else None)
-            if where:
-                raise ValueError(f"data.source={d.source} runs its episodes on the rollout role beside the actor; {where} "
-                                 f"is not supported for episodes yet: use trainer.mode=sync and a colocated rollout")
         if d.source in ("api", "agent", "gateway"):  # the environments score (and, with api, sample): keys that rest
             r, defaults = self.rollout, RolloutConfig()
             for key in ("top_p", "top_k") if d.source in ("api", "gateway") else ():

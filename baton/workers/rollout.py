@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from baton import fields as F
+from baton.agents.dispatch import EPISODES
 from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.data.rows import prompt_ids
@@ -150,11 +151,12 @@ class RolloutWorker(Worker):
             self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
         return rows
 
-    @register(dispatch=Dispatch.DP_COMPUTE)
+    @register(dispatch=EPISODES)  # every rank's rows and counts (a rank may drop all its rows)
     def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict, greedy: bool = False) -> Batch:
         """Multi-turn agent rows (baton.trainers.episode_source): rollout.n episodes per prompt (one,
         temperature 0, with greedy: evaluation), their turns batched through this engine;
-        seeded like `generate`. Hook of h-agents."""
+        seeded like `generate`; also run by `GeneratorWorker` (a generator of its own: the
+        version it last loaded is on the rows). Hook of h-agents."""
         from baton.agents.config import AgentConfig
         from baton.agents.rollout import run_episodes
 

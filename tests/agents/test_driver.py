@@ -30,8 +30,8 @@ def test_agent_keys_need_each_other():
         load_config(PPOConfig, RECIPE, ["agent=null"])
     with pytest.raises(ConfigError, match="data.source=agent"):
         load_config(PPOConfig, RECIPE, ["data.source=rollout"])
-    with pytest.raises(ConfigError, match="not supported for episodes"):
-        load_config(PPOConfig, RECIPE, ["trainer.mode=one_step_off"])
+    # the overlapping modes run the episodes on a generator of its own (tests/trainers/test_agent_async.py)
+    assert load_config(PPOConfig, RECIPE, ["trainer.mode=one_step_off"]).placement.roles["rollout"] == "gen"
 
 
 def _learns(tmp_path, overrides):

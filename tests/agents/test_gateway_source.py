@@ -35,6 +35,18 @@ def test_openai_agent_trains_on_session_tokens(tmp_path):
     assert "eval/accuracy_greedy" in result and "start/eval/accuracy_greedy" in result
 
 
+def test_sessions_on_a_generator_of_its_own(tmp_path):
+    """The rollout on a pool of its own (`SessionGeneratorSource`, the source of trainer.mode
+    one_step_off / async; here sync on the local backend: the generator in this process):
+    the sessions run through the generator's engine, their groups step-unique."""
+    cfg = load_config(PPOConfig, RECIPE, [f"trainer.run_dir={tmp_path}", "trainer.steps=2", *GATEWAY,
+                                          "placement.pools.gen=1", "placement.roles.rollout=gen"])
+    train(cfg)
+    steps = [r for r in read_metrics(tmp_path) if r.get("step") in (1, 2)]
+    assert [s["agent/trajectories"] for s in steps] == [4, 4] and all("actor/loss" in s for s in steps)
+    assert load_config(PPOConfig, RECIPE, [*GATEWAY, "trainer.mode=one_step_off"]).placement.roles["rollout"] == "gen"
+
+
 def test_session_rows_are_the_recorded_tokens(tmp_path):
     import torch
 
@@ -67,7 +79,6 @@ def test_session_rows_are_the_recorded_tokens(tmp_path):
     (["gateway.agent=openai_agent:not_async"], "not an async function"),
     (["gateway.agent=nope"], "module:attr"),
     (["reward.functions={arithmetic/correct: 2.0}"], "reward.functions"),
-    (["trainer.mode=one_step_off"], "not supported for episodes"),
     (["rollout.top_p=0.5"], "rollout.top_p"),
 ])
 def test_gateway_keys_refused(overrides, match):
