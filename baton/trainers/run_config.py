@@ -25,9 +25,9 @@ class DataConfig:
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
     # Where a step's rows come from: "rollout" (this run's rollout role), "api" (batches
     # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py) or "agent"
-    # (multi-turn episodes with tools beside the actor: the `agent:` section,
-    # trainers/episode_source.py) or "gateway" (an OpenAI-speaking agent's sessions through
-    # a gateway on the rollout engine: the `gateway:` section).
+    # (multi-turn episodes with tools on the rollout role, colocated or a generator running
+    # ahead: the `agent:` section, trainers/episode_source.py) or "gateway" (an OpenAI-speaking
+    # agent's sessions through a gateway on the rollout engine: the `gateway:` section).
     source: str = "rollout"
     api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
     servers: list[str] = field(default_factory=list)  # `baton serve` URLs kept on the trainer's weights
