@@ -32,6 +32,8 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, q) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    if dist.is_initialized():  # forked from a pytest process where a local run made its 1-rank group
+        dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         from torch.distributed.device_mesh import init_device_mesh
