@@ -39,9 +39,12 @@ def config(model_dir, run_dir, *extra):
 
 
 def test_non_finite_training_stops_naming_the_step_and_saves_no_nan(tmp_path):
-    # the SFT warm start: its rewards vary, so lr=1e6 really moves it (a random model's are all 0)
+    # the SFT warm start: its rewards vary, so the first optimizer step moves it (a random model's
+    # are all 0). Adam moves each weight by ~lr: at lr=1e20 the next forward's products pass
+    # float32's 3.4e38 on every CPU (lr=1e6 only saturated the softmax on some: a collapsed,
+    # finite policy with zero advantages).
     with pytest.raises(NonFiniteError, match=r"step \d+: non-finite") as err:
-        train(config(str(REPO / "checkpoints/arith-sft"), tmp_path, "actor.lr=1e6", "trainer.steps=30", "trainer.save_every=1",
+        train(config(str(REPO / "checkpoints/arith-sft"), tmp_path, "actor.lr=1e20", "trainer.steps=30", "trainer.save_every=1",
                      "trainer.max_nonfinite_steps=2", "actor.grad_clip=1e9"))
     stopped_at = int(str(err.value).split()[1].rstrip(":"))
     assert stopped_at < 30
