@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.algos.masked import masked_mean
+from baton.algos.masked import masked_mean, masked_sum
 from baton.algos.policy_loss import ppo_clip_loss
 from baton.algos.registry import Registry
 
@@ -62,6 +62,15 @@ def mismatch_kl(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tenso
     step as `rollout/logprob_mismatch_kl` (engine vs trainer) whatever `algo.off_policy` is."""
     mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
     return _k3(mask, log_ratio, ratio)
+
+
+@torch.no_grad()
+def mismatch_kl_sums(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                     response_mask: torch.Tensor) -> torch.Tensor:
+    """[2] float64: `mismatch_kl`'s k3 terms summed over the real tokens, and their count, so
+    that pieces (micro-batches, data ranks) add up: mismatch_kl = sums[0] / sums[1]."""
+    mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    return torch.stack([masked_sum(ratio - 1 - log_ratio, mask).double(), mask.sum().double()])
 
 
 def _k3(mask, log_ratio, ratio) -> torch.Tensor:

@@ -15,13 +15,14 @@ One step, top to bottom, as the controller sees it:
     rows    --reference.compute_ref_logprobs-->      ref logprobs     } when the roles sit on
     rows    --critic.compute_values-->               values           } different pools
     rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs or
-                                                     algo.off_policy); else of MISMATCH_ROWS rows only:
-                                                     rollout/logprob_mismatch_kl, every step
+                                                     algo.off_policy)
     scores  --token_level_rewards (- beta KL_t, algo.kl_in_reward)--> token rewards
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
                                                      before whitening)
     rows    --OFF_POLICY[algo.off_policy]-->         advantages x w(pi_prox / mu)
-    rows    --actor.update  ||  critic.update_critic-->   both launched, then both awaited
+    rows    --actor.update  ||  critic.update_critic-->   both launched, then both awaited;
+                                                     the update's first forward also gives
+                                                     rollout/logprob_mismatch_kl (engine vs trainer)
     source  --weights_updated(step)-->               the generator(s) sample with the new weights
 
 Departures: an off-policy correction multiplies the advantages by w_t instead of the
@@ -64,7 +65,7 @@ from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
 from baton.workers.rollout import BASELINE_COMPLETION
 
-MISMATCH_ROWS = 64  # rows scored for rollout/logprob_mismatch_kl when PPO's ratio needs no forward
+MISMATCH_ROWS = 64  # rows scored for rollout/logprob_mismatch_kl in a step without an actor update
 CRITIC_PREFIX = "critic_step_"  # checkpoints/critic_step_N, written before the actor's step_N
 
 
@@ -73,6 +74,14 @@ class CriticAwareGuard(NonFiniteGuard):
     finite (the critic skipped those optimizer steps, as the actor does)."""
 
     KEYS = (*NonFiniteGuard.KEYS, "critic/vf_loss", "critic/grad_norm")
+
+
+def sampled_mismatch_kl(actor: Any, batch: Batch) -> float:
+    """rollout/logprob_mismatch_kl of a step whose actor does not update (whose update's first
+    forward would otherwise give it): the trainer's logprobs of MISMATCH_ROWS rows."""
+    rows = batch.rows(torch.arange(min(len(batch), MISMATCH_ROWS)))
+    scored = rows.union(actor.compute_logprobs(rows).get())
+    return mismatch_kl(scored[F.OLD_LOGPROBS], scored[F.ROLLOUT_LOGPROBS], scored[F.RESPONSE_MASK]).item()
 
 
 # --- rewards -----------------------------------------------------------------------------
@@ -226,21 +235,12 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     pending.append(ref.compute_ref_logprobs(batch))
                 if critic is not None:
                     pending.append(critic.compute_values(batch))
-                # the trainer's logprobs: pi_prox, or (not needed for the loss) a sample of rows,
-                # for rollout/logprob_mismatch_kl (engine vs trainer) every step
-                scored = batch if proximal else batch.rows(torch.arange(min(len(batch), MISMATCH_ROWS)))
-                trainer_lp = actor.compute_logprobs(scored)
-                if proximal:
-                    pending.append(trainer_lp)
+                if proximal:  # pi_prox: the trainer's logprobs at the step's start
+                    pending.append(actor.compute_logprobs(batch))
                 for future in pending:
                     batch = batch.union(future.get())
-                if proximal:
-                    scored = batch
-                else:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
-                    scored = scored.union(trainer_lp.get())
+                if not proximal:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
                     batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
-                metrics["rollout/logprob_mismatch_kl"] = mismatch_kl(
-                    scored[F.OLD_LOGPROBS], scored[F.ROLLOUT_LOGPROBS], scored[F.RESPONSE_MASK]).item()
                 for key, value in total_reward(cfg, batch).items():
                     batch[key] = value
                 if cfg.remax:
@@ -272,6 +272,8 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 actor_update = actor.submit("update", batch) if step > cfg.pretrain_steps else None
                 critic_update = critic.update_critic(batch) if critic is not None else None
                 update = actor_update.get() if actor_update is not None else [{}]
+            if actor_update is None:  # critic pretraining: no update forward measured the engine
+                metrics["rollout/logprob_mismatch_kl"] = sampled_mismatch_kl(actor, batch)
                 if critic_update is not None:  # per rank; the critic's metrics are global already
                     metrics.update(critic_update.get()[0])
             with timed("sync"):

@@ -37,6 +37,7 @@ from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load
 from baton.models.parallel import wrap
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
+from baton.algos.off_policy import mismatch_kl_sums
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
@@ -135,7 +136,8 @@ class ActorWorker(Worker):
         """SUM over the data ranks (tp peers hold the same rows: not counted twice)."""
         return self.par.all_reduce(t)
 
-    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float
+              ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         algo = self.algo
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             logp, ent = response_logprobs(self.model, micro, self.temperature,
@@ -152,7 +154,7 @@ class ActorWorker(Worker):
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.max_new_tokens)
         # metrics stay tensors (float64) until the update ends: no device sync per micro-batch
-        return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}
+        return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}, logp
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> dict[str, float]:
@@ -161,19 +163,27 @@ class ActorWorker(Worker):
 
         Mini-batches and micro-batch sizes count rows across all ranks; each rank takes its
         share. Rows that are dispatch padding get a zero mask.
+
+        `rollout/logprob_mismatch_kl` (engine vs trainer, with `rollout_logprobs` in the batch):
+        from the first mini-batch's forward, which runs at the weights the rows are scored
+        against (no optimizer step yet), so the metric costs no forward of its own.
         """
         a = self.cfg
         batch = self._mask_padding(batch)
         rows_global = len(batch) * self.dp_size
         sums: dict[str, float] = {}
+        probe = torch.zeros(2, dtype=torch.float64, device=self.device)  # mismatch_kl_sums
+        minis = iter(range(1 << 62))  # the mini-batch's index in the update (all epochs)
 
-        def prepare(mb: Batch) -> tuple[float, float, int]:
-            return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb))
+        def prepare(mb: Batch) -> tuple[float, float, int, int]:
+            return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb), next(minis))
 
-        def loss(mc: Batch, ctx: tuple[float, float, int]) -> torch.Tensor:
-            value, stats = self._loss(mc, ctx[0], ctx[1])
+        def loss(mc: Batch, ctx: tuple[float, float, int, int]) -> torch.Tensor:
+            value, stats, logp = self._loss(mc, ctx[0], ctx[1])
             for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
                 sums[k] = sums.get(k, 0.0) + v * len(mc) / ctx[2]
+            if ctx[3] == 0 and F.ROLLOUT_LOGPROBS in mc:
+                probe.add_(mismatch_kl_sums(logp.detach(), mc[F.ROLLOUT_LOGPROBS], mc[F.RESPONSE_MASK]))
             return value
 
         self.model.train()
@@ -182,6 +192,9 @@ class ActorWorker(Worker):
             micro=max(1, a.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
             shuffle=self._group_shuffled, prepare=prepare, loss=loss)
         self.policy.version += 1
+        if F.ROLLOUT_LOGPROBS in batch:
+            kl_sum, tokens = self._all_reduce(probe).tolist()
+            metrics["rollout/logprob_mismatch_kl"] = kl_sum / tokens if tokens > 0 else 0.0
         return {**{k: float(v) / max(n_steps, 1) for k, v in sums.items()}, **metrics}
 
     @staticmethod
