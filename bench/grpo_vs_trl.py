@@ -61,7 +61,8 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           "algo.kl_coef=0.0", "algo.loss_agg=token-mean", "algo.advantage=grpo",
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
           "actor.lr_warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
-          "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}"]
+          "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}",
+          "placement.auto=false"]  # SIDE@N: one process, N threads, no generator ahead (as TRL's)
     if a.threads == "default":  # what `baton train` does untold: placement.auto picks ranks, overlap, threads
         ov = [o for o in ov if not o.startswith("placement.")] + ["placement.auto=true"]
     if a.lr is not None:
