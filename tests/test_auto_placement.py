@@ -128,3 +128,26 @@ def test_no_generator_ahead_where_the_recipe_cannot_have_one():
         c = choose(2, 0, SMALL, view_from_raw({**raw, "placement": {"world_size": 1}}))  # 1 rank as set
         assert (c.world_size, c.overlap, c.threads_per_worker) == (1, False, 2)
     assert view_from_raw({"data": {"source": "rollout"}}).overlap_ok
+
+
+def test_no_more_cpu_ranks_than_fit_in_memory():
+    """The Qwen2.5-0.5B shape (494M) on 2 cores and 24 GiB: a rank needs ~12 GiB
+    (RANK_BYTES_PER_PARAM = 26 B a parameter), the generator ~2.8 GiB; 80% of 24 GiB = 19.2 GiB
+    holds one rank and the generator, not two ranks (Ray's OOM monitor killed them at 10.5 GB
+    each). With 256 GiB: one rank per core, as without a limit."""
+    q05 = 494_000_000
+    c = choose(2, 0, q05, DEMO, memory_bytes=24 * 2**30)
+    assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("local", 1, True, 1)
+    assert "~12.0 GiB a rank, 1 rank(s) fit in 80% of 24 GiB" in c.line() and "generates ahead" in c.line()
+    assert choose(2, 0, q05, DEMO, memory_bytes=256 * 2**30) == choose(2, 0, q05, DEMO)
+    assert choose(2, 0, q05, DEMO).world_size == 2
+    # 16 cores, 64 GiB: (51.2 - 2.8) // 12.0 = 4 ranks (4 divides 64 prompts) + the generator
+    assert choose(16, 0, q05, DEMO, memory_bytes=64 * 2**30).world_size == 4
+    # not even one rank fits: one, said so; an explicit world size wins; GPUs are not limited here
+    c = choose(2, 0, 1_500_000_000, DEMO, memory_bytes=24 * 2**30)
+    assert c.world_size == 1 and "not even one does" in c.line()
+    assert choose(2, 0, q05, AutoView(prompts_per_step=64, world_size=2), memory_bytes=24 * 2**30).world_size == 2
+    assert choose(16, 2, q05, DEMO, memory_bytes=24 * 2**30).world_size == 2
+    # a recipe that cannot generate ahead: one rank, colocated
+    c = choose(2, 0, q05, AutoView(prompts_per_step=64, overlap_ok=False), memory_bytes=24 * 2**30)
+    assert (c.world_size, c.overlap, c.threads_per_worker) == (1, False, 2)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from baton.config import ConfigError, load_config, save_config
-from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
+from baton.controller.auto_placement import choose, count_model_params, detect_machine, detect_memory, view_from_raw
 from baton.trainers.algorithms import load_recipe
 from baton.trainers.ppo_config import PPOConfig
 
@@ -24,7 +24,7 @@ def test_auto_fills_what_the_recipe_left_unset(capsys):
     cfg = load_recipe("grpo", RECIPE, ["placement=auto"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     expected = choose(*detect_machine(), count_model_params(str(REPO / "checkpoints/arith-sft")),
-                      view_from_raw({"placement": {}}))
+                      view_from_raw({"placement": {}}), memory_bytes=detect_memory())
     assert line == expected.line()
     assert (cfg.placement.world_size, cfg.placement.threads_per_worker) == (expected.world_size, expected.threads_per_worker)
     assert cfg.trainer.mode == ("one_step_off" if expected.overlap else "sync") and cfg.placement.auto is False

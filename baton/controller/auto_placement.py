@@ -20,9 +20,16 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
   one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
   was 8.6x slower than with 1 on this shared 2-core machine. Threads per process: cores /
   processes, at least 1.
+- CPU memory (given `memory_bytes`): every CPU rank holds a whole replica (weights, gradients,
+  AdamW's two moments in fp32, a reference, activations: ~RANK_BYTES_PER_PARAM a parameter),
+  the generator a copy of the weights and its KV cache (~GENERATOR_BYTES_PER_PARAM); no more
+  ranks than fit in MEMORY_FRACTION of the machine's memory (the Qwen2.5-0.5B shape on 2 cores
+  and 24 GiB: 1 rank + the generator, where 2 ranks were killed by Ray's OOM monitor at
+  10.5 GB each). A core left without a rank generates ahead.
 
 A driver calls it between merging the recipe with its overrides and building the config:
-    choice = choose(*detect_machine(), count_model_params(model_path), view_from_raw(merged))
+    choice = choose(*detect_machine(), count_model_params(model_path), view_from_raw(merged),
+                    memory_bytes=detect_memory())
     print(choice.line())
     config = build(merged + choice.overrides())   # overrides only for the keys auto decided
 A resumed run reads its saved config, where every key is explicit: the choice is kept.
@@ -43,6 +50,14 @@ from typing import Any
 # On a quiet day dp2 was ~10% ahead (BENCHMARKS.md): re-measure quiet, at 5M and 25M, with
 # bench/placement.py and move the threshold.
 MIN_DP_PARAMS = 10_000_000
+
+# CPU memory per rank and for the generator, bytes per model parameter. A rank: fp32 weights,
+# gradients and AdamW's two moments (16 B), a reference copy (4 B), x1.3 for activations and
+# logits (measured: a 494M-parameter rank of bench/grpo_vs_trl.py peaked at 10.5 GB = 21 B a
+# parameter without a reference). The generator: fp32 weights x1.5 for its KV cache.
+RANK_BYTES_PER_PARAM = 26
+GENERATOR_BYTES_PER_PARAM = 6
+MEMORY_FRACTION = 0.8  # of the machine's memory, for the ranks and the generator together
 
 
 @dataclass(frozen=True)
@@ -98,10 +113,39 @@ def _ranks(limit: int, view: AutoView) -> int:
     return max(w for w in range(1, max(1, limit) + 1) if _divides(w, view))
 
 
-def choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
-    """The placement for a machine with `cores` CPU cores and `gpus` GPUs; see the module doc."""
+def _ranks_in_memory(model_params: int, memory_bytes: int | None, generator: bool) -> int | None:
+    """How many CPU ranks (beside the generator, if any) fit in MEMORY_FRACTION of the memory."""
+    if memory_bytes is None or model_params == 0:
+        return None
+    room = MEMORY_FRACTION * memory_bytes - (GENERATOR_BYTES_PER_PARAM * model_params if generator else 0)
+    return max(0, int(room // (RANK_BYTES_PER_PARAM * model_params)))
+
+
+def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_bytes: int | None = None) -> Choice:
+    """The placement for a machine with `cores` CPU cores, `gpus` GPUs and (CPU ranks only)
+    `memory_bytes` of memory (None: not limited); see the module doc."""
     if cores < 1 or gpus < 0 or model_params < 0:
         raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
+    choice = _choose(cores, gpus, model_params, view)
+    fit = _ranks_in_memory(model_params, memory_bytes, generator=True) if gpus == 0 and view.auto else None
+    if fit is None or choice.world_size <= max(fit, 1) or "placement.world_size" not in choice.decided:
+        return choice
+    ws = _ranks(max(fit, 1), view)
+    need = RANK_BYTES_PER_PARAM * model_params / 2**30
+    why = (f"{cores} cores, {model_params / 1e6:.0f}M params: ~{need:.1f} GiB a rank, {ws} rank(s) fit in "
+           f"{MEMORY_FRACTION:.0%} of {memory_bytes / 2**30:.0f} GiB")
+    if fit == 0:
+        why += " (not even one does: consider model.lora, bf16 or more machines)"
+    overlap = choice.overlap if "trainer.mode" not in choice.decided else view.overlap_ok and ws < cores
+    if overlap and "trainer.mode" in choice.decided:
+        why += "; a core without a rank generates ahead"
+    procs = ws + (1 if overlap else 0)
+    threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
+    backend = view.backend or ("ray" if ws > 1 else "local")
+    return Choice(backend, ws, overlap, threads, why, choice.decided)
+
+
+def _choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
     if not view.auto or view.has_pools:
         why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
         return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
@@ -156,6 +200,14 @@ def view_from_raw(raw: dict[str, Any]) -> AutoView:
                     mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
                     rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
                     has_pools=bool(place.get("pools") or place.get("roles")), overlap_ok=overlap_ok)
+
+
+def detect_memory() -> int:
+    """The machine's physical memory in bytes: `choose`'s `memory_bytes` (the total, not what
+    is free now, so that the choice is the same on every run of the machine)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def detect_machine() -> tuple[int, int]:

@@ -88,17 +88,19 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
             print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", file=say, flush=True)
             merged = merge_recipe(None, [*kept, "placement.auto=false"], data=merged)
         else:
-            from baton.controller.auto_placement import choose, count_model_params, detect_machine, view_from_raw
+            from baton.controller.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+                                                         view_from_raw)
 
             path = (merged.get("model") or {}).get("path")
             machine, view = (*detect_machine(), count_model_params(path) if path else 0), view_from_raw(merged)
-            choice = choose(*machine, view)
+            memory = detect_memory()
+            choice = choose(*machine, view, memory_bytes=memory)
             placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
             if choice.overlap and "trainer.mode" in choice.decided:
                 try:  # a recipe the generator cannot run ahead for (a rule view_from_raw does not know)
                     cfg = load_config(cls, data=placed)
                 except ConfigError as e:
-                    choice = choose(*machine, dataclasses.replace(view, overlap_ok=False))
+                    choice = choose(*machine, dataclasses.replace(view, overlap_ok=False), memory_bytes=memory)
                     placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
                     print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", file=say, flush=True)
                     return load_config(cls, data=placed)
