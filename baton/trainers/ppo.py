@@ -272,10 +272,10 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 actor_update = actor.submit("update", batch) if step > cfg.pretrain_steps else None
                 critic_update = critic.update_critic(batch) if critic is not None else None
                 update = actor_update.get() if actor_update is not None else [{}]
-            if actor_update is None:  # critic pretraining: no update forward measured the engine
-                metrics["rollout/logprob_mismatch_kl"] = sampled_mismatch_kl(actor, batch)
                 if critic_update is not None:  # per rank; the critic's metrics are global already
                     metrics.update(critic_update.get()[0])
+            if actor_update is None:  # critic pretraining: no update forward measured the engine
+                metrics["rollout/logprob_mismatch_kl"] = sampled_mismatch_kl(actor, batch)
             with timed("sync"):
                 parity = source.weights_updated(step, check=t.check_weight_sync)
             if t.check_weight_sync:
