@@ -1,13 +1,15 @@
 """Benchmark: one GRPO step in baton vs in TRL's `GRPOTrainer`, same work, side by side.
 
-    .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8 --python SIDE=PATH
-                                           --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b]
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
+                                           --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b
+                                           --python SIDE=PATH]
 
-`--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl): a thread count both libraries run with, or `default`: what each
-does untold (TRL: torch's own thread count; baton: `placement.auto`, the ranks, generation
-overlap and threads it picks for the machine). `--shape` picks the model: the demo's
-`checkpoints/arith-sft`, or a random one of a tiny preset or of the Qwen2.5-0.5B shape (vocab
-151936). The table also gives each step as a fraction of the machine's matmul limit: the
+`--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl;
+THREADS: a thread count both libraries run with, or `default`: what each does untold (TRL:
+torch's own thread count; baton: `placement.auto`, the ranks, generation overlap and threads
+it picks for the machine)). `--python SIDE=PATH` runs a side in another venv. `--shape` picks
+the model: the demo's `checkpoints/arith-sft`, or a random one of a tiny preset or of the
+Qwen2.5-0.5B shape (vocab 151936). The table also gives each step as a fraction of the machine's matmul limit: the
 step's FLOPs (8 x params x tokens: a forward per token to generate, forward + backward to
 update; attention scores ignored) over all cores' fp32 matmul rate, measured at the model's
 shapes on one thread and multiplied by the cores.

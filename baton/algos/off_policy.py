@@ -70,11 +70,15 @@ def mismatch_kl_sums(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.
     """[2] float64: `mismatch_kl`'s k3 terms summed over the real tokens, and their count, so
     that pieces (micro-batches, data ranks) add up: mismatch_kl = sums[0] / sums[1]."""
     mask, log_ratio, ratio = _ratio(proximal_logprobs, behaviour_logprobs, response_mask)
-    return torch.stack([masked_sum(ratio - 1 - log_ratio, mask).double(), mask.sum().double()])
+    return torch.stack([masked_sum(_k3_terms(log_ratio, ratio), mask).double(), mask.sum().double()])
+
+
+def _k3_terms(log_ratio, ratio) -> torch.Tensor:
+    return ratio - 1 - log_ratio  # [B, R], >= 0
 
 
 def _k3(mask, log_ratio, ratio) -> torch.Tensor:
-    return masked_mean(ratio - 1 - log_ratio, mask)
+    return masked_mean(_k3_terms(log_ratio, ratio), mask)
 
 
 def _metrics(mask, log_ratio, ratio, weights, cap) -> dict[str, torch.Tensor]:

@@ -126,55 +126,41 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_byte
     `memory_bytes` of memory (None: not limited); see the module doc."""
     if cores < 1 or gpus < 0 or model_params < 0:
         raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
-    choice = _choose(cores, gpus, model_params, view)
-    fit = _ranks_in_memory(model_params, memory_bytes, generator=True) if gpus == 0 and view.auto else None
-    if fit is None or choice.world_size <= max(fit, 1) or "placement.world_size" not in choice.decided:
-        return choice
-    ws = _ranks(max(fit, 1), view)
-    need = RANK_BYTES_PER_PARAM * model_params / 2**30
-    why = (f"{cores} cores, {model_params / 1e6:.0f}M params: ~{need:.1f} GiB a rank, {ws} rank(s) fit in "
-           f"{MEMORY_FRACTION:.0%} of {memory_bytes / 2**30:.0f} GiB")
-    if fit == 0:
-        why += " (not even one does: consider model.lora, bf16 or more machines)"
-    overlap = choice.overlap if "trainer.mode" not in choice.decided else view.overlap_ok and ws < cores
-    if overlap and "trainer.mode" in choice.decided:
-        why += "; a core without a rank generates ahead"
-    procs = ws + (1 if overlap else 0)
-    threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
-    backend = view.backend or ("ray" if ws > 1 else "local")
-    return Choice(backend, ws, overlap, threads, why, choice.decided)
-
-
-def _choose(cores: int, gpus: int, model_params: int, view: AutoView) -> Choice:
     if not view.auto or view.has_pools:
         why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
         return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
                       view.threads_per_worker if view.threads_per_worker is not None else 0, why)
+    fit = _ranks_in_memory(model_params, memory_bytes, generator=True) if gpus == 0 else None
+    cap = cores if fit is None else max(1, min(cores, fit))  # CPU ranks the memory holds
+    small = model_params < MIN_DP_PARAMS and view.world_size is None and view.overlap_ok
     if gpus >= 1:
         ws, overlap = view.world_size or _ranks(gpus, view), False
         why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
     elif cores == 1:
         ws, overlap, why = view.world_size or 1, False, "1 core: one process"
-    elif model_params < MIN_DP_PARAMS and view.world_size is None and view.overlap_ok:
-        ws, overlap = _ranks(cores - 1, view), True
+    elif small:
+        ws, overlap = _ranks(min(cores - 1, cap), view), True
         why = (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one core generates "
                f"ahead, {ws} rank(s) update")
     else:
-        ws = view.world_size or _ranks(cores, view)
+        ws = view.world_size or _ranks(cap, view)
         overlap = ws < cores and view.overlap_ok  # a core without a rank generates ahead, in a process of its own
         if view.world_size is not None:
             why = f"{cores} cores, {ws} rank(s) as set"
         elif ws == cores:
             why = f"{cores} cores: one rank per core, each generating and updating its share"
+        elif cap < cores:
+            why = (f"{cores} cores, {model_params / 1e6:.0f}M params: ~{RANK_BYTES_PER_PARAM * model_params / 2**30:.1f}"
+                   f" GiB a rank, {ws} rank(s) fit in {MEMORY_FRACTION:.0%} of {memory_bytes / 2**30:.0f} GiB"
+                   + (" (not even one does: consider model.lora, bf16 or more machines)" if fit == 0 else ""))
         else:
             why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
         if not view.overlap_ok:
             why += "; generation cannot run ahead for this recipe"
     if view.mode is not None:
         overlap = view.mode != "sync"
-    elif overlap and gpus == 0 and cores > 1 and not (model_params < MIN_DP_PARAMS and view.world_size is None
-                                                      and view.overlap_ok):
-        why += "; the generator overlaps the update on a core of its own"
+    elif overlap and gpus == 0 and cores > 1 and not small:
+        why += "; a core without a rank generates ahead"
     backend = view.backend or ("ray" if ws > 1 else "local")
     procs = ws + (1 if overlap else 0)  # the generator is a process of its own
     threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)

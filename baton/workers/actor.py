@@ -19,6 +19,7 @@ only them); the reference policy is this same module with the adapters disabled
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,7 @@ import torch
 
 from baton import fields as F
 from baton.algos import actor_loss
+from baton.algos.off_policy import mismatch_kl_sums
 from baton.algos.config import AlgoConfig
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
@@ -37,7 +39,6 @@ from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load
 from baton.models.parallel import wrap
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
-from baton.algos.off_policy import mismatch_kl_sums
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
@@ -173,7 +174,7 @@ class ActorWorker(Worker):
         rows_global = len(batch) * self.dp_size
         sums: dict[str, float] = {}
         probe = torch.zeros(2, dtype=torch.float64, device=self.device)  # mismatch_kl_sums
-        minis = iter(range(1 << 62))  # the mini-batch's index in the update (all epochs)
+        minis = itertools.count()  # the mini-batch's index in the update (all epochs)
 
         def prepare(mb: Batch) -> tuple[float, float, int, int]:
             return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb), next(minis))
