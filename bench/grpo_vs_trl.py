@@ -179,15 +179,24 @@ def matmul_limit_gflops(model_dir: str, rows: int) -> tuple[float, int]:
     return one * cores, cores
 
 
+def parse_run(run: str) -> tuple[str, str, list[str]]:
+    """SIDE@THREADS[+KEY=VALUE...] -> (side, threads, baton overrides applied last)."""
+    head, *extra = run.split("+")
+    side, _, threads = head.partition("@")
+    return side, threads, extra
+
+
 def launch(run: str, spec: dict[str, Any], work: Path, python: str = sys.executable) -> dict[str, Any] | None:
-    side, threads = run.split("@")
+    side, threads, extra = parse_run(run)
     spec = {**spec, "threads": threads}
+    tag = f"{side}_{threads}_{abs(hash(run)) % 10**6}"
     if side.startswith("baton"):
         spec["overrides"] = baton_overrides(argparse.Namespace(**{**spec["args"], "threads": threads}),
-                                            str(work / f"{side}_run_{threads}"))
+                                            str(work / f"{tag}_run"))
         if side == "baton-vllm":
             spec["overrides"].append("rollout.engine=vllm")
-    spec_path, out, log = (work / f"{side}_{threads}.{ext}" for ext in ("spec.json", "json", "log"))
+        spec["overrides"] += extra
+    spec_path, out, log = (work / f"{tag}.{ext}" for ext in ("spec.json", "json", "log"))
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -270,7 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--G", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--runs", default="baton@1,trl@1",
-                   help="comma-separated SIDE@THREADS (side baton|trl; threads N or default); the first is the base")
+                   help="comma-separated SIDE@THREADS (side baton|trl; threads N or default), a baton side "
+                        "optionally followed by +KEY=VALUE config overrides; the first is the base")
     p.add_argument("--shape", default="demo", choices=["demo", "0.75m", "2m", "5m", "25m", "qwen2.5-0.5b"],
                    help="demo: checkpoints/arith-sft; else a random model of that shape")
     p.add_argument("--model", default=None, help="a local HF model dir (overrides --shape)")
@@ -289,9 +299,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error("need --steps >= 2 (step 1 is a warm-up) and --G >= 2 (GRPO groups)")
     runs = a.runs.split(",")
     for r in runs:
-        side, _, threads = r.partition("@")
+        side, threads, extra = parse_run(r)
         if side not in SIDES or not (threads == "default" or threads.isdigit() and int(threads) > 0):
             p.error(f"--runs: {r!r} is not SIDE@THREADS with SIDE in {SIDES} and THREADS a count or 'default'")
+        if extra and (side == "trl" or not all("=" in x for x in extra)):
+            p.error(f"--runs: {r!r}: only a baton side takes +KEY=VALUE overrides")
     pythons = dict(x.split("=", 1) for x in a.python)
     if set(pythons) - set(SIDES):
         p.error(f"--python: SIDE=PATH with SIDE in {SIDES}, got {sorted(pythons)}")

@@ -189,12 +189,18 @@ class _OverlappedSync:
     """Gradient buckets all-reduced while the backward runs (DDP's reducer, by hand).
 
     Buckets: the parameters in reverse order (the backward finishes the last layers first),
-    cut at GRAD_BUCKET_BYTES. A post-accumulate-grad hook counts each bucket's gradients;
-    bucket i is launched (async all-reduce of its flattened gradients) once it is complete
-    and buckets 0..i-1 are launched: the same order on every rank, whatever order each
-    rank's backward produced them in. `finish` launches what is left (parameters that got
-    no gradient this step), waits, and copies the sums back. Sums of the same values in
-    the same buckets as one flat buffer would hold them: SUM over ranks is elementwise."""
+    cut at GRAD_BUCKET_BYTES and wherever dtype or device changes. Each bucket owns one flat
+    buffer and, while armed, every parameter's `.grad` is a view into it (DDP's
+    `gradient_as_bucket_view`): the backward accumulates straight into the buffer and the
+    all-reduce sums it in place, so no gradient is copied into a bucket or back out of it
+    (those two copies were ~10% of a 5M model's update on one core). A post-accumulate-grad
+    hook counts each bucket's gradients; bucket i is launched (async all-reduce of its
+    buffer) once it is complete and buckets 0..i-1 are launched: the same order on every
+    rank, whatever order each rank's backward produced them in. `finish` launches what is
+    left and waits. A parameter that got no gradient in the step keeps `.grad = None` (the
+    optimizer skips it, as with one rank; one model and one loss give every rank the same
+    such parameters); it is summed as zeros. The sums are those of the
+    same values a flat buffer would hold: SUM over ranks is elementwise."""
 
     def __init__(self, module: nn.Module, group: Any):
         self.group = group
@@ -203,52 +209,73 @@ class _OverlappedSync:
         size = GRAD_BUCKET_BYTES
         for p in reversed(params):
             nbytes = p.numel() * p.element_size()
-            if size + nbytes > GRAD_BUCKET_BYTES and (not self.buckets or self.buckets[-1]):
+            cut = self.buckets and self.buckets[-1] and (p.dtype, p.device) != (self.buckets[-1][0].dtype,
+                                                                                 self.buckets[-1][0].device)
+            if (size + nbytes > GRAD_BUCKET_BYTES or cut) and (not self.buckets or self.buckets[-1]):
                 self.buckets.append([])
                 size = 0
             self.buckets[-1].append(p)
             size += nbytes
         self.where = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.flats: list[torch.Tensor] = []
         self.armed = False
         for p in params:
             p.register_post_accumulate_grad_hook(self._ready)
 
     def arm(self, extra: torch.Tensor | None) -> None:
+        if extra is not None and extra.numel() > 1:
+            raise ValueError(f"the gradient sync carries one extra element, got {extra.numel()}")
         self.armed, self.extra = True, extra
         self.count = [0] * len(self.buckets)
         self.next = 0
-        self.works: list[tuple[list[torch.Tensor], torch.Tensor, Any]] = []
+        self.works: list[Any] = []
+        self.got: set[int] = set()  # parameters the armed backward accumulated into
+        self.had: set[int] = set()  # parameters with a gradient from earlier micro-batches
+        # one buffer per bucket (+1 element in the last: `extra`, summed alongside), new each
+        # step and held only by the gradients after `finish`: freed with them (`zero_grad`,
+        # offload), as DDP's would not be
+        self.flats = [torch.zeros(sum(p.numel() for p in b) + (i == len(self.buckets) - 1),
+                                  dtype=b[0].dtype, device=b[0].device) for i, b in enumerate(self.buckets)]
+        with torch.no_grad():
+            for flat, bucket in zip(self.flats, self.buckets):
+                at = 0
+                for p in bucket:
+                    view = flat[at:at + p.numel()].view_as(p)
+                    if p.grad is not None:  # earlier micro-batches of this step: carry their sum
+                        view.copy_(p.grad)
+                        self.had.add(id(p))
+                    p.grad = view
+                    at += p.numel()
 
     def _ready(self, p: nn.Parameter) -> None:
         if not self.armed:
             return
+        self.got.add(id(p))
         i = self.where[id(p)]
         self.count[i] += 1
         while self.next < len(self.buckets) and self.count[self.next] == len(self.buckets[self.next]):
             self._launch(self.next)
 
     def _launch(self, i: int) -> None:
-        grads = [p.grad for p in self.buckets[i] if p.grad is not None]
-        tail = [self.extra.to(device=grads[0].device, dtype=grads[0].dtype) if grads else self.extra] \
-            if self.extra is not None and i == len(self.buckets) - 1 else []
-        flat = _flatten_dense_tensors(grads + tail) if grads + tail else torch.zeros(0)
-        self.works.append((grads, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+        flat = self.flats[i]
+        if i == len(self.buckets) - 1:
+            flat[-1] = 0.0 if self.extra is None else self.extra.reshape(())
+        self.works.append(dist.all_reduce(flat, group=self.group, async_op=True))
         self.next = i + 1
 
     def finish(self) -> torch.Tensor | None:
         while self.next < len(self.buckets):
             self._launch(self.next)
         self.armed = False
-        extra = None
-        for grads, flat, work in self.works:
+        for work in self.works:
             work.wait()
-            n_grad = sum(g.numel() for g in grads)
-            for g, synced in zip(grads, _unflatten_dense_tensors(flat[:n_grad], grads)):
-                g.copy_(synced)
-            if flat.numel() > n_grad:
-                extra = flat[n_grad:].to(self.extra.dtype)
         self.works = []
-        return extra
+        for bucket in self.buckets:
+            for p in bucket:
+                if id(p) not in self.got and id(p) not in self.had:
+                    p.grad = None  # no gradient in this step: as without the sync (summed as zeros)
+        tail, self.flats = self.flats[-1][-1:], []
+        return None if self.extra is None else tail.to(self.extra.dtype)
 
 
 @torch.no_grad()

@@ -5,7 +5,9 @@ summed with the gradients; a non-finite loss on one rank only skips the optimize
 both (the verdict rides on that all-reduce); and an actor update of k optimizer steps
 runs k + 2 all-reduces (the k gradient all-reduces, the normalisers of the whole pass, the
 loss metric), not 3k; the gradient buckets are launched during the backward (overlapped)
-and sum bit for bit to what one flat all-reduce gives.
+and sum bit for bit to what one flat all-reduce gives, with the gradients accumulated
+straight into the buckets (views of them; earlier micro-batches' sums carried in, a
+parameter without a gradient left None).
 """
 
 from __future__ import annotations
@@ -99,6 +101,27 @@ def _rank(rank: int, port: int, q) -> None:
         over, launched = backward(True)
         out.update(buckets=len(npar._overlap.buckets), launched=launched,
                    same=all(torch.equal(a, b) for a, b in zip(flat, over)))
+
+        # two micro-batches (the sync armed before the second backward only) and a layer
+        # that gets no gradient: the first micro-batch's gradients are carried into the
+        # buckets, the unused layer keeps grad None, the rest are views of the buckets
+        unused = nn.Linear(2, 2).double()
+        net2 = nn.ModuleDict({"net": net, "unused": unused})
+        par2 = wrap(net2, mesh, "ddp")
+
+        def two_micro(arm):
+            net2.zero_grad(set_to_none=True)
+            net(x[:2]).sum().backward()
+            if arm:
+                par2.arm_grad_sync(torch.zeros(1, dtype=torch.float64))
+            net(x[2:]).sum().backward()
+            par2.sync_grads(extra=torch.zeros(1, dtype=torch.float64))
+            return [q.grad.clone() for q in net.parameters()]
+        flat2 = two_micro(False)
+        over2 = two_micro(True)
+        out.update(same_accumulated=all(torch.equal(a, b) for a, b in zip(flat2, over2)),
+                   unused_none=all(q.grad is None for q in unused.parameters()),
+                   views=all(q.grad._base is not None for q in net.parameters()))
         q.put((rank, out))
     finally:
         dist.destroy_process_group()
@@ -127,3 +150,4 @@ def test_two_gloo_ranks_fold_the_loss_verdict_and_the_normalisers():
         assert r["calls"] == [4, 3, 3, 1], r["calls"]
         assert r["buckets"] >= 3 and r["launched"] == r["buckets"]  # all in flight before sync_grads
         assert r["same"]  # bit for bit the flat all-reduce's sums
+        assert r["same_accumulated"] and r["unused_none"] and r["views"]
