@@ -26,17 +26,11 @@ from baton.workers.sequences import response_logprobs
 from _common import add_smoke, load_rl_config  # bench/_common.py (scripts run from bench/ on sys.path)
 
 
-def grpo_batch(prompts: int, G: int, P: int, R: int, vocab: int, alike: bool = False) -> Batch:
-    """G rows per prompt, responses of 1..R tokens drawn independently, or (alike) each group
-    about one length (its own draw in 1..R, +-25%), as a prompt's samples tend to be."""
+def grpo_batch(prompts: int, G: int, P: int, R: int, vocab: int) -> Batch:
     g = torch.Generator().manual_seed(0)
     rows = prompts * G
     prompt_ids = torch.randint(4, vocab, (prompts, P), generator=g).repeat_interleave(G, 0)  # [B, P]
     lengths = torch.randint(1, R + 1, (rows,), generator=g)  # [B] responses of 1..R tokens
-    if alike:
-        scale = torch.randint(1, R + 1, (prompts,), generator=g).double().repeat_interleave(G)  # [B]
-        jitter = 0.75 + 0.5 * torch.rand(rows, generator=g, dtype=torch.float64)
-        lengths = (scale * jitter).round().long().clamp(1, R)
     response_mask = (torch.arange(R) < lengths[:, None]).long()  # [B, R]
     return Batch({F.PROMPT_IDS: prompt_ids, F.PROMPT_MASK: torch.ones(rows, P, dtype=torch.long),
                   F.RESPONSE_IDS: torch.randint(4, vocab, (rows, R), generator=g),

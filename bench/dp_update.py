@@ -11,10 +11,7 @@ rank spent in the gradient all-reduce (`par.sync_grads`, wrapped here; it includ
 for the other rank to finish its backward), and the CPU time of the busiest rank's update
 (process CPU seconds): on a shared machine wall times say how the cores were shared, CPU
 seconds how the work was split; their ratio 1 rank / 2 ranks is the speed-up the update
-reaches when each rank has a core of its own. With 2 ranks the rows go out as the trainer
-dispatches them (prompt groups dealt by cost, `baton/trainers/rank_balance.py`) and, taking
-turns with that, as they come; `--alike-lengths` gives each group's responses about one
-length (as a prompt's samples tend to have), which is where the dealing matters.
+reaches when each rank has a core of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoConfig
@@ -35,7 +31,6 @@ from _common import DEMO_MODEL, add_smoke, load_rl_config  # noqa: E402
 from actor_update import grpo_batch  # noqa: E402
 
 from baton.controller import Dispatch, ResourcePool, WorkerGroup, ensure_ray, register, shutdown_ray  # noqa: E402
-from baton.trainers.rank_balance import balanced_for_ranks  # noqa: E402
 from baton.workers.actor import ActorWorker  # noqa: E402
 
 
@@ -66,24 +61,21 @@ class TimedActor(ActorWorker):
         return self._timing
 
 
-def measure(group: WorkerGroup, batches: dict[str, Any], repeats: int) -> dict[str, dict[str, float]]:
-    """Per batch (the same rows dispatched differently), the medians; the batches take turns."""
-    for batch in batches.values():
-        group.update(batch)  # warm-up
-    raw: dict[str, list[tuple[float, ...]]] = {name: [] for name in batches}
+def measure(group: WorkerGroup, batch, repeats: int) -> dict[str, float]:
+    group.update(batch)  # warm-up
+    walls, ranks, syncs, cpus, sync_cpus = [], [], [], [], []
     for _ in range(repeats):
-        for name, batch in batches.items():
-            t0 = time.perf_counter()
-            group.update(batch)
-            wall = time.perf_counter() - t0
-            per_rank = group.timing()
-            raw[name].append((wall, *(max(t[i] for t in per_rank) for i in range(4))))
-    out = {}
-    for name, rows in raw.items():
-        wall, rank, sync, cpu, sync_cpu = (statistics.median(r[i] for r in rows) for i in range(5))
-        out[name] = {"wall": wall, "rank": rank, "sync": sync, "dispatch": wall - rank, "cpu": cpu,
-                     "sync_cpu": sync_cpu}
-    return out
+        t0 = time.perf_counter()
+        group.update(batch)
+        walls.append(time.perf_counter() - t0)
+        per_rank = group.timing()
+        ranks.append(max(t[0] for t in per_rank))
+        syncs.append(max(t[1] for t in per_rank))
+        cpus.append(max(t[2] for t in per_rank))
+        sync_cpus.append(max(t[3] for t in per_rank))
+    wall, rank = statistics.median(walls), statistics.median(ranks)
+    return {"wall": wall, "rank": rank, "sync": statistics.median(syncs), "dispatch": wall - rank,
+            "cpu": statistics.median(cpus), "sync_cpu": statistics.median(sync_cpus)}
 
 
 def main() -> None:
@@ -96,8 +88,6 @@ def main() -> None:
     ap.add_argument("--mini", type=int, default=128, help="rows per optimizer step (all ranks)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="local,1,2", help="local and/or Ray pool sizes")
-    ap.add_argument("--alike-lengths", action="store_true",
-                    help="each group's responses about one length (default: every row's drawn in 1..R)")
     add_smoke(ap)
     a = ap.parse_args()
     if a.smoke:
@@ -119,14 +109,10 @@ def main() -> None:
             pool = (ResourcePool(1, backend="local", threads_per_worker=1) if size == "local"
                     else ResourcePool(int(size), backend="ray", threads_per_worker=1))
             group = WorkerGroup(pool, TimedActor, *args, **kw)
-            batch = grpo_batch(a.prompts, a.G, a.P, a.R, vocab, alike=a.alike_lengths)
-            batches = {size: balanced_for_ranks(batch, group.dp_size)}  # as the trainer dispatches it
-            if group.dp_size > 1:  # the rows as they come, on the same ranks: what the balancing gains
-                batches[f"{size}, rows as they come"] = batch
-            for name, r in measure(group, batches, a.repeats).items():
-                res[name] = r
-                print(f"{name}: {r}", flush=True)
+            batch = grpo_batch(a.prompts, a.G, a.P, a.R, vocab)
+            res[size] = measure(group, batch, a.repeats)
             group.shutdown()
+            print(f"{size}: {res[size]}", flush=True)
     finally:
         shutdown_ray()
     print(f"\nactor update, {rows} rows ({a.prompts} x G={a.G}), {rows // a.mini} optimizer steps of {a.mini}, "

@@ -11,11 +11,10 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
 - 1 core: one process, one thread; a second process would only time-share the core.
 - >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
   generation colocated: data parallelism splits both generation and the update.
-- >= 2 cores, a smaller model (the demo's 0.82M): one core runs the generator ahead of the
-  update (trainer.mode=one_step_off), the others hold ranks: measured faster than one rank
-  per core there (half the rows cost more than half the time at tiny sizes, and ranks wait
-  on each other for a core on a busy machine); from the 5M benchmark shape on, data
-  parallel is ahead.
+- >= 2 cores, a smaller model (the demo's 0.82M, the 5M benchmark shape): one core runs the
+  generator ahead of the update (trainer.mode=one_step_off), the others hold ranks: measured
+  faster than one rank per core at both sizes (the work splits unevenly at small sizes, and
+  ranks wait on each other for a core on a busy machine).
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
   fewer ranks than cores the generator runs in a process of its own (trainer.mode=
   one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
@@ -42,14 +41,18 @@ from dataclasses import dataclass
 from typing import Any
 
 # Below this many parameters a core generates ahead (one_step_off) and the other cores hold
-# ranks; from it on, every core holds a rank. Measured quiet with bench/placement.py (2 cores,
-# 2 rounds, s/step), after the gradient buckets became views and the ranks' rows were dealt
-# by cost (issue 20, round 3): the demo's 0.82M: one_step_off 0.294 vs dp2 0.350 (0.293 and
-# 0.407: dp2 swings with the machine); the 5M shape (8 x 8 x 32 tokens): dp2 0.754 vs
-# one_step_off 0.815 (bench/grpo_vs_trl.py: 0.665 vs 0.758). Half a batch costs more than
-# half at tiny sizes (per-op cost); the threshold sits between the two measured sizes.
-# (Round 2 had it at 10M: dp2 then lost at 5M, 2.50 vs 1.83 s under load.)
-MIN_DP_PARAMS = 2_000_000
+# ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
+# load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
+# at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
+# 0.66x of the whole at 0.82M, 0.60x at 5M). Again with one collective per optimizer step
+# (issue 20 round 2, 3 rounds under load 5-9, s/step): one_step_off 0.426 / 0.444 / 0.456 vs
+# dp2 0.424 / 0.870 / 0.879 -- a tie at best for dp2, which waits on its peer every step.
+# On a quiet day dp2 was ~10% ahead (BENCHMARKS.md). Round 3, quiet, 4 paired runs at 5M
+# (bench/placement.py and bench/grpo_vs_trl.py, s/step, dp2 vs one_step_off): 0.754 / 0.815,
+# 0.665 / 0.758, 0.835 / 0.743, 0.686 / 0.782: dp2 ~6% ahead on average but swinging with the
+# machine (it needs both cores at once; the generator's lead absorbs a stall), one_step_off
+# steady; the threshold stays until a size where dp2 wins every round.
+MIN_DP_PARAMS = 10_000_000
 
 # CPU memory per rank and for the generator, bytes per model parameter. A rank: fp32 weights,
 # gradients and AdamW's two moments (16 B), a reference copy (4 B), x1.3 for activations and

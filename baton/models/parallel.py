@@ -193,7 +193,8 @@ class _OverlappedSync:
     buffer and, while armed, every parameter's `.grad` is a view into it (DDP's
     `gradient_as_bucket_view`): the backward accumulates straight into the buffer and the
     all-reduce sums it in place, so no gradient is copied into a bucket or back out of it
-    (those two copies were ~10% of a 5M model's update on one core). A post-accumulate-grad
+    (measured side by side on two gloo ranks, a 5M model's forward + backward of 32 x 39
+    tokens: 2-3% less CPU a rank than copying). A post-accumulate-grad
     hook counts each bucket's gradients; bucket i is launched (async all-reduce of its
     buffer) once it is complete and buckets 0..i-1 are launched: the same order on every
     rank, whatever order each rank's backward produced them in. `finish` launches what is

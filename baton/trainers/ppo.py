@@ -20,8 +20,6 @@ One step, top to bottom, as the controller sees it:
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
                                                      before whitening)
     rows    --OFF_POLICY[algo.off_policy]-->         advantages x w(pi_prox / mu)
-    rows    --balanced_for_ranks-->                  prompt groups dealt so that every data
-                                                     rank's share of each all-reduce is alike
     rows    --actor.update  ||  critic.update_critic-->   both launched, then both awaited;
                                                      the update's first forward also gives
                                                      rollout/logprob_mismatch_kl (engine vs trainer)
@@ -57,7 +55,6 @@ from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
 from baton.trainers.placement import build_roles
-from baton.trainers.rank_balance import balanced_for_ranks
 from baton.trainers.ppo_config import PPOConfig, estimator_reads
 from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
@@ -271,7 +268,6 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             if critic is not None:
                 metrics["critic/explained_var"] = explained_variance(batch[F.VALUES], batch[F.RETURNS], mask).item()
                 metrics["critic/returns_mean"] = masked_mean(batch[F.RETURNS], mask).item()
-            batch = balanced_for_ranks(batch, actor.dp_size)  # every rank's share of each all-reduce alike
             with timed("update"):  # both launched, then both awaited: concurrent on split pools
                 actor_update = actor.submit("update", batch) if step > cfg.pretrain_steps else None
                 critic_update = critic.update_critic(batch) if critic is not None else None
