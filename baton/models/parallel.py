@@ -194,14 +194,14 @@ class _OverlappedSync:
     `gradient_as_bucket_view`): the backward accumulates straight into the buffer and the
     all-reduce sums it in place, so no gradient is copied into a bucket or back out of it
     (measured side by side on two gloo ranks, a 5M model's forward + backward of 32 x 39
-    tokens: 2-3% less CPU a rank than copying). A post-accumulate-grad
-    hook counts each bucket's gradients; bucket i is launched (async all-reduce of its
-    buffer) once it is complete and buckets 0..i-1 are launched: the same order on every
-    rank, whatever order each rank's backward produced them in. `finish` launches what is
-    left and waits. A parameter that got no gradient in the step keeps `.grad = None` (the
-    optimizer skips it, as with one rank; one model and one loss give every rank the same
-    such parameters); it is summed as zeros. The sums are those of the
-    same values a flat buffer would hold: SUM over ranks is elementwise."""
+    tokens: 2-3% less CPU a rank than copying). A post-accumulate-grad hook counts each
+    bucket's gradients; bucket i is launched (async all-reduce of its buffer) once it is
+    complete and buckets 0..i-1 are launched: the same order on every rank, whatever order
+    each rank's backward produced them in. `finish` launches what is left and waits. A
+    parameter that got no gradient in the step keeps `.grad = None` (the optimizer skips it,
+    as with one rank; one model and one loss give every rank the same such parameters); it
+    is summed as zeros. The sums are those of the same values a flat buffer would hold: SUM
+    over ranks is elementwise."""
 
     def __init__(self, module: nn.Module, group: Any):
         self.group = group
