@@ -7,9 +7,10 @@
 `--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl;
 THREADS: a thread count both libraries run with, or `default`: what each does untold (TRL:
 torch's own thread count; baton: `placement.auto`, the ranks, generation overlap and threads
-it picks for the machine)). `--python SIDE=PATH` runs a side in another venv. `--shape` picks
-the model: the demo's `checkpoints/arith-sft`, or a random one of a tiny preset or of the
-Qwen2.5-0.5B shape (vocab 151936). The table also gives each step as a fraction of the machine's matmul limit: the
+it picks for the machine)); a baton side may add config overrides: `baton@1+KEY=VALUE+...`.
+`--python SIDE=PATH` runs a side in another venv. `--shape` picks the model: the demo's
+`checkpoints/arith-sft`, or a random one of a tiny preset or of the Qwen2.5-0.5B shape (vocab
+151936). The table also gives each step as a fraction of the machine's matmul limit: the
 step's FLOPs (8 x params x tokens: a forward per token to generate, forward + backward to
 update; attention scores ignored) over all cores' fp32 matmul rate, measured at the model's
 shapes on one thread and multiplied by the cores.
@@ -186,10 +187,12 @@ def parse_run(run: str) -> tuple[str, str, list[str]]:
     return side, threads, extra
 
 
-def launch(run: str, spec: dict[str, Any], work: Path, python: str = sys.executable) -> dict[str, Any] | None:
+def launch(run: str, index: int, spec: dict[str, Any], work: Path,
+           python: str = sys.executable) -> dict[str, Any] | None:
+    """Run `run` (the index-th of --runs) in a child process; its result, or None if it failed."""
     side, threads, extra = parse_run(run)
     spec = {**spec, "threads": threads}
-    tag = f"{side}_{threads}_{abs(hash(run)) % 10**6}"
+    tag = f"{index}_{side}_{threads}"
     if side.startswith("baton"):
         spec["overrides"] = baton_overrides(argparse.Namespace(**{**spec["args"], "threads": threads}),
                                             str(work / f"{tag}_run"))
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = prepare(a, work)
         spec["args"] = {k: getattr(a, k) for k in ("steps", "prompts", "G", "max_new_tokens", "model", "seed", "lr")}
         limit = matmul_limit_gflops(a.model, min(2048, a.prompts * a.G * 16))
-        res = {r: launch(r, spec, work, pythons.get(r.split("@")[0], sys.executable)) for r in runs}
+        res = {r: launch(r, i, spec, work, pythons.get(parse_run(r)[0], sys.executable)) for i, r in enumerate(runs)}
         res = {r: v for r, v in res.items() if v is not None}
         if not res:
             sys.exit("every run failed (their logs above)")

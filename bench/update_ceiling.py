@@ -17,7 +17,6 @@ plain transformers + torch). Printed, side by side in one run:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -27,17 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: _common, engine_throughput, grpo_vs_trl
 from _common import add_smoke, random_model_dir  # noqa: E402
+from _timing import median_ms  # noqa: E402
 
 
 def timed(step, repeats: int) -> float:
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of step() over `repeats` calls, after 2 warm-up calls."""
+    return median_ms(step, repeats, warmup=2) / 1e3
 
 
 def main() -> None:
