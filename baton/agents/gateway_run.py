@@ -24,7 +24,9 @@ from typing import Any
 from baton.agents.config import GatewayAgentConfig
 from baton.batch import Batch
 from baton.rollout.server import ServerThread
-from baton.services.gateway import Gateway, GatewaySource, InProcessEngine
+from baton.services.gateway import Gateway
+from baton.services.gateway_engines import InProcessEngine
+from baton.services.gateway_source import GatewaySource
 from baton.user_modules import load_object
 
 

@@ -2,13 +2,14 @@
 trajectories for training.
 
     gw = Gateway(engine=InProcessEngine(engine) | HttpEngine("http://127.0.0.1:8001"), tokenizer=tok)
+                                                     # (baton.services.gateway_engines)
     app = gw.app()                                   # serve it (baton.rollout.server.ServerThread)
     POST /sessions {"group": "q17"?}  -> {"session_id", "base_url": "/sessions/<id>/v1"}
     # the agent, unchanged: OpenAI(base_url=f"{gateway_url}/sessions/<id>/v1").chat.completions.create(...)
     POST /sessions/<id>/reward {"reward": 1.0}        -> the session is finished
     POST /sessions/<id>/abort {"reason": "tool"}      -> the session is dropped (never a row)
     GET  /sessions/<id>                               -> its trajectory (ids, mask, logprobs, turns)
-    source = GatewaySource(gw, group_size=4)          # rows(step) -> Batch (baton.trainers.sources)
+    source = GatewaySource(gw, group_size=4)          # rows(step) -> Batch (baton.services.gateway_source)
 
 A session is one trajectory. Its first request is rendered with the tokenizer's chat
 template (tools included) and tokenized: the prompt. Each turn the engine is called with
@@ -30,7 +31,7 @@ marker, and `Session.boundary_mismatches` counts it. A request whose history dif
 the session's (other roles, edited non-assistant messages, other tools) is a 400: start a
 new session.
 
-Finished sessions (a reward reported) become rows through
+Finished sessions (a reward reported) become rows (`baton.services.gateway_source`) through
 `baton.services.groups.groups_to_batch` (Atropos' ScoredData shape: tokens, masks with
 -100 on untrained tokens, inference_logprobs, scores): prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
@@ -53,66 +54,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-import torch
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton import fields as F
-from baton.batch import Batch
-from baton.rollout._server_batcher import Batcher, EngineRunner
 from baton.rollout._server_guards import BearerAuth
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
 from baton.rollout._server_stream import chat_chunks, include_usage, sse
 from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
-
-
-@dataclass
-class Sampled:
-    """One engine call's output for one prompt."""
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
-    version: int
-
-
-class InProcessEngine:
-    """An `Engine` in this process; concurrent sessions' turns with equal sampling
-    parameters share one `generate` call (the server's batcher)."""
-
-    def __init__(self, engine: Any, max_batch_wait_ms: float = 2.0, max_batch_seqs: int = 256):
-        self.engine = engine
-        self._args = (max_batch_wait_ms, max_batch_seqs)
-        self._batcher: Batcher | None = None
-
-    async def sample(self, ids: list[int], params: SamplingParams) -> Sampled:
-        if self._batcher is None:  # bound to the serving event loop
-            self._batcher = Batcher(EngineRunner(self.engine), max_wait_ms=self._args[0], max_batch_seqs=self._args[1])
-        c = (await self._batcher.submit([ids], params))[0]
-        return Sampled(list(c.token_ids), [float(x) for x in c.logprobs], c.finish_reason, int(c.version))
-
-
-class HttpEngine:
-    """A `baton serve` (or SGLang) server, token in / token out through /generate."""
-
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
-
-    async def sample(self, ids: list[int], params: SamplingParams) -> Sampled:
-        sp = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-              "top_k": params.top_k or -1, "min_p": params.min_p, "stop": params.stop or None,
-              "stop_token_ids": params.stop_token_ids or None, "ignore_eos": params.ignore_eos}
-        if params.seed is not None:
-            sp["sampling_seed"] = params.seed
-        r = await self.client.post("/generate", json={"input_ids": ids, "sampling_params": sp, "return_logprob": True})
-        if r.status_code != 200:
-            raise HTTPException(r.status_code if 400 <= r.status_code < 500 else 502, f"engine: {r.text}")
-        out = r.json()
-        meta = out["meta_info"]
-        lps = [float(x[0]) for x in meta["output_token_logprobs"]]
-        return Sampled(list(out["output_ids"]), lps, meta["finish_reason"]["type"], int(meta["weight_version"]))
+from baton.services.gateway_engines import HttpEngine
 
 
 @dataclass
@@ -425,63 +375,6 @@ class Gateway:
             return sse(chat_chunks(out, include_usage(req.stream_options))) if req.stream else out
 
         return app
-
-
-def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) -> Batch:
-    """Groups of finished sessions as rows, group-major (see the module docstring)."""
-    from baton.services.groups import groups_to_batch
-
-    scored = [{"tokens": [s.tokens for s in g],
-               "masks": [[t if m else -100 for t, m in zip(s.tokens, s.mask)] for s in g],
-               "inference_logprobs": [s.logprobs for s in g],
-               "scores": [s.reward for s in g],
-               "finish_reasons": [s.last_finish for s in g],
-               "policy_version": min(min(s.versions) for s in g), "env_id": "gateway"} for g in groups]
-    parts = [groups_to_batch([g], tokenizer, pad_id, len(g["tokens"])) for g in scored]
-    rows = Batch.concat(parts) if len(parts) > 1 else parts[0]
-    rows[F.GROUP_INDEX] = torch.tensor([i for i, g in enumerate(groups) for _ in g], dtype=torch.long)
-    return rows
-
-
-class GatewaySource:
-    """A row source (`baton.trainers.sources.RowSource`) over a gateway: each step's rows
-    are `groups_per_step` groups of `group_size` finished sessions (rows arrive scored).
-    Weight updates are the engine owner's business (an in-process engine shares the
-    actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""
-
-    def __init__(self, gateway: Gateway, group_size: int, groups_per_step: int = 1, wait_s: float | None = None,
-                 session_idle_s: float | None = None):
-        if group_size < 1 or groups_per_step < 1:
-            raise ValueError("group_size and groups_per_step must be >= 1")
-        self.gw, self.group_size, self.groups_per_step, self.wait_s = gateway, group_size, groups_per_step, wait_s
-        self.session_idle_s = session_idle_s  # an agent silent this long is dropped ("deadline")
-        tok = gateway.tok
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        self.sessions_used = 0
-        self.boundary_mismatches = 0
-
-    def rows(self, step: int) -> Batch:
-        groups = [self.gw.take(self.group_size, self.wait_s, self.session_idle_s) for _ in range(self.groups_per_step)]
-        sessions = [s for g in groups for s in g]
-        self.sessions_used += len(sessions)
-        self.boundary_mismatches += sum(s.boundary_mismatches for s in sessions)
-        return sessions_to_batch(groups, self.gw.tok, self.pad_id)
-
-    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
-        return [0.0] if check else None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sessions_used": self.sessions_used, "boundary_mismatches": self.boundary_mismatches,
-                "dropped": dict(self.gw.dropped)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sessions_used = int(state.get("sessions_used", 0))
-        self.boundary_mismatches = int(state.get("boundary_mismatches", 0))
-        for reason, k in (state.get("dropped") or {}).items():
-            self.gw.dropped[reason] = self.gw.dropped.get(reason, 0) + int(k)
-
-    def close(self) -> None:
-        pass
 
 
 def gateway_main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,9 @@ import torch
 
 from baton import fields as F
 from baton.rollout.server import ServerThread
-from baton.services.gateway import Gateway, GatewaySource, HttpEngine, InProcessEngine, boundary_text
+from baton.services.gateway import Gateway, boundary_text
+from baton.services.gateway_engines import HttpEngine, InProcessEngine
+from baton.services.gateway_source import GatewaySource
 
 from .gateway_fixtures import MULTIPLY_TOOL, ScriptedEngine, tiny_model, tools_tokenizer
 
