@@ -168,6 +168,9 @@ def main() -> None:
         print(f"| {size} | {r['wall']:.3f} | {r['rank']:.3f} | {r['sync']:.4f} | {r['dispatch']:.3f} "
               f"| {base['wall'] / r['wall']:.2f}x | {r['cpu']:.3f} | {r['sync_cpu']:.3f} "
               f"| {base['cpu'] / r['cpu']:.2f}x |")
+    if "2" in res and "2x1" in res:
+        print(f"\n2 ranks reach {res['2x1']['wall'] / res['2']['wall']:.2f} of 2x1's speed (two processes on half the "
+              "batch each with no collective: data parallel's ceiling on this machine, in this run)")
 
 
 if __name__ == "__main__":
