@@ -7,7 +7,7 @@ import pytest
 from baton.controller.auto_placement import MIN_DP_PARAMS, AutoView, choose, view_from_raw
 
 DEMO = AutoView(prompts_per_step=64)  # the demo recipe: 64 prompts, nothing placed by hand
-P = 25_000_000  # above MIN_DP_PARAMS (10M): data parallel on every core
+P = 25_000_000  # above MIN_DP_PARAMS (4M): data parallel on every core
 SMALL = 820_000  # the demo model's parameters
 
 
@@ -16,8 +16,9 @@ def test_two_cores_small_model_one_rank_and_the_generator():
     assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("local", 1, True, 1)
     assert c.overrides() == ["placement.backend=local", "placement.world_size=1",
                              "placement.threads_per_worker=1", "trainer.mode=one_step_off"]
-    assert "0.82M params < 10M" in c.line()
-    assert choose(2, 0, 5_000_000, DEMO).overlap and not choose(2, 0, 10_000_000, DEMO).overlap
+    assert "0.82M params < 4M" in c.line()
+    # the 2.2M preset generates ahead; the 5M one (4.8M) takes a rank per core
+    assert choose(2, 0, 2_200_000, DEMO).overlap and not choose(2, 0, 4_800_000, DEMO).overlap
     # 8 cores: 7 do not divide 64 prompts, 4 do: 4 ranks + the generator, 1 thread each
     c = choose(8, 0, SMALL, DEMO)
     assert (c.backend, c.world_size, c.overlap, c.threads_per_worker) == ("ray", 4, True, 1)

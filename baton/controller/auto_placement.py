@@ -11,10 +11,11 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
 - 1 core: one process, one thread; a second process would only time-share the core.
 - >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
   generation colocated: data parallelism splits both generation and the update.
-- >= 2 cores, a smaller model (the demo's 0.82M, the 5M benchmark shape): one core runs the
-  generator ahead of the update (trainer.mode=one_step_off), the others hold ranks: measured
-  faster than one rank per core at both sizes (the work splits unevenly at small sizes, and
-  ranks wait on each other for a core on a busy machine).
+- >= 2 cores, a smaller model (the demo's 0.82M): one core runs the generator ahead of the
+  update (trainer.mode=one_step_off), the others hold ranks: measured faster than one rank
+  per core there (the work splits unevenly at small sizes, and ranks wait on each other for
+  a core on a busy machine); at the 5M benchmark shape one rank per core is faster (~10% on
+  average, quiet, see MIN_DP_PARAMS).
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
   fewer ranks than cores the generator runs in a process of its own (trainer.mode=
   one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
@@ -51,8 +52,13 @@ from typing import Any
 # (bench/placement.py and bench/grpo_vs_trl.py, s/step, dp2 vs one_step_off): 0.754 / 0.815,
 # 0.665 / 0.758, 0.835 / 0.743, 0.686 / 0.782: dp2 ~6% ahead on average but swinging with the
 # machine (it needs both cores at once; the generator's lead absorbs a stall), one_step_off
-# steady; the threshold stays until a size where dp2 wins every round.
-MIN_DP_PARAMS = 10_000_000
+# steady. Round 4, quiet (bench/placement.py --rounds 3 and --rounds 2, s/step): at 5M
+# 0.764 / 0.750, 0.738 / 0.852, 0.724 / 0.825, 0.712 / 1.042, 0.778 / 0.881: with round 3's,
+# dp2 won 7 of 9 paired rounds, 10% faster on average (one rank's update is ~0.8 s beside a
+# 0.3 s generation, so the generator's core idles most of the step); at 2.2M a draw (0.397 /
+# 0.401, 0.375 / 0.445, 0.577 / 0.429); at 0.82M (the demo) one_step_off wins (0.294 vs 0.350).
+# The threshold sits between 2.2M and 4.8M.
+MIN_DP_PARAMS = 4_000_000
 
 # CPU memory per rank and for the generator, bytes per model parameter. A rank: fp32 weights,
 # gradients and AdamW's two moments (16 B), a reference copy (4 B), x1.3 for activations and
