@@ -53,11 +53,13 @@ from typing import Any
 # 0.665 / 0.758, 0.835 / 0.743, 0.686 / 0.782: dp2 ~6% ahead on average but swinging with the
 # machine (it needs both cores at once; the generator's lead absorbs a stall), one_step_off
 # steady. Round 4, quiet (bench/placement.py --rounds 3 and --rounds 2, s/step): at 5M
-# 0.764 / 0.750, 0.738 / 0.852, 0.724 / 0.825, 0.712 / 1.042, 0.778 / 0.881: with round 3's,
-# dp2 won 7 of 9 paired rounds, 10% faster on average (one rank's update is ~0.8 s beside a
-# 0.3 s generation, so the generator's core idles most of the step); at 2.2M a draw (0.397 /
-# 0.401, 0.375 / 0.445, 0.577 / 0.429); at 0.82M (the demo) one_step_off wins (0.294 vs 0.350).
-# The threshold sits between 2.2M and 4.8M.
+# 0.764 / 0.750, 0.738 / 0.852, 0.724 / 0.825, 0.712 / 1.042, 0.778 / 0.881; bench/grpo_vs_trl.py
+# 1.112 / 0.832, 0.738 / 0.798, 0.734 / 0.782, 0.815 / 0.870 (and 0.83x in a run with TRL's
+# sides): with round 3's, dp2 won 10 of 14 pairs, median step-time ratio 0.925; the 4 it lost,
+# it lost by 2-34% (a stall on one core holds up both ranks). One rank's update at 5M is ~0.8 s
+# beside a 0.3 s generation, so with one_step_off the generator's core idles most of the step.
+# At 2.2M a draw (0.397 / 0.401, 0.375 / 0.445, 0.577 / 0.429); at 0.82M (the demo) one_step_off
+# wins (0.294 vs 0.350). The threshold sits between 2.2M and 4.8M.
 MIN_DP_PARAMS = 4_000_000
 
 # CPU memory per rank and for the generator, bytes per model parameter. A rank: fp32 weights,
