@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.steps < 2 or a.G < 2:
         p.error("need --steps >= 2 (step 1 is a warm-up) and --G >= 2 (GRPO groups)")
     runs = a.runs.split(",")
+    twice = sorted({r for r in runs if runs.count(r) > 1})
+    if twice:  # results are keyed by the run string: a repeat would replace the first
+        p.error(f"--runs: {', '.join(twice)} given more than once (for another round, run the script again)")
     for r in runs:
         side, threads, extra = parse_run(r)
         if side not in SIDES or not (threads == "default" or threads.isdigit() and int(threads) > 0):

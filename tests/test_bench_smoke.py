@@ -54,3 +54,11 @@ def test_bench_smoke(name, tmp_path):
                           capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, f"bench/{name}.py --smoke exited {proc.returncode}:\n{proc.stdout[-2000:]}\n" \
                                  f"{proc.stderr[-3000:]}"
+
+
+def test_grpo_vs_trl_refuses_a_run_given_twice():
+    """Its results are keyed by the run string: a repeat would silently replace the first."""
+    proc = subprocess.run([sys.executable, str(BENCH / "grpo_vs_trl.py"), "--runs", "baton@1,trl@1,baton@1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S["fast"],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2 and "baton@1 given more than once" in proc.stderr, proc.stderr[-2000:]
