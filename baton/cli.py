@@ -13,8 +13,10 @@
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
 
 A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
-one line naming the key and exits with 2, before anything is written. Ctrl-C prints one line
-naming the step reached and `trainer.resume=auto` (exit 130). `trainer.resume=auto` on a run
+one line naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
+finish the step in progress, save it and print one line naming it and `trainer.resume=auto`
+(exit 130 / 143; a second one stops at once); a worker process that dies or stops is one
+line naming it (exit 1). `trainer.resume=auto` on a run
 that already reached trainer.steps prints one line and exits 0 (nothing to do). The working
 directory is importable by user modules (rewards, tasks, environments) in every process of a
 run (`baton.user_modules`). `baton train --help` (and sft, rm, dpo, ...) lists every key.
@@ -26,8 +28,6 @@ import argparse
 import sys
 
 from baton.config import ConfigError, load_config
-from baton.models.load import ModelLoadError
-from baton.runs.rundir import RunDirError, RunFinished
 
 
 def _algorithm(recipe: str, overrides: list[str], default: str | None = "grpo") -> str | None:
@@ -83,6 +83,8 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from baton.trainers.samples import print_last_samples
+
     table = Table(title="held-out accuracy")
     table.add_column("model")
     table.add_column("greedy", justify="right")
@@ -95,30 +97,23 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
                                   for k in ("accuracy_greedy", *extra)))
     console = Console()
     console.print(table)
-    console.print(f"run dir: {run_dir} (metrics.jsonl, report.png, checkpoints/)")
+    print_last_samples(run_dir, console)  # baton/trainers/samples.py: what the policy wrote, and its reward
+    console.print(f"run dir: {run_dir} (metrics.jsonl, samples.jsonl, report.png, checkpoints/)")
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from baton.envs import get_task
-    from baton.envs.evaluate import MODES, evaluate_modes
-    from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.engines import build_engine
-    from baton.trainers.run_config import DataConfig
-    from baton.trainers.run_state import task_rows
+    """`baton eval MODEL_DIR`: a task's held-out rows, or a recipe's (agents too):
+    baton/trainers/checkpoint_eval.py."""
+    from baton.trainers.checkpoint_eval import evaluate_checkpoint, flags_plan, recipe_plan
 
-    try:
-        task = get_task(args.task)
-        rows = (task_rows(DataConfig(task=args.task, path=args.data, eval_path=args.eval_data, eval_size=args.n))[1]
-                if args.data or args.eval_data else task.eval_rows(args.n))
-    except (KeyError, ValueError, OSError) as e:  # unknown task, a file-backed task without --data
-        raise ConfigError(str(e).replace("data.path / ", "")) from None
-    model, tokenizer = load_model(args.model_dir), load_tokenizer(args.model_dir)
-    engine = build_engine("embedded", model, tokenizer, model_path=args.model_dir)
-    result = evaluate_modes(engine, tokenizer, task, rows, n=4, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    for mode in MODES:
-        print(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
-              f"{result[f'eval/stop_rate_{mode}']:.3f}, {int(result[f'eval/samples_{mode}'])} samples "
-              f"on {len(rows)} held-out prompts)")
+    if args.recipe:
+        plan = recipe_plan(args.recipe[0], args.recipe[1:], args.n)
+        if args.max_new_tokens is not None:
+            plan.max_new_tokens = args.max_new_tokens
+    else:
+        plan = flags_plan(args.task, args.data, args.eval_data, args.n or 200)
+        plan.max_new_tokens = args.max_new_tokens or 16
+    print(evaluate_checkpoint(args.model_dir, plan, seed=args.seed))
     return 0
 
 
@@ -172,7 +167,10 @@ def _make_tiny(args: argparse.Namespace) -> int:
               f"(tiny models for tests and demos; a real model is a local HF dir for model.path)", file=sys.stderr)
         return 2
 
-    make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards": noise beside the line below
+    make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)  # prints what it wrote
     return 0
 
 
@@ -222,15 +220,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*", help="dotted.key=value")
     p.set_defaults(fn=_config)
-    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint (a LoRA adapter dir loads onto its base)")
+    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint, agents included (a LoRA adapter dir loads "
+                                    "onto its base)")
     p.add_argument("model_dir")
+    p.add_argument("--recipe", nargs="+", default=[], metavar=("RECIPE", "KEY=VALUE"),
+                   help="evaluate as this recipe (with these overrides) does: its task, held-out rows, "
+                        "max_new_tokens, and agent episodes for data.source=agent")
     p.add_argument("--task", default="arithmetic", help="a task name, or a user task module:Class")
     p.add_argument("--data", default="", help="rows from a local file (gsm8k: GSM8K jsonl or verl parquet); "
                                               "held out: every 10th row, or --eval-data")
     p.add_argument("--eval-data", default="", help="held-out rows from a local file")
-    p.add_argument("--n", type=int, default=200, help="held-out prompts")
+    p.add_argument("--n", type=int, default=None, help="held-out prompts (default 200, or the recipe's "
+                                                         "data.eval_size)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 16, or the recipe's "
+                                                                      "rollout.max_new_tokens")
     p.set_defaults(fn=_eval)
     sub.add_parser("serve", help="serve a model over HTTP (see baton serve --help)", add_help=False)
     sub.add_parser("api", help="the trajectory API (see baton api --help)", add_help=False)
@@ -248,35 +252,85 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true", help="write base + adapter as one plain HF checkpoint")
     p.add_argument("--base", default=None, help="the base model dir (default: the adapter's base_model_name_or_path)")
     p.set_defaults(fn=_export)
-    p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer")
+    from baton.models.presets import PRESETS  # a plain dict: --help stays quick
+
+    p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer (for tests and demos)")
     p.add_argument("out_dir")
-    p.add_argument("--preset", default="5m")
-    p.add_argument("--family", default="qwen2")
+    p.add_argument("--preset", default="5m", metavar="{" + ",".join(PRESETS) + "}",
+                   help="the model's size (baton/models/tiny.py: 0.75m is 0.82M parameters; default 5m)")
+    p.add_argument("--family", default="qwen2", choices=["qwen2", "llama"])
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_make_tiny)
     return parser
 
 
-def _interrupted(argv: list[str]) -> str:
-    """The one line Ctrl-C prints: the step the run reached and how to continue it."""
+def _continue_hint(argv: list[str]) -> tuple[str, str] | None:
+    """(the step the run reached, where it continues from) for the run dir `argv` names, or None."""
     from baton.cli_help import run_dir_of
     from baton.runs.checkpoints import latest_complete_checkpoint
     from baton.runs.rundir import last_step
 
     run_dir = run_dir_of(argv)
     if run_dir is None:
-        return "baton: interrupted"
+        return None
     step = last_step(run_dir)
     ckpt, _ = latest_complete_checkpoint(run_dir)
     where = (f"newest checkpoint {ckpt.name}: to continue from it" if ckpt is not None
              else "no checkpoint yet: to start it over")
-    return (f"baton: interrupted at step {step if step is not None else 0} of {run_dir}; {where}, run the same "
-            f"command with trainer.resume=auto")
+    return (f"step {step if step is not None else 0} of {run_dir}",
+            f"{where}, run the same command with trainer.resume=auto")
+
+
+def _interrupted(argv: list[str]) -> str:
+    """The one line a second Ctrl-C prints (the first saves the step: `RunSession`): the step
+    the run reached and how to continue it."""
+    hint = _continue_hint(argv)
+    return "baton: interrupted" if hint is None else f"baton: interrupted at {hint[0]}; {hint[1]}"
+
+
+def _worker_failure(e: Exception, argv: list[str], one_line: tuple[type, ...]) -> str | None:
+    """The one line for a run stopped by a worker where a traceback would not help: an error
+    `main` prints as one line (a full disk, ...) raised in a worker's process, or a worker
+    process that died, was stopped or never answered (with where to continue from). None
+    when the worker's code raised (its traceback is the message)."""
+    original = getattr(e, "original", None)
+    if isinstance(original, one_line):
+        return f"baton: error: {original}"
+    if not getattr(e, "process_failed", False):
+        return None
+    hint = _continue_hint(argv)
+    what = e.detail.strip().splitlines()[0].rstrip(":") if e.detail.strip() else "failed"
+    where = f"{e.worker_cls} rank {e.rank}" if e.rank is not None else e.worker_cls
+    return (f"baton: error: {where} in {e.method}(): {what}"
+            + ("" if hint is None else f"; the run reached {hint[0]}; {hint[1]}"))
+
+
+def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
+    """(the one line, the exit code) for an error `main` answers without a traceback; None
+    for one whose traceback helps. The classes are imported here, when one is raised, so that
+    `baton --help` imports nothing heavy."""
+    from baton.controller import WorkerError
+    from baton.models.load import ModelLoadError
+    from baton.runs.checkpoints import DiskFullError
+    from baton.runs.rundir import RunDirError, RunFinished
+    from baton.trainers.run import Preempted, RewardFailureError
+
+    one_line = (RunDirError, FloatingPointError, RewardFailureError, DiskFullError)  # busy/finished run dir; bad training; disk full
+    if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
+        return f"baton: {e}", 0
+    if isinstance(e, (ModelLoadError, ConfigError)):
+        return f"baton: config error: {e}", 2
+    if isinstance(e, Preempted):  # SIGTERM / Ctrl-C: the last step saved, exit as a process ended by it does
+        return f"baton: {e}", 128 + e.signum
+    if isinstance(e, one_line):
+        return f"baton: error: {e}", 1
+    if isinstance(e, WorkerError):  # one of those raised in a worker; a worker process that died or stopped
+        line = _worker_failure(e, argv, one_line)
+        return None if line is None else (line, 1)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from baton.runs.checkpoints import DiskFullError
-    from baton.trainers.run import Preempted, RewardFailureError
     from baton.user_modules import add_user_path
 
     argv = sys.argv[1:] if argv is None else argv
@@ -291,21 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(_interrupted(argv), file=sys.stderr)
         return 130
-    except RunFinished as e:  # resume=auto on a finished run: nothing to do is not a failure
-        print(f"baton: {e}", file=sys.stderr)
-        return 0
-    except ModelLoadError as e:
-        print(f"baton: config error: {e}", file=sys.stderr)
-        return 2
-    except ConfigError as e:
-        print(f"baton: config error: {e}", file=sys.stderr)
-        return 2
-    except Preempted as e:  # SIGTERM: the last step saved, exit as a terminated process does
-        print(f"baton: {e}", file=sys.stderr)
-        return 143
-    except (RunDirError, FloatingPointError, RewardFailureError, DiskFullError) as e:  # busy/finished run dir; bad training; disk full
-        print(f"baton: error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        answer = _failure(e, argv)
+        if answer is None:
+            raise
+        print(answer[0], file=sys.stderr)
+        return answer[1]
 
 
 if __name__ == "__main__":

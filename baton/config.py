@@ -7,12 +7,19 @@ checks every key and every value against the annotations, so `trainer.stpes=5` f
 "unknown config key 'trainer.stpes' (did you mean 'trainer.steps'?)" and `trainer.steps=abc`
 with "config key 'trainer.steps' expects int, got 'abc'". `save_config` writes the resolved
 config back as YAML (the run directory keeps it).
+
+Relative paths in a recipe file (keys named `path` or `*_path`, `save_path` excepted: what a
+run reads) resolve against the recipe's directory when something exists there, else against
+the working directory (`resolve_recipe_paths`); overrides on the command line resolve against
+the working directory. So a recipe next to its data can be run from anywhere, and the shipped
+recipes' repository-relative paths (`checkpoints/arith-sft`) still work from the root.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -145,12 +152,36 @@ def merge_recipe(path: str | Path | None = None, overrides: list[str] | None = N
         merged = yaml.safe_load(p.read_text()) or {}
         if not isinstance(merged, dict):
             raise ConfigError(f"recipe {str(p)!r} must be a mapping at the top level")
+        merged = resolve_recipe_paths(merged, p.parent)
     if data:
         merged = {**merged, **data}
     for text in overrides or []:
         key, value = _parse_override(text)
         _set_dotted(merged, key, value)
     return merged
+
+
+OUTPUT_PATHS = ("save_path",)  # paths a run writes: always relative to the working directory
+
+
+def is_input_path_key(key: str) -> bool:
+    return (key == "path" or key.endswith("_path")) and key not in OUTPUT_PATHS
+
+
+def resolve_recipe_paths(data: dict[str, Any], recipe_dir: str | Path) -> dict[str, Any]:
+    """`data` (a recipe's mapping) with each relative input path (`is_input_path_key`) that
+    exists under `recipe_dir` replaced by that path; a path that does not exist there is left
+    as written (the working directory's). Nested sections included; `data` is not changed."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = resolve_recipe_paths(value, recipe_dir)
+        elif isinstance(value, str) and value and is_input_path_key(str(key)) and not Path(value).is_absolute():
+            candidate = Path(recipe_dir) / value
+            if candidate.exists():
+                value = os.path.normpath(candidate)
+        out[key] = value
+    return out
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -170,7 +170,7 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("training reward", ("reward/mean", "reward/accuracy"), None),
     ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies"), (0.0, 1.0)),
     ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll"), None),
-    ("KL", ("actor/approx_kl", "actor/kl", "dpo/kl", "rollout/logprob_mismatch_kl"), None),
+    ("KL", ("actor/approx_kl", "actor/kl", "dpo/kl", "rollout/logprob_mismatch_kl", "rollout/behaviour_kl"), None),
     ("entropy", ("actor/entropy",), None),
     ("response length", ("response/length_mean",), None),
     ("DPO margins", ("rewards/margins", "rewards/chosen", "rewards/rejected", "eval/rewards/margins"), None),

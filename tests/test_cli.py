@@ -131,6 +131,11 @@ def test_help_lists_every_section_and_key(command, capsys):
         assert "  trainer.resume = ''" in out and "steps between checkpoints" in out  # with its one-line help
         assert "model.lora:" in out and "  model.lora.rank = 8" in out
         assert "critic" in out  # algorithm: ppo's sections
+        # the effective default, not the dataclass's: auto is on for `baton train`, grpo's estimator
+        assert "  placement.auto = True " in out and "  algo.advantage = grpo " in out
+    keys = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
+    bare = [line.split(" = ")[0].strip() for line in keys if not line[48:].strip()]
+    assert keys and not bare, f"keys without a line of help: {bare}"  # every key has one
 
 
 def test_config_prints_the_resolved_recipe(capsys):
@@ -212,3 +217,25 @@ def test_ctrl_c_is_one_line_naming_the_step_and_resume(tiny, tmp_path, capsys, m
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "interrupted at step 3" in err and "trainer.resume=auto" in err, err
     assert "newest checkpoint step_2" in err
+
+
+@pytest.mark.parametrize("override, needle", [("rollout.n=1", "rollout.n=1 gives every group one sample"),
+                                              ("rollout.temperature=0", "samples of a prompt identical")])
+def test_turn_grpo_with_one_sample_per_prompt_is_refused_like_grpo(override, needle, tmp_path, capsys):
+    """turn_grpo's baseline is the group, as grpo's is (read from its signature: it takes
+    group_index); it was missing from a hand-kept list and trained on nothing."""
+    _one_line_exit_2(["train", "recipes/agent_guess.yaml", override, f"trainer.run_dir={tmp_path / 'r'}"],
+                     capsys, "algo.advantage='turn_grpo'", needle)
+
+
+def test_baton_help_imports_neither_torch_nor_transformers():
+    """`baton --help` answers at once: the command line imports what a command uses only when it
+    runs (checked by what gets imported, not by a timer)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom baton.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
+            "print('HEAVY', heavy)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]

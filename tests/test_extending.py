@@ -113,3 +113,24 @@ def test_train_on_a_user_task_under_ray(user_dir, model_dir):
                 'reward.functions={"my_task:correct": 1.0}', "placement.backend=ray", timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert any(json.loads(ln)["step"] == 1 for ln in (user_dir / "run" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_the_doc_s_task_commands_run_sft_then_train_then_eval(user_dir):
+    """Part 2's sh block as written ($BATON = the checkout), 2 steps each: `baton sft` on the
+    user task (refused before: "data.task='my_task:ModSumTask' is not one of [...]"), GRPO from
+    its checkpoint, eval of the GRPO checkpoint."""
+    import re
+    import shlex
+
+    doc = (REPO / "docs" / "EXTENDING.md").read_text()
+    block = re.search(r"Warm-start a model on it.*?```sh\n(.*?)```", doc, re.S).group(1)
+    commands = [shlex.split(c.replace("$BATON", str(REPO))) for c in block.replace("\\\n", " ").splitlines()]
+    assert [c[:2] for c in commands] == [["baton", "sft"], ["baton", "train"], ["baton", "eval"]]
+    fast = {"sft": ["trainer.steps=2", "trainer.batch_size=4", "data.eval_size=4", "data.eval_samples=1",
+                    "trainer.progress=false", "model.overrides={layers: 1}"],
+            "train": [*TINY, "trainer.steps=2"], "eval": ["--n", "4", "--max-new-tokens", "3"]}
+    for argv in commands:
+        argv = [a.replace("step_180", "step_2").replace("step_300", "step_2") for a in argv[1:]]
+        run = baton(user_dir, *argv, *fast[argv[0]])
+        assert run.returncode == 0, (argv, run.stderr[-3000:])
+    assert "on 4 held-out prompts" in run.stdout

@@ -1,9 +1,10 @@
 """`placement.auto` is applied where a recipe is loaded (`baton train`,
 `baton.trainers.algorithms.load_recipe`): the machine's choice fills what the recipe left
 unset, is printed in one line, and becomes explicit keys; on by default for the PPO family
-(the suite turns the default off: BATON_PLACEMENT_AUTO=0 in tests/conftest.py); a resumed
-run keeps the placement of its config.yaml; a config built without it is refused rather
-than silently left unplaced."""
+(the suite turns the default off: BATON_PLACEMENT_AUTO=0 in tests/conftest.py); it never
+changes trainer.mode; the config is validated before placement reads it; a resumed run keeps
+the placement and mode of its config.yaml; a config built without it is refused rather than
+silently left unplaced."""
 
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 import yaml
 
 from baton.config import ConfigError, load_config, save_config
-from baton.controller.auto_placement import choose, count_model_params, detect_machine, detect_memory, view_from_raw
+from baton.controller.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+                                             view_from_config)
+from baton.trainers.algorithms import explicit_keys
 from baton.trainers.algorithms import load_recipe
 from baton.trainers.ppo_config import PPOConfig
 
@@ -23,11 +26,12 @@ RECIPE = str(REPO / "recipes/grpo_arithmetic.yaml")
 def test_auto_fills_what_the_recipe_left_unset(capsys):
     cfg = load_recipe("grpo", RECIPE, ["placement=auto"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
+    as_given = load_recipe("grpo", RECIPE, ["placement.auto=false"])
     expected = choose(*detect_machine(), count_model_params(str(REPO / "checkpoints/arith-sft")),
-                      view_from_raw({"placement": {}}), memory_bytes=detect_memory())
+                      view_from_config(as_given, set()), memory_bytes=detect_memory())  # placement=auto: nothing set
     assert line == expected.line()
     assert (cfg.placement.world_size, cfg.placement.threads_per_worker) == (expected.world_size, expected.threads_per_worker)
-    assert cfg.trainer.mode == ("one_step_off" if expected.overlap else "sync") and cfg.placement.auto is False
+    assert cfg.trainer.mode == "sync" and cfg.placement.auto is False  # the recipe's mode, on every machine
 
 
 def test_explicit_settings_win(capsys):
@@ -85,13 +89,32 @@ def test_a_config_built_without_it_is_refused():
         load_recipe("online_dpo", str(REPO / "recipes/online_dpo_arithmetic.yaml"), ["placement.auto=true"])
 
 
-def test_a_recipe_that_refuses_the_generator_gets_ranks_instead(capsys, monkeypatch):
+def test_auto_never_changes_the_mode(capsys, monkeypatch):
     monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
-    # the checkpoint transport cannot reach a generator apart: auto falls back to no overlap
-    cfg = load_recipe("grpo", RECIPE, ["rollout.weight_sync=checkpoint"])
+    for extra, mode in (([], "sync"), (["trainer.mode=one_step_off"], "one_step_off"),
+                        (["rollout.weight_sync=checkpoint"], "sync")):
+        cfg = load_recipe("grpo", RECIPE, extra)
+        assert cfg.trainer.mode == mode
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "[one_step_off refused: " in out[0] and "weight_sync" in out[0]
-    assert cfg.trainer.mode == "sync"
-    # agent / api recipes: never a generator ahead
+    assert len(out) == 3 and all(line.startswith("placement auto: ") for line in out)
+    assert "trainer.mode=one_step_off (the recipe's)" in out[1] and "refused" not in " ".join(out)
     cfg = load_recipe("grpo", str(REPO / "recipes/grpo_arithmetic_api.yaml"), [])
-    assert cfg.trainer.mode == "sync" and "cannot run ahead" in capsys.readouterr().out
+    assert cfg.trainer.mode == "sync"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.path=no/such/dir", "model.path=no/such/dir: no such directory"),
+    ("data.prompts_per_step=sixteen", "config key 'data.prompts_per_step' expects int, got 'sixteen'"),
+    ("trainer.stpes=3", "unknown config key 'trainer.stpes'"),
+    ("reward.functions={no_such_module:fn: 1.0}", "no_such_module"),
+])
+def test_a_bad_config_is_one_error_before_placement_reads_it(override, message, capsys, monkeypatch):
+    monkeypatch.delenv("BATON_PLACEMENT_AUTO", raising=False)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_recipe("grpo", RECIPE, [override])
+    assert capsys.readouterr().out == ""  # no placement line: nothing read the bad config
+
+
+def test_explicit_keys():
+    assert explicit_keys({"placement": {"pools": {"a": 1}}, "trainer": {"mode": "sync"}, "algorithm": "grpo"}) == \
+        {"placement.pools", "trainer.mode"}

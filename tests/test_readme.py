@@ -23,3 +23,38 @@ def test_readme_controller_example(tmp_path):
                          env=env, cwd=tmp_path).stdout
     for line in re.findall(r"prints `(.*?)` and `(.*?)`", text)[0]:
         assert line in out, (line, out)
+
+
+def test_quickstart_is_the_two_commands():
+    block = re.search(r"## Quickstart\n.*?```bash\n(.*?)```", README.read_text(), re.S).group(1)
+    commands = [ln for ln in block.splitlines() if ln and not ln.startswith("#")]
+    assert commands == [
+        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu]" && .venv/bin/baton train '
+        'recipes/grpo_arithmetic.yaml',
+        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu,test]" && .venv/bin/python -m pytest -q']
+
+
+def test_commands_files_and_agent_evals_the_readme_names_exist():
+    """Every `baton X` of the Commands table is a subcommand; every recipe, doc and example
+    path the README names exists; its `baton eval` lines parse."""
+    from baton.cli import build_parser
+
+    text = README.read_text()
+    repo = README.parent
+    table = re.search(r"## Commands\n(.*?)\n## ", text, re.S).group(1)
+    subcommands = set(build_parser()._subparsers._group_actions[0].choices)
+    named = set(re.findall(r"^\| `baton ([a-z-]+)", table, re.M))
+    assert named and named <= subcommands, named - subcommands
+    for path in set(re.findall(r"\b((?:recipes|docs|examples|checkpoints)/[\w./-]+?)(?=[`)\s,:;]|$)", text)):
+        if "step_" not in path and not path.endswith("/"):
+            assert (repo / path.rstrip(".")).exists(), path
+    evals = re.findall(r"^\s*baton eval (\S+ --recipe \S+)", text, re.M)
+    assert evals, "the README evaluates the agent with baton eval"
+    for line in evals:
+        args = build_parser().parse_args(["eval", *line.split()])
+        assert (repo / args.recipe[0]).is_file()
+
+
+def test_the_demo_is_not_described_as_running_ahead():
+    start = README.read_text().split("## Commands")[0]
+    assert "one_step_off" not in start and "1.2–1.7x" not in start

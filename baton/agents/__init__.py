@@ -6,6 +6,7 @@ batched through the engine, and the `data.source: agent` / `gateway` row sources
     tokens.py    Trajectory: sampled ids (mask 1) + template deltas (mask 0); re-render check
     envs.py      AGENT_ENVS: calculator (tool use), guess (per-turn feedback)
     rollout.py   run_episodes: all trajectories' turns batched; faults dropped and counted
+    watchdog.py  run_watched: each agent on a thread and loop of its own; deadlines that hold
     config.py    AgentConfig (the recipe's `agent:` section), GatewayAgentConfig (`gateway:`)
     gateway_run.py  run_sessions: an OpenAI-speaking agent's sessions through a gateway as rows
     api_env.py   AgentEnvironment: episodes as scored groups for `baton env` / `baton api`

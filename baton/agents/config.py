@@ -24,6 +24,8 @@ class AgentConfig:
     env_timeout_s: float = 30.0  # per env start / step
     trajectory_timeout_s: float = 300.0  # whole trajectory, generation included
     chat_template: str | None = None  # a jinja file; None: the tokenizer's own template
+    max_observation_chars: int = 32768  # a longer tool / env message is cut with a marker, counted (agent/cut/*)
+    max_failed_steps: int = 3  # draws in a row with no finished trajectory before AgentFailureError
 
     def check(self) -> None:
         from baton.agents.envs import AGENT_ENVS
@@ -32,7 +34,7 @@ class AgentConfig:
             raise ValueError(f"agent.env: unknown env {self.env!r}; known: {sorted(AGENT_ENVS)}")
         if self.truncation not in TRUNCATION:
             raise ValueError(f"agent.truncation must be one of {TRUNCATION}, got {self.truncation!r}")
-        for name in ("max_turns", "max_tokens", "turn_max_new_tokens"):
+        for name in ("max_turns", "max_tokens", "turn_max_new_tokens", "max_observation_chars", "max_failed_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"agent.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("tool_timeout_s", "env_timeout_s", "trajectory_timeout_s"):
@@ -54,6 +56,7 @@ class GatewayAgentConfig:
     max_tokens: int = 256  # per request that gives no max_tokens
     max_session_tokens: int | None = None  # token budget of one session (past it: a 400 the agent sees)
     session_timeout_s: float = 300.0  # an agent running longer is dropped ("deadline"), never scored 0
+    max_failed_steps: int = 3  # draws in a row with no finished session before AgentFailureError
 
     def check(self) -> None:
         import inspect
@@ -66,7 +69,8 @@ class GatewayAgentConfig:
         if not inspect.iscoroutinefunction(fn):
             raise ValueError(f"gateway.agent {self.agent!r} is not an async function "
                              f"(async def agent(base_url, api_key, row) -> float)")
-        if self.max_tokens < 1 or (self.max_session_tokens is not None and self.max_session_tokens < 1):
-            raise ValueError("gateway.max_tokens and gateway.max_session_tokens must be >= 1")
+        if self.max_tokens < 1 or self.max_failed_steps < 1 or (self.max_session_tokens is not None
+                                                                and self.max_session_tokens < 1):
+            raise ValueError("gateway.max_tokens, gateway.max_failed_steps and gateway.max_session_tokens must be >= 1")
         if not self.session_timeout_s > 0:
             raise ValueError(f"gateway.session_timeout_s must be > 0, got {self.session_timeout_s}")

@@ -1,6 +1,7 @@
 """Held-out evaluation of a calculator agent checkpoint, with and without its tool.
 
-    python -m baton.agents.evaluate checkpoints/calc-sft-mixed [n]
+    baton eval checkpoints/calc-sft-mixed --recipe recipes/agent_calculator.yaml [--n N]
+    python -m baton.agents.evaluate checkpoints/calc-sft-mixed [n]        (the same, older spelling)
 
 with tool     greedy episodes of the calculator env (baton.agents.rollout.agent_metrics):
               accuracy, the share of problems answered with a well-formed first-turn call
@@ -44,12 +45,16 @@ def main(argv: list[str]) -> int:
     engine = EmbeddedEngine(load_model(argv[0]), tok)
     rows = get_task("multiply").eval_rows(int(argv[1]) if len(argv) > 1 else 100)
     cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=200, turn_max_new_tokens=80)
-    m = evaluate_agent(engine, tok, rows, cfg)
-    print(f"{argv[0]} ({len(rows)} held-out problems, greedy)\n"
-          f"  with the tool:    accuracy {m['accuracy']:.2f}  well-formed calls {m['first_turn_call_ok']:.2f} "
-          f"of problems ({m['tool_call_ok']:.2f} of the turns that tried one)\n"
-          f"  without the tool: accuracy {m['accuracy_without_tool']:.2f}")
+    print(agent_report(argv[0], len(rows), evaluate_agent(engine, tok, rows, cfg)))
     return 0
+
+
+def agent_report(name: str, n: int, m: dict[str, float]) -> str:
+    """What `baton eval --recipe AGENT_RECIPE` and this module print."""
+    return (f"{name} ({n} held-out problems, greedy)\n"
+            f"  with the tool:    accuracy {m['accuracy']:.2f}  well-formed calls {m['first_turn_call_ok']:.2f} "
+            f"of problems ({m['tool_call_ok']:.2f} of the turns that tried one)\n"
+            f"  without the tool: accuracy {m['accuracy_without_tool']:.2f}")
 
 
 if __name__ == "__main__":

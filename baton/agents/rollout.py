@@ -2,22 +2,31 @@
 
     rows, stats = run_episodes(engine, tokenizer, prompts, n, cfg, params, group_offset=0)
 
-Each (prompt, sample) is an asyncio task running its episode (baton.agents.episode); when
-it needs the model it parks a request with the `TurnBatcher`. The batcher runs one engine
+Each (prompt, sample) runs its episode (baton.agents.episode) on an event loop and daemon
+thread of its own, under a watchdog (baton.agents.watchdog): an env that blocks its loop
+(`time.sleep` in `async def step`) is abandoned at its env deadline, every trajectory at
+`trajectory_timeout_s`, and neither holds the others back nor keeps the process alive. When
+a trajectory needs the model it parks a request with the `TurnBatcher`, which runs one engine
 `generate` over every parked request as soon as no live trajectory is doing anything else
 (all are parked, finished or dropped), so the turns of all trajectories go through the
 engine together, with no timer: a trajectory busy in a tool holds the batch back only up to
-its tool / env deadline. The engine runs in a thread so deadlines keep ticking meanwhile.
+its tool / env deadline. The engine runs in a thread of its own.
 
 Faults (baton.agents.tools.AgentFault kinds tool_timeout / tool_error, and env_error,
-env_timeout, trajectory_timeout, budget for truncation "drop") drop the trajectory: it is
-counted in `stats["dropped"][kind]` and its group has fewer rows (`group_index` says which).
+env_timeout, trajectory_timeout, budget / context for truncation "drop") drop the trajectory:
+it is counted in `stats["dropped"][kind]` and its group has fewer rows (`group_index` says
+which). `stats["abandoned"]`: trajectories whose code was still running at its deadline
+(threads left behind); `stats["cut"]`: observations cut to `max_observation_chars`
+("observation") and trajectories ended because the model's context was full ("context",
+finish_reason "length"). Both appear only when non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +35,11 @@ import torch
 
 from baton import fields as F
 from baton.agents.config import AgentConfig
-from baton.agents.episode import AssistantTurn
+from baton.agents.episode import AssistantTurn, Observation
 from baton.agents.envs import AGENT_ENVS
 from baton.agents.tokens import OBS, Trajectory
 from baton.agents.tools import AgentFault, parse_tool_calls
+from baton.agents.watchdog import Watch, run_watched
 from baton.batch import Batch
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
@@ -43,81 +53,145 @@ class Result:
     finish_reason: str = "stop"
     version: int = 0
     fault: str | None = None  # set: the trajectory is dropped
+    cut: Counter = field(default_factory=Counter)  # observation: messages cut; context: ended by it
 
 
 class TurnBatcher:
-    """Collects generation requests of live trajectories; flushes when all are parked."""
+    """Collects generation requests of live trajectories (each on a thread and event loop of
+    its own, `baton.agents.watchdog`); when all are parked, runs one engine call over them in
+    a thread of its own. `close()`: no engine call starts any more; waits for the one running
+    (the engine's own work, bounded by max_new_tokens)."""
 
     def __init__(self, engine: Any, params: SamplingParams, live: int):
         self.engine, self.params, self.live = engine, params, live
-        self.pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self.pending: list[tuple[list[int], int, Future, int]] = []  # (ids, max_new, result, key)
         self.calls = 0
-        self._running = False
+        self._running = self._closed = False
+        self._lock = threading.Condition()
 
-    async def generate(self, ids: list[int], max_new: int) -> Completion:
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((ids, max_new, fut))
-        self._maybe_flush()
-        return await fut
+    async def generate(self, ids: list[int], max_new: int, key: int = 0) -> Completion:
+        """One turn of trajectory `key`: requests go to the engine in the order of their keys,
+        whichever thread parked first, so a seeded run samples the same."""
+        return await asyncio.wrap_future(self.submit(ids, max_new, key))
+
+    def submit(self, ids: list[int], max_new: int, key: int = 0) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                fut.set_exception(AgentFault("trajectory_timeout", "the step's episodes are over"))
+                return fut
+            self.pending.append((ids, max_new, fut, key))
+            batch = self._take()
+        self._start(batch)
+        return fut
 
     def retire(self) -> None:
         """A trajectory finished or was dropped: it will not park again."""
-        self.live -= 1
-        self._maybe_flush()
+        with self._lock:
+            self.live -= 1
+            batch = self._take()
+        self._start(batch)
 
-    def _maybe_flush(self) -> None:
-        if not self._running and self.pending and len(self.pending) >= self.live:
-            self._running = True
-            asyncio.get_running_loop().create_task(self._flush())
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            while self._running:
+                self._lock.wait()
 
-    async def _flush(self) -> None:
+    def _take(self) -> list | None:
+        """Under the lock: the parked requests, once every live trajectory has parked."""
+        self.pending = [r for r in self.pending if not r[2].done()]  # cancelled by a timed-out trajectory
+        if self._running or self._closed or not self.pending or len(self.pending) < self.live:
+            return None
+        self._running = True
         batch, self.pending = self.pending, []
+        return batch
+
+    def _start(self, batch: list | None) -> None:
+        if batch:
+            threading.Thread(target=self._run, args=(batch,), name="baton-turns", daemon=True).start()
+
+    def _run(self, batch: list | None) -> None:
+        while batch:
+            self._flush(batch)
+            with self._lock:
+                self._running = False
+                batch = self._take()
+                self._lock.notify_all()
+
+    def _flush(self, batch: list) -> None:
         try:
             by_len: dict[int, list] = {}
-            for req in batch:
+            for req in sorted(batch, key=lambda r: r[3]):
                 by_len.setdefault(req[1], []).append(req)
             for max_new, reqs in by_len.items():
                 self.calls += 1
                 seed = None if self.params.seed is None else self.params.seed + 7919 * self.calls
                 p = SamplingParams(n=1, temperature=self.params.temperature, top_p=self.params.top_p,
                                    top_k=self.params.top_k, max_new_tokens=max_new, seed=seed)
-                done = await asyncio.to_thread(self.engine.generate, [r[0] for r in reqs], p)
-                for c in done:
-                    reqs[c.prompt_index][2].set_result(c)
+                for c in self.engine.generate([r[0] for r in reqs], p):
+                    _settle(reqs[c.prompt_index][2], c)
         except Exception as e:  # noqa: BLE001 - every waiting trajectory sees the engine's error
-            for _, _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(e)
-        finally:
-            self._running = False
-            self._maybe_flush()
+            for _, _, fut, _ in batch:
+                _settle(fut, error=e)
 
 
-async def _episode(row: dict, index: int, cfg: AgentConfig, tokenizer: Any, template: str | None,
-                   batcher: TurnBatcher, eos: set[int]) -> Result:
+def _settle(fut: Future, value: Any = None, error: BaseException | None = None) -> None:
+    try:
+        fut.set_exception(error) if error is not None else fut.set_result(value)
+    except InvalidStateError:  # its trajectory timed out meanwhile (cancelled) or was settled
+        pass
+
+
+def context_len(engine: Any) -> int | None:
+    """The longest sequence the engine's model takes (prompt + generated), if it says."""
+    cfg = getattr(getattr(engine, "model", None), "config", None)
+    found = [x for x in (getattr(cfg, "max_position_embeddings", None), getattr(engine, "max_model_len", None))
+             if isinstance(x, int)]
+    return min(found) if found else None
+
+
+def cap_observation(obs: Observation, max_chars: int) -> int:
+    """Cut every observation message longer than max_chars, with a marker the model reads
+    (a tool that returns 10 MB); returns how many were cut."""
+    cut = 0
+    for k, m in enumerate(obs.messages):
+        text = m.get("content")
+        if isinstance(text, str) and len(text) > max_chars:
+            obs.messages[k] = {**m, "content": text[:max_chars] + f"\n[... {len(text) - max_chars} characters cut]"}
+            cut += 1
+    return cut
+
+
+async def _episode(row: dict, res: Result, cfg: AgentConfig, tokenizer: Any, template: str | None,
+                   batcher: TurnBatcher, watch: Watch, ctx: int | None, eos: set[int], key: int) -> Result:
     env_cls = AGENT_ENVS[cfg.env]
-    res = Result(index)
     ep = env_cls(row, tools=cfg.tools, tool_timeout_s=cfg.tool_timeout_s, **cfg.env_args)
 
     async def env_call(coro):
-        try:
-            return await asyncio.wait_for(coro, cfg.env_timeout_s)
-        except asyncio.TimeoutError:
-            raise AgentFault("env_timeout", f"env call ran past {cfg.env_timeout_s}s") from None
-        except AgentFault:
-            raise
-        except Exception as e:  # noqa: BLE001 - counted, trajectory dropped
-            raise AgentFault("env_error", f"{type(e).__name__}: {e}") from e
+        with watch.phase(cfg.env_timeout_s, "env_timeout"):  # held even if the env blocks its loop
+            try:
+                return await asyncio.wait_for(coro, cfg.env_timeout_s)
+            except asyncio.TimeoutError:
+                raise AgentFault("env_timeout", f"env call ran past {cfg.env_timeout_s}s") from None
+            except AgentFault:
+                raise
+            except Exception as e:  # noqa: BLE001 - counted, trajectory dropped
+                raise AgentFault("env_error", f"{type(e).__name__}: {e}") from e
 
+    out_of = "budget"
     try:
         start = await env_call(ep.start())
         traj = res.traj = Trajectory(tokenizer, list(start.messages), start.tools, template)
         res.version = None
         for _ in range(cfg.max_turns):
+            ids = traj.prompt_ids + traj.response()[0]
             left = cfg.max_tokens - traj.response_len
-            if left <= 0:
+            room = left if ctx is None else min(left, ctx - len(ids))
+            if room <= 0:
+                out_of = "budget" if left <= 0 else "context"
                 break
-            c = await batcher.generate(traj.prompt_ids + traj.response()[0], min(cfg.turn_max_new_tokens, left))
+            c = await batcher.generate(ids, min(cfg.turn_max_new_tokens, room), key)
             res.version = c.version if res.version is None else min(res.version, c.version)
             ids = c.token_ids
             body = ids[:-1] if c.finish_reason == "stop" and ids and ids[-1] in eos else ids
@@ -132,14 +206,16 @@ async def _episode(row: dict, index: int, cfg: AgentConfig, tokenizer: Any, temp
                 return res
             if c.finish_reason == "length" and traj.response_len >= cfg.max_tokens:
                 break
+            res.cut["observation"] += cap_observation(obs, cfg.max_observation_chars)
             traj.add_observation(obs.messages)
             if traj.response_len > cfg.max_tokens:  # the observation does not fit
                 seg = traj.segments.pop()
                 assert seg.kind == OBS
                 break
-        # out of turns or tokens
+        # out of turns or tokens, or the model's context is full
         if cfg.truncation == "drop":
-            raise AgentFault("budget", "out of turns or tokens")
+            raise AgentFault(out_of, "out of turns or tokens" if out_of == "budget" else "the model's context is full")
+        res.cut[out_of] += out_of == "context"
         res.finish_reason = "length"
         traj.cut(cfg.max_tokens)
         return res
@@ -147,23 +223,34 @@ async def _episode(row: dict, index: int, cfg: AgentConfig, tokenizer: Any, temp
         await ep.close()
 
 
-async def _run_all(rows: list[dict], indices: list[int], cfg: AgentConfig, tokenizer: Any,
-                   template: str | None, engine: Any, params: SamplingParams) -> list[Result]:
+def _run_all(rows: list[dict], indices: list[int], cfg: AgentConfig, tokenizer: Any,
+             template: str | None, engine: Any, params: SamplingParams) -> tuple[list[Result], int]:
+    """Every trajectory on a thread and loop of its own under the watchdog (module docstring);
+    (results, trajectories abandoned with their code still running)."""
     batcher = TurnBatcher(engine, params, live=len(rows))
+    ctx = context_len(engine)
     eos = set(getattr(engine, "eos_token_ids", []) or [tokenizer.eos_token_id])
 
-    async def one(row, i):
-        try:
-            return await asyncio.wait_for(_episode(row, i, cfg, tokenizer, template, batcher, eos),
-                                          cfg.trajectory_timeout_s)
-        except asyncio.TimeoutError:
-            return Result(i, fault="trajectory_timeout")
-        except AgentFault as e:
-            return Result(i, fault=e.kind)
-        finally:
-            batcher.retire()
+    def job(row: dict, i: int, key: int):
+        async def run(watch: Watch) -> Result:
+            res = Result(i)
+            try:
+                episode = _episode(row, res, cfg, tokenizer, template, batcher, watch, ctx, eos, key)
+                return await asyncio.wait_for(episode, cfg.trajectory_timeout_s)
+            except asyncio.TimeoutError:
+                return Result(i, fault="trajectory_timeout", cut=res.cut)
+            except AgentFault as e:
+                return Result(i, fault=e.kind, cut=res.cut)
+            finally:
+                if watch.claim():
+                    batcher.retire()
+        return run
 
-    return await asyncio.gather(*(one(r, i) for r, i in zip(rows, indices)))
+    try:
+        return run_watched([job(r, i, k) for k, (r, i) in enumerate(zip(rows, indices))], cfg.trajectory_timeout_s,
+                           give_up=lambda k, kind: Result(indices[k], fault=kind), release=lambda k: batcher.retire())
+    finally:
+        batcher.close()
 
 
 def run_episodes(engine: Any, tokenizer: Any, prompts: Batch, n: int, cfg: AgentConfig,
@@ -175,12 +262,11 @@ def run_episodes(engine: Any, tokenizer: Any, prompts: Batch, n: int, cfg: Agent
     plain = [{k: prompts[k][i] for k in prompts.non_tensors} for i in range(len(prompts))]
     rows = [plain[i] for i in range(len(plain)) for _ in range(n)]
     idx = [i for i in range(len(plain)) for _ in range(n)]
-    loop = asyncio.new_event_loop()
-    try:
-        results = loop.run_until_complete(_run_all(rows, idx, cfg, tokenizer, template, engine, params))
-    finally:
-        loop.close()  # not shutdown_default_executor: a hung sync tool keeps its thread
-    return results_to_batch(prompts, results, tokenizer, group_offset)
+    results, abandoned = _run_all(rows, idx, cfg, tokenizer, template, engine, params)
+    out, stats = results_to_batch(prompts, results, tokenizer, group_offset)
+    if abandoned:  # their code never gave control back by the deadline: threads left behind
+        stats["abandoned"] = abandoned
+    return out, stats
 
 
 def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
@@ -188,6 +274,9 @@ def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
     kept = [r for r in results if r.fault is None]
     stats: dict[str, Any] = {"trajectories": len(results), "dropped": dict(Counter(r.fault for r in results
                                                                                  if r.fault))}
+    cut = sum((r.cut for r in results), Counter())
+    if cut:  # observations cut to agent.max_observation_chars, trajectories ended by the context
+        stats["cut"] = dict(cut)
     statuses = Counter(s for r in kept for s in r.traj.statuses)
     stats["tool_status"] = dict(statuses)
     stats["turns_mean"] = sum(r.traj.turns for r in kept) / max(len(kept), 1)

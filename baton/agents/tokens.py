@@ -3,9 +3,10 @@ tokens between turns come from the chat template.
 
 A trajectory is prompt ids + a response of segments:
     policy    the engine's ids and behaviour logprobs for one turn         mask 1
-    boundary  what the template adds after the generated end-of-turn       mask 0
-              (e.g. ChatML's "\\n" after <|im_end|>; the end-of-turn itself when
-              the turn was cut by length)
+    boundary  what the template writes after an assistant message's content
+              (Qwen2.5 "<|im_end|>\\n", Llama-3 "<|eot_id|>"), less the end-of-turn token
+              when the model sampled it (ChatML: "\\n"); all of it after a turn ended by
+              max_tokens or the context limit (baton.data.turns; the gateway's turns too)
     obs       the template's delta for the new messages: render(conversation + new,
               generation prompt) minus render(conversation), text suffix tokenized   mask 0
 Nothing already in the trajectory is ever re-tokenized.
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from baton.data.turns import assistant_close, boundary_after
 
 POLICY, BOUNDARY, OBS = "policy", "boundary", "obs"
 
@@ -61,11 +64,11 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)  # one per policy turn
     statuses: list[str] = field(default_factory=list)  # parse status per policy turn
     truncated: bool = False  # cut at the token budget: trailing template tokens may be missing
-    _text: str = ""  # the rendered text the tokens so far stand for
+    close: str = ""  # what the template writes after an assistant message's content
 
     def __post_init__(self) -> None:
-        self._text = render(self.tokenizer, self.messages, self.tools, True, self.template)
-        self.prompt_ids = encode(self.tokenizer, self._text)
+        self.prompt_ids = encode(self.tokenizer, render(self.tokenizer, self.messages, self.tools, True, self.template))
+        self.close = assistant_close(self.tokenizer, self.template)
 
     @property
     def turns(self) -> int:
@@ -77,18 +80,13 @@ class Trajectory:
 
     def add_turn(self, ids: list[int], logprobs: list[float], content: str) -> None:
         """The engine's ids for one assistant turn, and its message content (the text of
-        the ids without the end-of-turn token). Adds the template's boundary after it."""
+        the ids without the end-of-turn token). Adds the template's boundary after it (when
+        the sampled text does not render back, e.g. the template trims it, check() says so)."""
         turn = self.turns
         self.segments.append(Segment(POLICY, turn, list(ids), list(logprobs)))
         self.messages.append({"role": "assistant", "content": content})
-        full = render(self.tokenizer, self.messages, self.tools, False, self.template)
-        said = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if full.startswith(self._text + said):
-            rest = full[len(self._text + said):]
-        else:  # the generated text does not render back (e.g. the template trims it):
-            rest = ""  # keep the sampled ids; check() reports the mismatch
-        self.segments.append(Segment(BOUNDARY, turn, encode(self.tokenizer, rest)))
-        self._text = full
+        self.segments.append(Segment(BOUNDARY, turn, encode(self.tokenizer, boundary_after(self.tokenizer, ids,
+                                                                                            self.close))))
 
     def add_observation(self, messages: list[dict]) -> None:
         """New non-assistant messages and the generation prompt after them, mask 0."""
@@ -99,7 +97,6 @@ class Trajectory:
             raise ValueError("the chat template does not extend the conversation by appending "
                              "(render(conversation + new) does not start with render(conversation))")
         self.segments.append(Segment(OBS, self.turns - 1, encode(self.tokenizer, after[len(before):])))
-        self._text = after
 
     def response(self) -> tuple[list[int], list[int], list[float]]:
         """(ids, mask, behaviour logprobs) of the response; logprobs 0 off the policy."""

@@ -12,8 +12,10 @@ schemas, and parsing of Hermes/Qwen `<tool_call>{...}</tool_call>` blocks from m
 
 A stateful tool is a class: `ToolSet.build` instantiates it once per trajectory (`fresh()`)
 and every public method becomes a tool; its `close()` (if any) runs when the trajectory
-ends. Sync tools run in a worker thread so a deadline can be enforced (a hung sync function
-cannot be killed: its thread is left behind and the trajectory is dropped).
+ends. Sync tools run in a daemon thread of their own per call (`in_daemon_thread`) so a
+deadline can be enforced: a hung sync function cannot be killed, so its thread is left
+behind and the trajectory dropped; being a daemon, it never keeps the process from exiting
+(a pool's threads are joined at interpreter exit: one hung tool would hang the program).
 """
 
 from __future__ import annotations
@@ -21,17 +23,54 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import re
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+log = logging.getLogger("baton")
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
-# Sync tools run here, not in asyncio's default executor: a hung tool keeps its thread, and
-# the default executor's shutdown would wait for it.
-_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="baton-tool")
+
+
+def in_daemon_thread(fn: Callable[[], Any], name: str = "baton-tool") -> asyncio.Future:
+    """`fn()` in a daemon thread of its own; a future of the running loop for its result.
+    Not a pool, not asyncio's default executor: both are joined at interpreter exit, so a
+    call that never returns would keep the process alive after training ended."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():  # abandoned at its deadline: nobody waits any more
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def run() -> None:
+        try:
+            out = (True, fn())
+        except Exception as e:  # noqa: BLE001 - handed to the awaiting trajectory
+            out = (False, e)
+        except BaseException as e:  # noqa: BLE001 - sys.exit() in a tool is the tool's error
+            out = (False, RuntimeError(f"{type(e).__name__}: {e}"))
+        try:
+            loop.call_soon_threadsafe(settle, *out)
+        except RuntimeError:  # the loop is closed: the trajectory is long gone
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+_NOTED: set[str] = set()
+
+
+def note_fault(kind: str, message: str) -> None:
+    """Log the first fault of each kind in this process (later ones are only counted)."""
+    if kind not in _NOTED:
+        _NOTED.add(kind)
+        log.warning("agent fault %s (the first; the rest are counted as agent/dropped/%s): %s", kind, kind,
+                    message[:500])
 
 
 class AgentFault(RuntimeError):
@@ -40,6 +79,7 @@ class AgentFault(RuntimeError):
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+        note_fault(kind, message)
 
 
 # parse statuses of one assistant turn
@@ -151,9 +191,7 @@ class ToolSet:
             if inspect.iscoroutinefunction(fn):
                 result = await asyncio.wait_for(fn(**call.arguments), timeout_s)
             else:
-                loop = asyncio.get_running_loop()
-                fut = loop.run_in_executor(_POOL, lambda: fn(**call.arguments))
-                result = await asyncio.wait_for(fut, timeout_s)
+                result = await asyncio.wait_for(in_daemon_thread(lambda: fn(**call.arguments)), timeout_s)
         except asyncio.TimeoutError:
             raise AgentFault("tool_timeout", f"{call.name} ran past {timeout_s}s") from None
         except Exception as e:  # noqa: BLE001 - any tool failure drops the trajectory, counted

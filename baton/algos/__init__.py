@@ -42,7 +42,7 @@ from baton.algos.kl_control import (
 from baton.algos.logprobs import entropy_from_logits, logprobs_from_logits
 from baton.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from baton.algos.objective import actor_loss
-from baton.algos.turn_credit import turn_grpo_advantages, turn_segments  # registers "turn_grpo"
+from baton.algos.turn_credit import turn_grpo_advantages, turn_segments  # noqa: F401  (registers "turn_grpo")
 from baton.algos.off_policy import OFF_POLICY, decoupled_ppo_loss, register_off_policy
 from baton.algos.pairs import (
     PAIRINGS, PreferencePairs, all_pairs, best_worst_pairs, preference_pairs, register_pairing,

@@ -3,7 +3,7 @@
 per_token = w * policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy, then one
 aggregation for the sum (aggregation is linear, so aggregating the terms separately with
 the same normalisers gives the same number). w = optional truncated-IS weights against
-the engine's behaviour logprobs (`baton.algos.correction`); off (w = 1) by default.
+the engine's behaviour logprobs (`baton.algos.off_policy`); off (w = 1) by default.
 Trainers needing something else should call the primitives directly; nothing here is
 required by them.
 """

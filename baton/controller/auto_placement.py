@@ -1,38 +1,37 @@
-"""`placement: auto`: choose data-parallel ranks, overlap and threads from the machine.
+"""`placement: auto`: choose devices, data-parallel ranks and threads from the machine.
 
 A pure function of (cores, GPUs, model size, what the recipe set explicitly), so the choice
 is the same for the same machine and config, and a resumed run (whose saved config has every
 key set) keeps it. Every setting the recipe or the command line gave wins: `choose` only fills
-what was left unset.
+what was left unset. It chooses *where and how fast*, never *what* is computed: it never sets
+`trainer.mode` (whether rows are generated ahead is the recipe's choice), so a recipe trains
+the same algorithm on every machine.
 
 Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto"):
-- GPUs: one data-parallel rank per GPU (Ray when more than one), generation colocated with
-  the actor (it reads the weights in place), cores shared among the ranks.
-- 1 core: one process, one thread; a second process would only time-share the core.
-- >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each,
-  generation colocated: data parallelism splits both generation and the update.
-- >= 2 cores, a smaller model (the demo's 0.82M): one core runs the generator ahead of the
-  update (trainer.mode=one_step_off), the others hold ranks: measured faster than one rank
-  per core there (the work splits unevenly at small sizes, and ranks wait on each other for
-  a core on a busy machine); at the 5M benchmark shape one rank per core is faster (~10% on
-  average, quiet, see MIN_DP_PARAMS).
-  Ranks must divide the step's prompts and mini-batch: the largest such count <= cores. With
-  fewer ranks than cores the generator runs in a process of its own (trainer.mode=
-  one_step_off) rather than giving the ranks more threads: one process with 2 torch threads
-  was 8.6x slower than with 1 on this shared 2-core machine. Threads per process: cores /
-  processes, at least 1.
+- GPUs: one data-parallel rank per GPU (`placement.gpus_per_worker=1`; Ray when more than
+  one), every role of a rank on its GPU, cores shared among the processes.
+- 1 core: one process.
+- >= 2 cores, a model of >= MIN_DP_PARAMS: one rank per core, one torch thread each:
+  data parallelism splits both generation and the update.
+- >= 2 cores, a smaller model (the demo's 0.82M): one process in the driver (no Ray): a rank's
+  share of so small a model is too little work to pay for the processes and a collective per
+  optimizer step.
+  Ranks must divide the step's prompts and mini-batch: the largest such count <= cores.
+- A recipe that generates ahead (`trainer.mode` one_step_off / async) runs its generator in a
+  process of its own: one core is left to it (ranks <= cores - 1).
+- Threads per process: cores / processes, at least 1.
 - CPU memory (given `memory_bytes`): every CPU rank holds a whole replica (weights, gradients,
   AdamW's two moments in fp32, a reference, activations: ~RANK_BYTES_PER_PARAM a parameter),
   the generator a copy of the weights and its KV cache (~GENERATOR_BYTES_PER_PARAM); no more
   ranks than fit in MEMORY_FRACTION of the machine's memory (the Qwen2.5-0.5B shape on 2 cores
-  and 24 GiB: 1 rank + the generator, where 2 ranks were killed by Ray's OOM monitor at
-  10.5 GB each). A core left without a rank generates ahead.
+  and 24 GiB: 1 rank, where 2 ranks were killed by Ray's OOM monitor at 10.5 GB each).
 
-A driver calls it between merging the recipe with its overrides and building the config:
-    choice = choose(*detect_machine(), count_model_params(model_path), view_from_raw(merged),
-                    memory_bytes=detect_memory())
+A driver calls it after the config validated (`baton.trainers.algorithms.load_recipe`):
+    cfg = load_config(cls, data=merged)                  # validated first: bad input is one line
+    choice = choose(*detect_machine(), count_model_params(cfg.model.path),
+                    view_from_config(cfg, explicit), memory_bytes=detect_memory())
     print(choice.line())
-    config = build(merged + choice.overrides())   # overrides only for the keys auto decided
+    cfg = load_config(cls, data=merged + choice.overrides())   # only the keys auto decided
 A resumed run reads its saved config, where every key is explicit: the choice is kept.
 """
 
@@ -41,8 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Below this many parameters a core generates ahead (one_step_off) and the other cores hold
-# ranks; from it on, every core holds a rank. Measured (bench/placement.py, 2 cores, under
+# Below this many parameters one process trains (placement.auto never switches the recipe to
+# generating ahead any more: round 4); from it on, every core holds a rank. History of the
+# threshold, when auto still chose between a generator ahead and ranks: Measured (bench/placement.py, 2 cores, under
 # load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
 # at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
 # 0.66x of the whole at 0.82M, 0.60x at 5M). Again with one collective per optimizer step
@@ -71,48 +71,63 @@ GENERATOR_BYTES_PER_PARAM = 6
 MEMORY_FRACTION = 0.8  # of the machine's memory, for the ranks and the generator together
 
 
+AUTO_KEYS = ("placement.backend", "placement.world_size", "placement.threads_per_worker",
+             "placement.gpus_per_worker")  # what `choose` may decide
+
+
 @dataclass(frozen=True)
 class AutoView:
-    """What `choose` reads from a recipe: explicit settings (None: unset, auto decides) and the
-    batch sizes the ranks must divide."""
+    """What `choose` reads from a validated config: explicit settings (None: unset, auto
+    decides), the recipe's trainer.mode and the batch sizes the ranks must divide."""
 
     auto: bool = True  # placement.auto=false: today's defaults for whatever is unset
     backend: str | None = None  # placement.backend
     world_size: int | None = None  # placement.world_size
     threads_per_worker: int | None = None  # placement.threads_per_worker
-    mode: str | None = None  # trainer.mode (sync | one_step_off | async)
+    gpus_per_worker: int | None = None  # placement.gpus_per_worker
+    mode: str = "sync"  # the recipe's trainer.mode: read, never changed
     prompts_per_step: int = 1
     rows_per_update: int = 0  # actor.mini_batch_size (0: the whole step's rows)
     has_pools: bool = False  # placement.pools / roles set: a hand-made placement, leave it alone
-    # False where a generator cannot run ahead: rows from the environments (data.source api /
-    # agent), dynamic sampling, ReMax's greedy baseline (the colocated rollout's jobs)
-    overlap_ok: bool = True
 
 
 @dataclass(frozen=True)
 class Choice:
     backend: str
     world_size: int
-    overlap: bool  # trainer.mode one_step_off rather than sync
     threads_per_worker: int
+    gpus_per_worker: int
+    mode: str  # the recipe's trainer.mode, as it is
     reason: str
     decided: tuple[str, ...] = ()  # the keys auto set (the others were explicit)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether a generator runs ahead in a process of its own (the recipe's trainer.mode)."""
+        return self.mode != "sync"
 
     def overrides(self) -> list[str]:
         """Dotted overrides for the keys auto decided (explicit keys are not repeated)."""
         values = {"placement.backend": self.backend, "placement.world_size": self.world_size,
                   "placement.threads_per_worker": self.threads_per_worker,
-                  "trainer.mode": "one_step_off" if self.overlap else "sync"}
+                  "placement.gpus_per_worker": self.gpus_per_worker}
         return [f"{k}={values[k]}" for k in self.decided]
+
+    def devices(self) -> str:
+        """Where the roles run: `cuda:0` (one GPU), `cuda:0..3` (a rank per GPU), or `cpu`."""
+        if not self.gpus_per_worker:
+            return "cpu"
+        return "cuda:0" if self.world_size == 1 else f"cuda:0..{self.world_size - 1} (one per rank)"
 
     def line(self) -> str:
         """The one line printed at start."""
-        mode = "generation overlapped (one_step_off)" if self.overlap else "generation colocated"
-        given = sorted({"placement.backend", "placement.world_size", "placement.threads_per_worker",
-                        "trainer.mode"} - set(self.decided))
+        where = f"actor, rollout and every other role on {self.devices()}"
+        if self.overlap:
+            where += f"; trainer.mode={self.mode} (the recipe's): the generator in a process of its own"
+        given = sorted(set(AUTO_KEYS) - set(self.decided))
         tail = f"; kept as set: {', '.join(given)}" if given and self.decided else ""
         return (f"placement auto: {self.world_size} rank(s) on {self.backend}, {self.threads_per_worker} "
-                f"thread(s) each, {mode} ({self.reason}{tail})")
+                f"thread(s) each, {where} ({self.reason}{tail})")
 
 
 def _divides(ws: int, view: AutoView) -> bool:
@@ -132,6 +147,30 @@ def _ranks_in_memory(model_params: int, memory_bytes: int | None, generator: boo
     return max(0, int(room // (RANK_BYTES_PER_PARAM * model_params)))
 
 
+def _cpu_ranks(cores: int, model_params: int, view: AutoView, memory_bytes: int | None) -> tuple[int, str]:
+    """(ranks, why) on a CPU machine of `cores` >= 2 cores."""
+    overlap = view.mode != "sync"
+    fit = _ranks_in_memory(model_params, memory_bytes, generator=overlap)
+    room = cores - 1 if overlap else cores  # a generator ahead gets a core of its own
+    cap = room if fit is None else max(1, min(room, fit))
+    gen = "; one core left to the generator" if overlap else ""
+    if view.world_size is not None:
+        return view.world_size, f"{cores} cores, {view.world_size} rank(s) as set"
+    if model_params < MIN_DP_PARAMS:
+        return 1, (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one process (a rank's "
+                   f"share of so small a model does not pay for its process){gen}")
+    ws = _ranks(cap, view)
+    if cap < room:
+        why = (f"{cores} cores, {model_params / 1e6:.0f}M params: ~{RANK_BYTES_PER_PARAM * model_params / 2**30:.1f}"
+               f" GiB a rank, {ws} rank(s) fit in {MEMORY_FRACTION:.0%} of {memory_bytes / 2**30:.0f} GiB"
+               + (" (not even one does: consider model.lora, bf16 or more machines)" if fit == 0 else ""))
+    elif ws == room:
+        why = f"{cores} cores: one rank per core, each generating and updating its share"
+    else:
+        why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
+    return ws, why + gen
+
+
 def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_bytes: int | None = None) -> Choice:
     """The placement for a machine with `cores` CPU cores, `gpus` GPUs and (CPU ranks only)
     `memory_bytes` of memory (None: not limited); see the module doc."""
@@ -139,64 +178,40 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_byte
         raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
     if not view.auto or view.has_pools:
         why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
-        return Choice(view.backend or "local", view.world_size or 1, (view.mode or "sync") != "sync",
-                      view.threads_per_worker if view.threads_per_worker is not None else 0, why)
-    fit = _ranks_in_memory(model_params, memory_bytes, generator=True) if gpus == 0 else None
-    cap = cores if fit is None else max(1, min(cores, fit))  # CPU ranks the memory holds
-    small = model_params < MIN_DP_PARAMS and view.world_size is None and view.overlap_ok
-    if gpus >= 1:
-        ws, overlap = view.world_size or _ranks(gpus, view), False
-        why = f"{gpus} GPU(s): one rank per GPU, generation reads the weights in place"
+        return Choice(view.backend or "local", view.world_size or 1,
+                      view.threads_per_worker if view.threads_per_worker is not None else 0,
+                      view.gpus_per_worker or 0, view.mode, why)
+    gpw = view.gpus_per_worker if view.gpus_per_worker is not None else (1 if gpus else 0)
+    if gpus >= 1 and gpw:
+        ws = view.world_size or _ranks(max(1, gpus // gpw), view)
+        why = f"{gpus} GPU(s): one rank per GPU"
     elif cores == 1:
-        ws, overlap, why = view.world_size or 1, False, "1 core: one process"
-    elif small:
-        ws, overlap = _ranks(min(cores - 1, cap), view), True
-        why = (f"{cores} cores, {model_params / 1e6:.2f}M params < {MIN_DP_PARAMS / 1e6:g}M: one core generates "
-               f"ahead, {ws} rank(s) update")
+        ws, why = view.world_size or 1, "1 core: one process"
     else:
-        ws = view.world_size or _ranks(cap, view)
-        overlap = ws < cores and view.overlap_ok  # a core without a rank generates ahead, in a process of its own
-        if view.world_size is not None:
-            why = f"{cores} cores, {ws} rank(s) as set"
-        elif ws == cores:
-            why = f"{cores} cores: one rank per core, each generating and updating its share"
-        elif cap < cores:
-            why = (f"{cores} cores, {model_params / 1e6:.0f}M params: ~{RANK_BYTES_PER_PARAM * model_params / 2**30:.1f}"
-                   f" GiB a rank, {ws} rank(s) fit in {MEMORY_FRACTION:.0%} of {memory_bytes / 2**30:.0f} GiB"
-                   + (" (not even one does: consider model.lora, bf16 or more machines)" if fit == 0 else ""))
-        else:
-            why = f"{cores} cores, but {view.prompts_per_step} prompts/step split into at most {ws} rank(s)"
-        if not view.overlap_ok:
-            why += "; generation cannot run ahead for this recipe"
-    if view.mode is not None:
-        overlap = view.mode != "sync"
-    elif overlap and gpus == 0 and cores > 1 and not small:
-        why += "; a core without a rank generates ahead"
+        ws, why = _cpu_ranks(cores, model_params, view, memory_bytes)
     backend = view.backend or ("ray" if ws > 1 else "local")
-    procs = ws + (1 if overlap else 0)  # the generator is a process of its own
+    procs = ws + (1 if view.mode != "sync" else 0)  # the generator is a process of its own
     threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
     decided = tuple(k for k, v in (("placement.backend", view.backend), ("placement.world_size", view.world_size),
                                    ("placement.threads_per_worker", view.threads_per_worker),
-                                   ("trainer.mode", view.mode)) if v is None)
-    return Choice(backend, ws, overlap, threads, why, decided)
+                                   ("placement.gpus_per_worker", view.gpus_per_worker)) if v is None)
+    return Choice(backend, ws, threads, gpw, view.mode, why, decided)
 
 
-def view_from_raw(raw: dict[str, Any]) -> AutoView:
-    """An AutoView from the merged recipe mapping (YAML + overrides, before defaults are
-    filled in): a key is explicit when present. `placement: auto` (a string) means {}."""
-    place = raw.get("placement") or {}
-    if place == "auto":
-        place = {}
-    if not isinstance(place, dict):
-        raise ValueError(f"placement: expected a mapping or 'auto', got {place!r}")
-    data, actor, trainer, algo = (raw.get(k) or {} for k in ("data", "actor", "trainer", "algo"))
-    overlap_ok = (data.get("source", "rollout") == "rollout" and not algo.get("dynamic_sampling")
-                  and algo.get("advantage") != "remax")
-    return AutoView(auto=bool(place.get("auto", True)), backend=place.get("backend"),
-                    world_size=place.get("world_size"), threads_per_worker=place.get("threads_per_worker"),
-                    mode=trainer.get("mode"), prompts_per_step=int(data.get("prompts_per_step", 1)),
-                    rows_per_update=int(actor.get("mini_batch_size", 0) or 0),
-                    has_pools=bool(place.get("pools") or place.get("roles")), overlap_ok=overlap_ok)
+def view_from_config(cfg: Any, explicit: set[str]) -> AutoView:
+    """An AutoView from a validated config (built with placement.auto=false) and the dotted
+    keys the recipe or the command line set (`explicit`): a placement key not among them is
+    auto's to decide."""
+    p = cfg.placement
+
+    def given(key: str) -> Any:
+        return getattr(p, key.split(".")[1]) if key in explicit else None
+
+    return AutoView(auto=True, backend=given("placement.backend"), world_size=given("placement.world_size"),
+                    threads_per_worker=given("placement.threads_per_worker"),
+                    gpus_per_worker=given("placement.gpus_per_worker"), mode=cfg.trainer.mode,
+                    prompts_per_step=cfg.data.prompts_per_step, rows_per_update=cfg.actor.mini_batch_size,
+                    has_pools=bool({"placement.pools", "placement.roles"} & explicit))
 
 
 def detect_memory() -> int:

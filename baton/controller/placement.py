@@ -1,7 +1,8 @@
 """The `placement:` section of a recipe: backend, pools of slots, and which role runs where.
 
-`auto: true` lets `auto_placement.choose` pick what the recipe leaves unset (applied when the
-recipe is loaded: `baton.trainers.algorithms.load_recipe`, which `baton train` uses).
+`auto: true` lets `auto_placement.choose` pick devices, ranks and threads the recipe leaves
+unset (applied when the recipe is loaded: `baton.trainers.algorithms.load_recipe`, which
+`baton train` uses); never what is computed (trainer.mode is the recipe's).
 Roles default to the pool "main" (`world_size` slots); `pools` adds named pools and `roles`
 maps a role to one of them. Roles on one pool are colocated (one process per slot hosts
 them all); roles on different pools run concurrently. `check` validates the map against
@@ -21,11 +22,10 @@ from typing import Literal
 @dataclass
 class PlacementConfig:
     # auto: true (baton.controller.auto_placement.choose) fills backend, world_size,
-    # threads_per_worker and trainer.mode from the machine where the recipe leaves them unset,
-    # when the recipe is loaded (baton.trainers.algorithms.load_recipe): `baton train` of a
-    # PPO-family recipe that does not set placement.auto turns it on (BATON_PLACEMENT_AUTO=0:
-    # off, as the test suite runs); a config built in Python (load_config) is placed as given.
-    auto: bool = False
+    # threads_per_worker and gpus_per_worker from the machine where the recipe leaves them
+    # unset, when the recipe is loaded (baton.trainers.algorithms.load_recipe); never trainer.mode.
+    # A config built in Python (load_config) is placed as given.
+    auto: bool = False  # choose devices, ranks and threads from the machine for what the recipe leaves unset
     backend: Literal["local", "ray"] = "local"
     world_size: int = 1  # size of the "main" pool: data-parallel actor ranks
     # Extra pools (name -> workers) and a role -> pool map. E.g. pools={aux: 1},

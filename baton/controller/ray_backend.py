@@ -18,11 +18,14 @@ CAUSE_GRACE_S to fail too and names a rank that *died* as the cause (a survivor'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -52,7 +55,8 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
         return False
     if os.environ.get("RAY_ADDRESS"):  # an existing cluster (`ray job submit`, a KubeRay RayJob): join it,
         # sized as it is; not ours to stop (docs/MULTINODE.md)
-        ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in init_kwargs.items() if k == "runtime_env"})
+        with _apart_from_the_run_s_signals():
+            ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in init_kwargs.items() if k == "runtime_env"})
         return False
     _STARTED_BY_POOL = False
     os.environ["RAY_AUTH_MODE"] = "disabled"
@@ -70,8 +74,45 @@ def ensure_ray(num_cpus: int = 8, num_gpus: int | None = None, temp_dir: str | N
         record_temp_dir_owner(temp_dir)  # so a later start can tell that this run is gone
         _TEMP_DIRS.append(temp_dir)
     init_kwargs.setdefault("include_dashboard", False)
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir, **init_kwargs)
+    with _apart_from_the_run_s_signals():
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir, **init_kwargs)
     return True
+
+
+@contextlib.contextmanager
+def _apart_from_the_run_s_signals():
+    """Start Ray so that a run's signal handling holds (docs/RELIABILITY.md, signals):
+
+    - ray.init replaces the driver's SIGTERM handler with `sys.exit(15)`, and its core
+      worker's C++ handler prints a stack trace on SIGTERM before passing it on: a run that had
+      its own handler (finish the step, save it, exit 143: `baton.trainers.run.RunSession`)
+      died with a trace, exit 15, no checkpoint. A Python handler set before ray.init is set
+      again after it (which also takes the C++ handler off); default ones are left to Ray.
+    - Ray's own processes (GCS, raylet and the agents it starts; its workers already have a
+      group each) would be in the driver's process group: a SIGTERM to the group (SLURM, a
+      supervisor, `kill -TERM -PGID`) stopped the raylet at once, and the driver's core
+      worker exited 1 without a word while its run was saving. They get a process group of
+      their own where they still die with the driver (Ray's fate sharing: PR_SET_PDEATHSIG).
+    """
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    services = getattr(getattr(ray, "_private", None), "services", None)
+    popen = getattr(services, "ConsolePopen", None)
+    if popen is not None and ray._private.utils.detect_fate_sharing_support():
+        class _OwnGroupPopen(popen):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("process_group", 0)
+                super().__init__(*args, **kwargs)
+
+        services.ConsolePopen = _OwnGroupPopen
+    try:
+        yield
+    finally:
+        if popen is not None:
+            services.ConsolePopen = popen
+        for s, handler in saved.items():
+            if callable(handler):
+                signal.signal(s, handler)
 
 
 def ensure_ray_for_pool() -> None:
@@ -393,16 +434,16 @@ class RayBackend:
             return err
         tail = "\n".join(f"  rank {c[1]}: {str(c[2]).splitlines()[0]}" for c in rest)
         return WorkerError(err.worker_cls, err.rank, err.method,
-                           f"{err.detail}\nConsequences (other ranks, after it):\n{tail}", err.origin)
+                           f"{err.detail}\nConsequences (other ranks, after it):\n{tail}", err.origin, err.original)
 
     def _to_worker_error(self, e: Exception, cls_name: str, rank: int, method: str) -> WorkerError:
         cause = getattr(e, "cause", None)
         if isinstance(cause, WorkerError):  # raised by a HostCore (this group's or a producer's)
-            return WorkerError(cause.worker_cls, cause.rank, cause.method, cause.detail, cause.origin)
+            return WorkerError(cause.worker_cls, cause.rank, cause.method, cause.detail, cause.origin, cause.original)
         if isinstance(e, ray.exceptions.RayActorError):
             dead = getattr(e, "actor_id", None)
             if dead is None or self.actor_ranks.get(dead) == rank:
-                detail = f"the worker process died ({type(e).__name__}):\n{e}"
+                detail = f"the worker process died ({self._pid(rank)}; {type(e).__name__}):\n{e}"
             else:
                 detail = f"an input of this call was lost: another worker process died:\n{e}"
             return WorkerError(cls_name, rank, method, detail, self.pool.uid)

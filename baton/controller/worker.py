@@ -11,6 +11,7 @@ user code may use collectives in `__init__` without calling `super().__init__()`
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import traceback
 from collections import deque
@@ -23,22 +24,32 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from baton.batch import PAD_KEY, Batch
+from baton.controller.devices import enable_tf32, to_driver, to_worker
 from baton.controller.dispatch import MESH_DIMS, Dispatch, Topology
 
 
 class WorkerError(RuntimeError):
     """A worker method failed (an exception, or the worker process died). The message
-    names the worker class, rank and method and carries the remote traceback."""
+    names the worker class, rank and method and carries the remote traceback. `original`:
+    the exception the worker's code raised, where it reached the driver (it pickled), so
+    that the driver can treat e.g. a `DiskFullError` in a worker as it treats its own."""
 
     def __init__(self, worker_cls: str, rank: int | None, method: str, detail: str,
-                 origin: str = "") -> None:
+                 origin: str = "", original: BaseException | None = None) -> None:
         self.worker_cls, self.rank, self.method = worker_cls, rank, method
         self.detail, self.origin = detail, origin  # origin: uid of the pool that failed
+        self.original = original
         where = f"{worker_cls} rank {rank}" if rank is not None else worker_cls
         super().__init__(f"{where} failed in {method}():\n{detail}".rstrip())
 
+    @property
+    def process_failed(self) -> bool:
+        """The worker's process died, was stopped or never answered: there is no traceback of
+        its code to show (`detail`'s first line says what happened)."""
+        return self.original is None and "Traceback (most recent call last)" not in self.detail
+
     def __reduce__(self):  # keep the fields across pickling (Ray ships it to the driver)
-        return (WorkerError, (self.worker_cls, self.rank, self.method, self.detail, self.origin))
+        return (WorkerError, (self.worker_cls, self.rank, self.method, self.detail, self.origin, self.original))
 
 
 @dataclass
@@ -63,8 +74,14 @@ class Worker:
     dp/fsdp/tp), dp_rank / dp_size (the data shard index: (dp, fsdp) flattened),
     tp_rank / tp_size, role. Instantiating a Worker directly (outside a group) gives a
     single-rank context, like the local backend.
+
+    Devices: the host moves every `Batch` argument of a driver call to `self.device` once,
+    and moves the results back to the CPU (`baton.controller.devices`); a role whose work
+    is on the CPU whatever its slot (reward functions, the text in / text out rollout) sets
+    `batch_on_device = False` and gets its arguments as they were sent.
     """
 
+    batch_on_device: bool = True
     role: str
     rank: int
     world_size: int
@@ -119,6 +136,7 @@ def init_distributed(topo: Topology, rank: int, local_rank: int, use_cuda: bool,
     device = _device_for(use_cuda, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        enable_tf32(device)  # fp32 matmuls as TF32 (CUDA only)
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     if dist.is_initialized():
@@ -214,7 +232,9 @@ class HostCore:
         inst = self.roles[role]
         start = time.time()
         try:
-            out = getattr(inst, method)(*args, **kwargs)
+            if type(inst).batch_on_device:  # the one place a call's data changes device
+                args, kwargs = to_worker(args, kwargs, self.device)
+            out = to_driver(getattr(inst, method)(*args, **kwargs), self.device)
         except Exception as e:
             self._fail(type(inst).__name__, method, e)
         finally:
@@ -236,7 +256,18 @@ class HostCore:
         tb = e.__traceback__  # drop this host's own frame: the user's code is what matters
         tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
         detail = "".join(traceback.format_exception(type(e), e, tb))
-        err = WorkerError(cls_name, self.rank, method, detail, self.origin)
+        err = WorkerError(cls_name, self.rank, method, detail, self.origin, e if self.chain_errors else _pickled(e))
         if self.chain_errors:
             raise err from e
         raise err from None  # the remote cause may not pickle; its traceback is in the text
+
+
+def _pickled(e: BaseException) -> BaseException | None:
+    """`e` as it will reach the driver (a copy with no traceback), or None: a class the driver
+    might not import (only Python's and baton's travel), or one that does not pickle."""
+    if type(e).__module__ != "builtins" and not type(e).__module__.startswith("baton."):
+        return None
+    try:
+        return pickle.loads(pickle.dumps(e))
+    except Exception:  # noqa: BLE001 - any user exception type may refuse
+        return None

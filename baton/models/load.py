@@ -67,10 +67,12 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     return model.to(device).eval()
 
 
-def build_like(model: torch.nn.Module, device: str | torch.device = "cpu") -> PreTrainedModel:
-    """A plain (unwrapped, unsharded) module of `model`'s architecture and dtype, with its own
-    freshly initialised storage (e.g. an engine's copy of a sharded trainer's weights)."""
-    dtype = next(model.parameters()).dtype
+def build_like(model: torch.nn.Module, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """A plain (unwrapped, unsharded) module of `model`'s architecture and dtype (or `dtype`),
+    with its own freshly initialised storage (e.g. an engine's copy of a sharded trainer's
+    weights, or a bf16 copy of fp32 master weights for an engine on a GPU)."""
+    dtype = dtype or next(model.parameters()).dtype
     with torch.random.fork_rng(devices=[]):  # do not move the caller's RNG
         copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
     return copy.to(device).eval()

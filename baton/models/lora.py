@@ -73,6 +73,30 @@ def adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name.replace(".default.", "."), p.detach()
 
 
+@torch.no_grad()
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(base model name, W + scale * B @ A) of every weight of a peft model: the plain
+    model's state a generator apart from the actor loads (`WeightsWorker`), with the names
+    the base model has (`model.layers.0.self_attn.q_proj.weight`; no lora_A / lora_B). New
+    tensors where an adapter applies; the live base tensors elsewhere."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        layer_name = owner.removesuffix(".base_layer")
+        layer = lora_layers.get(layer_name) if owner.endswith(".base_layer") else None
+        plain = f"{layer_name}.{leaf}"
+        if layer is not None and leaf == "weight" and not layer.merged:
+            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            yield plain, p.detach() + delta.to(p.dtype)
+        else:
+            yield plain, p.detach()
+
+
 def adapter_config(model: nn.Module, base_path: str | os.PathLike | None = None) -> dict:
     """The active adapter's PEFT config as `adapter_config.json` holds it."""
     cfg = model.peft_config["default"].to_dict()

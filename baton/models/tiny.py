@@ -16,12 +16,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
 
-PRESETS: dict[str, dict[str, int]] = {
-    "0.75m": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
-    "2m": dict(hidden=192, layers=5, heads=6, kv_heads=2, intermediate=576),
-    "5m": dict(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768),
-    "25m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536),
-}
+from baton.models.presets import PRESETS  # noqa: E402  (the shapes; re-exported)
 
 _FAMILIES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 

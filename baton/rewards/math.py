@@ -10,7 +10,7 @@ needs no symbolic maths. Anything else (fractions, LaTeX, expressions) goes to `
 (`pip install math-verify`), called with its own signal-based timeouts switched off
 (`parsing_timeout=None, timeout_seconds=None`): those use SIGALRM, which fails outside the
 main thread. The deadline is the caller's: run `math/correct` through
-`baton.rewards.RewardRunner` (sandbox="process"), whose per-call deadline SIGKILLs a stuck
+`baton.rewards.runner.RewardRunner` (sandbox="process"), whose per-call deadline SIGKILLs a stuck
 worker process and counts the call as a timeout (GSM8K's environment does).
 """
 

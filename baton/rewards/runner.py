@@ -66,7 +66,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from baton.rewards.pool import BUSY, DEAD, IDLE, STARTING, ProcessSlot, Slot, ThreadSlot, dump_functions, shutdown
-from baton.rewards.registry import REWARD_FUNCTIONS, RewardFn, register_reward
+from baton.rewards.registry import REWARD_FUNCTIONS, RewardFn, register_reward  # noqa: F401  (re-exported)
 from baton.rewards.serve import ERROR, NONFINITE, OK, PENDING
 
 SANDBOXES = ("auto", "process", "thread")

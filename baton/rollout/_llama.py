@@ -38,6 +38,7 @@ from torch import nn
 from baton.padding import position_ids
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
+ONE_PASS_TOKENS = 32768  # a one-pass prefill's chunk (padded tokens): ~0.6 GB of bf16 MLP activations at 0.5B
 
 
 def supports(model: nn.Module) -> bool:
@@ -169,9 +170,12 @@ class LlamaRunner:
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
 
     # --- prefill ---------------------------------------------------------------------
-    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int) -> torch.Tensor:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int,
+              one_pass: bool = False) -> torch.Tensor:
         """Prefill left-padded prompts ids/mask [B, P] into a cache of B * n rows (each
-        prompt's cache copied to its n samples). Returns last-position logits [B, V]."""
+        prompt's cache copied to its n samples). Returns last-position logits [B, V].
+        one_pass: as few chunks as ONE_PASS_TOKENS allows, whatever the prompts' lengths
+        (on a GPU a chunk's kernel launches cost more than its padding)."""
         B, P = ids.shape
         dtype, device = self.embed.dtype, self.embed.device
         S = P + max_new
@@ -180,11 +184,12 @@ class LlamaRunner:
                        torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device))
                       for _ in self.layers]
         lengths = mask.sum(-1).tolist()
+        budget = max(ONE_PASS_TOKENS, self.prefill_chunk_tokens) if one_pass else self.prefill_chunk_tokens
         logits, r0 = [], 0
         while r0 < B:  # chunks of consecutive rows, each padded to its own longest prompt
             r1, longest = r0 + 1, lengths[r0]
-            while r1 < B and (r1 + 1 - r0) * max(longest, lengths[r1]) <= self.prefill_chunk_tokens \
-                    and max(longest, lengths[r1]) - min(lengths[r0:r1 + 1]) <= max(4, longest // 8):
+            while r1 < B and (r1 + 1 - r0) * max(longest, lengths[r1]) <= budget and (
+                    one_pass or max(longest, lengths[r1]) - min(lengths[r0:r1 + 1]) <= max(4, longest // 8)):
                 longest = max(longest, lengths[r1])
                 r1 += 1
             logits.append(self._prefill(ids[r0:r1, P - longest:], mask[r0:r1, P - longest:], r0, n, P))
@@ -245,23 +250,44 @@ class LlamaRunner:
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (tokens [b]); returns next-token logits [b, V]."""
+        logits = self.decode_step(tokens, self.slot)
+        self.slot += 1
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def decode_step(self, tokens: torch.Tensor, slot: int | torch.Tensor,
+                    slots: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step of tokens [b] at positions `self.next_pos`, their K/V written to
+        cache slot `slot`; returns logits [b, V]. Changes only the cache: the caller
+        advances the slot and positions.
+
+        slot an int (the host's count, `decode`): attention over slots 0..slot.
+        slot a [1] long device tensor (`baton.rollout.static_decode`): over all S slots, those
+        past `slot` masked (slots = arange(S)) - every shape and address fixed and no host
+        value read, so the step can be captured as a CUDA graph. The two differ only in
+        SDPA's summation order (fp32: a few 1e-6 in a logprob)."""
         b = tokens.shape[0]
         H, Hk, G, D = self.n_heads, self.n_kv, self.group, self.head_dim
-        s = self.slot
-        cos, sin = self.cos[self.next_pos][:, None], self.sin[self.next_pos][:, None]  # [b, 1, D]
-        attn_mask = self.key_bias[..., :s + 1]  # [b, 1, 1, s+1]
+        fixed = isinstance(slot, torch.Tensor)
+        if fixed:  # unfilled slots hold zeros (masked; no 0 * NaN)
+            attn_mask = self.key_bias.masked_fill(slots > slot, float("-inf"))  # [b, 1, 1, S]
+        else:
+            attn_mask = self.key_bias[..., :slot + 1]  # [b, 1, 1, s+1]
+        pos = self.next_pos
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [b, 1, D]
         x = functional.embedding(tokens, self.embed)  # [b, hidden]
         for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
             y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]
             qk = self._rope(y[:, :H + Hk], cos, sin)  # [b, H + Hk, D] one RoPE for q and k
-            kc[:, :, s] = qk[:, H:]
-            vc[:, :, s] = y[:, H + Hk:]
+            if fixed:
+                kc.index_copy_(2, slot, qk[:, H:, None])
+                vc.index_copy_(2, slot, y[:, H + Hk:, None])
+            else:
+                kc[:, :, slot], vc[:, :, slot] = qk[:, H:], y[:, H + Hk:]
+                kc, vc = kc[:, :, :slot + 1], vc[:, :, :slot + 1]
             q = qk[:, :H].view(b, Hk, G, D)  # the G query heads of a KV head act as a "length"
-            o = functional.scaled_dot_product_attention(q, kc[:, :, :s + 1], vc[:, :, :s + 1],
-                                               attn_mask=attn_mask, scale=self.scale)  # [b, Hk, G, D]
-            x = _mm(o.reshape(b, H * D), o_proj, residual=x)
+            o = functional.scaled_dot_product_attention(q, kc, vc, attn_mask=attn_mask, scale=self.scale)
+            x = _mm(o.reshape(b, H * D), o_proj, residual=x)  # o [b, Hk, G, D]
             g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)  # [b, I] each
             x = _mm(functional.silu(g).mul_(u), down, residual=x)
-        self.slot += 1
-        self.next_pos = self.next_pos + 1
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]

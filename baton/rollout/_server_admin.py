@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 
+from baton.rollout._http_guards import error_body
 from baton.rollout._server_guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
 from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
                                            LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
@@ -149,4 +150,6 @@ def _weights_version(req, current: int) -> int:
 
 
 def _fail(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message, "detail": message}, status_code=status)
+    """SGLang's failure shape, with OpenAI's `error` for clients that read that."""
+    return JSONResponse({"success": False, "message": message, "detail": message, **error_body(status, message)},
+                        status_code=status)

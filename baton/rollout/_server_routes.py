@@ -2,6 +2,7 @@
 
 Request/response shapes are documented in `baton/rollout/server.py`. Every request is
 checked by `srv.check_request` (token ids, context length, token caps) before it is queued.
+Top-N logprobs: `_server_logprobs.py`; tools and tool_choice: `_server_tools.py`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
+from baton.rollout._server_logprobs import alternatives, can_score
 from baton.rollout._server_stream import chat_chunks, completion_chunks, include_usage, sse
-from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render
+from baton.rollout._server_tools import (assistant_message, check_tools, forced_message, forced_opening,
+                                         message_dicts, render)
 from baton.rollout._server_schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
                                            unsupported)
 from baton.rollout.protocol import Completion, SamplingParams
@@ -28,8 +31,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
 
     @app.post("/v1/completions", responses=responses)
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        _reject_unsupported(req)
         srv.check_model(req.model)
+        _reject_unsupported(req, can_score(srv.engine, srv.lora_for(req.model)))
         prompts = await _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
         max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
@@ -38,6 +41,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                          stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos,
                          lora=srv.lora_for(req.model))
         comps = await srv.generate(request, prompts, params)
+        top = await alternatives(srv, prompts, comps, req.temperature, req.logprobs) if (req.logprobs or 0) > 1 \
+            else None
         choices = []
         for i, c in enumerate(comps):
             choice: dict[str, Any] = {"index": i, "text": srv.text(c, stops), "finish_reason": c.finish_reason,
@@ -48,9 +53,13 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                 for s in toks:
                     offsets.append(pos)
                     pos += len(s)
-                choice["logprobs"] = {
-                    "tokens": toks, "token_logprobs": c.logprobs, "text_offset": offsets,
-                    "top_logprobs": [{s: lp} for s, lp in zip(toks, c.logprobs)] if req.logprobs > 0 else None}
+                if top is not None:
+                    tops = [{**{srv.token_str(t, req.return_tokens_as_token_ids): v for t, v in alts}, s: lp}
+                            for s, lp, alts in zip(toks, c.logprobs, top[i])]
+                else:
+                    tops = [{s: lp} for s, lp in zip(toks, c.logprobs)] if req.logprobs > 0 else None
+                choice["logprobs"] = {"tokens": toks, "token_logprobs": c.logprobs, "text_offset": offsets,
+                                      "top_logprobs": tops}
             if req.return_token_ids:
                 choice["token_ids"] = c.token_ids
                 choice["prompt_token_ids"] = prompts[c.prompt_index]
@@ -62,16 +71,18 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
 
     @app.post("/v1/chat/completions", responses=responses)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
-        _reject_unsupported(req)
         srv.check_model(req.model)
+        _reject_unsupported(req, can_score(srv.engine, srv.lora_for(req.model)))
         tok = srv.need_tokenizer()
         tools = check_tools(req.tools, req.tool_choice)
+        opening = forced_opening(req.tool_choice) if tools else ""
         try:
             messages = message_dicts(req.messages)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
         text = await srv.off_loop(  # off the event loop, as the tokenizing below
             render, tok, messages, tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+        text += opening  # a forced tool_choice: the call's opening is prefilled
         # the template already holds any BOS it wants
         prompt = await srv.off_loop(lambda: list(tok(text, add_special_tokens=False)["input_ids"]))
         stops = stop_list(req.stop)
@@ -80,17 +91,25 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                          top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
                          seed=req.seed, ignore_eos=req.ignore_eos, lora=srv.lora_for(req.model))
         comps = await srv.generate(request, [prompt], params)
+        k = req.top_logprobs or 0
+        top = await alternatives(srv, [prompt], comps, req.temperature, k) if req.logprobs and k > 1 else None
         choices = []
         for i, c in enumerate(comps):
-            message, called = assistant_message(srv.text(c, stops), parse=tools is not None)
+            if opening:
+                message, called = forced_message(opening, srv.text(c, stops))
+            else:
+                message, called = assistant_message(srv.text(c, stops), parse=tools is not None)
             choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
                                       "finish_reason": "tool_calls" if called else c.finish_reason}
             if req.logprobs:
                 content = []
-                for t, lp in zip(c.token_ids, c.logprobs):
-                    s = srv.token_str(t, req.return_tokens_as_token_ids)
-                    entry = {"token": s, "logprob": lp, "bytes": list(s.encode())}
-                    entry["top_logprobs"] = [dict(entry)] if req.top_logprobs else []
+                for j, (t, lp) in enumerate(zip(c.token_ids, c.logprobs)):
+                    entry = _logprob_entry(srv, t, lp, req.return_tokens_as_token_ids)
+                    if top is not None:  # the alternatives, the chosen token with the engine's own number
+                        entry["top_logprobs"] = [_logprob_entry(srv, a, lp if a == t else v,
+                                                                req.return_tokens_as_token_ids) for a, v in top[i][j]]
+                    else:
+                        entry["top_logprobs"] = [dict(entry)] if req.top_logprobs else []
                     content.append(entry)
                 choice["logprobs"] = {"content": content}
             if req.return_token_ids:
@@ -143,10 +162,15 @@ def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, to
         raise HTTPException(400, str(exc)) from exc
 
 
-def _reject_unsupported(req) -> None:
-    reason = unsupported(req)
+def _reject_unsupported(req, top_logprobs_why: str | None = None) -> None:
+    reason = unsupported(req, top_logprobs_why)
     if reason:
         raise HTTPException(400, reason)
+
+
+def _logprob_entry(srv, token_id: int, logprob: float, as_ids: bool) -> dict[str, Any]:
+    s = srv.token_str(token_id, as_ids)
+    return {"token": s, "logprob": logprob, "bytes": list(s.encode())}
 
 
 def _usage(prompts: list[list[int]], comps: list[Completion]) -> dict:

@@ -37,23 +37,32 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
 class ErrorResponse(BaseModel):
-    detail: str
+    """OpenAI's error shape (baton.rollout._http_guards.error_body)."""
+    error: ErrorInfo
 
 
 class WeightUpdateFailure(BaseModel):
     success: Literal[False] = False
     message: str
     detail: str
+    error: ErrorInfo
 
 
 ERRORS: dict[int, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Impossible request; `detail` says why"},
+    400: {"model": ErrorResponse, "description": "Impossible request; `error.message` says why"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (`Authorization: Bearer <key>`)"},
     403: {"model": ErrorResponse, "description": "Admin endpoints disabled, or weights path outside the allow-list"},
-    404: {"model": ErrorResponse, "description": "Unknown `model`; `detail` lists the served names"},
+    404: {"model": ErrorResponse, "description": "Unknown `model`; `error.message` lists the served names"},
     409: {"model": WeightUpdateFailure, "description": "The server already has a trainer (weight update group)"},
-    413: {"model": ErrorResponse, "description": "Request body too large (--max-body-mb)"},
+    413: {"model": ErrorResponse, "description": "Request body too large (--max-body-mb, --max-generate-body-mb)"},
     415: {"model": ErrorResponse, "description": "Admin endpoints take only application/json"},
     499: {"description": "The client disconnected; its generation was dropped or cancelled"},
     503: {"model": ErrorResponse, "description": "The engine is asleep (release_memory_occupation)"},
@@ -133,7 +142,7 @@ class ChatCompletionRequest(_SamplingExtras):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    tool_choice: Any = None  # "auto" | "none" (see _server_tools.check_tools)
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...} (_server_tools.check_tools)
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
     response_format: Any = None  # refused (400) until supported
 
@@ -224,19 +233,20 @@ class UnloadLoraAdapterRequest(_Lenient):
     lora_name: str = Field(min_length=1, max_length=256)
 
 
-def unsupported(req: BaseModel) -> str | None:
-    """The first option set to a value baton cannot honour, as a reason string."""
+def unsupported(req: BaseModel, top_logprobs_why: str | None = "it returns the chosen token's logprob only") \
+        -> str | None:
+    """The first option set to a value baton cannot honour, as a reason string.
+    `top_logprobs_why`: why logprobs / top_logprobs above 1 cannot be given (None: they can)."""
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                "echo": False, "suffix": None, "min_new_tokens": 0, "json_schema": None, "regex": None,
                "ebnf": None, "response_format": None}
     for name, value in neutral.items():
         if name in type(req).model_fields and getattr(req, name) != value:
             return f"{name}={getattr(req, name)!r} is not supported by baton serve"
-    for name in ("logprobs", "top_logprobs"):  # the engine computes the chosen token's logprob only
+    for name in ("logprobs", "top_logprobs"):
         value = getattr(req, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            return (f"{name}={value} is not supported by baton serve: it returns the chosen token's logprob "
-                    f"only (use {name}=1)")
+        if top_logprobs_why and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return f"{name}={value} is not supported here: {top_logprobs_why} (use {name}=1)"
     best_of = getattr(req, "best_of", None)
     if best_of is not None and best_of != getattr(req, "n", 1):
         return "best_of != n is not supported by baton serve"

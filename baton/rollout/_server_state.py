@@ -8,20 +8,21 @@ import asyncio
 import contextlib
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 from fastapi import HTTPException, Request
 
 from baton.rollout._server_batcher import Batcher, EngineRunner
-from baton.rollout._server_guards import BearerAuth, WeightsAllowList
+from baton.rollout._http_guards import APIError, BearerAuth, OffLoop, check_model
+from baton.rollout._server_guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
 
 DEFAULT_MAX_REQUEST_TOKENS = 65536
 DEFAULT_WEDGED_AFTER_S = 300.0
-DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # the OpenAI routes: text (a 128k-token conversation is < 1 MiB)
+DEFAULT_MAX_GENERATE_BODY_BYTES = 32 * 2**20  # /generate: token-id batches from a trainer (~8 bytes an id)
 
 
 class _Disconnected(Exception):
@@ -40,7 +41,7 @@ class _Server:
         self.weights_path = model_path  # what the served weights were last loaded from
         self.default_max_tokens = default_max_tokens
         self.runner = EngineRunner(engine)
-        self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-tokenize")
+        self.tok_thread = OffLoop("baton-tokenize")
         self.batcher = Batcher(self.runner, max_wait_ms=max_batch_wait_ms, max_batch_seqs=max_batch_seqs,
                                slice_steps=slice_steps, max_running=max_running)
         self.receiver = WeightReceiver(engine)
@@ -75,7 +76,7 @@ class _Server:
         """`fn(*args, **kwargs)` on the one tokenizer thread: a huge prompt never stalls the
         event loop (/health, other requests), and prompts are tokenized one at a time (peak
         memory as when they ran on the loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self.tok_pool, lambda: fn(*args, **kwargs))
+        return await self.tok_thread.run(fn, *args, **kwargs)
 
     async def encode_async(self, texts: list[str]) -> list[list[int]]:
         self.need_tokenizer()
@@ -83,11 +84,7 @@ class _Server:
 
     def check_model(self, name: Any) -> None:
         """404 for a `model` that is neither the served model (or an alias) nor a LoRA adapter."""
-        if name is None or name in self.aliases or name in getattr(self.engine, "adapters", {}):
-            return
-        served = self.aliases + sorted(getattr(self.engine, "adapters", {}))
-        raise HTTPException(404, f"model {name!r} is not served here; this server serves {', '.join(map(repr, served))}"
-                                 f" (GET /v1/models)")
+        check_model(name, self.aliases + sorted(getattr(self.engine, "adapters", {})))
 
     def default_tokens(self, prompts: list[list[int]]) -> int:
         """max_tokens for a client that gave none: the default, shortened to fit the context."""
@@ -109,8 +106,9 @@ class _Server:
             raise HTTPException(400, f"stop_token_ids has an id outside [0, {self.vocab_size})")
         longest, max_new, n = max(len(p) for p in prompts), params.max_new_tokens, params.n
         if self.context_len is not None and longest + max_new > self.context_len:
-            raise HTTPException(400, f"prompt ({longest} tokens) + max_tokens ({max_new}) = {longest + max_new} "
-                                     f"exceeds the model's context of {self.context_len} tokens")
+            raise APIError(400, f"prompt ({longest} tokens) + max_tokens ({max_new}) = {longest + max_new} "
+                                f"exceeds the model's context of {self.context_len} tokens",
+                           code="context_length_exceeded")
         if max_new * n > self.max_request_tokens:
             raise HTTPException(400, f"max_tokens x n = {max_new} x {n} = {max_new * n} exceeds this server's "
                                      f"cap of {self.max_request_tokens} generated tokens per prompt "

@@ -12,6 +12,17 @@ JSON string). A block that is not a JSON object with a string `name` and object
 
 Assistant messages an agent sends back carry `tool_calls` with `arguments` as JSON strings;
 templates (Qwen2.5's among them) expect a dict, so `message_dicts` decodes them.
+
+A request with `tools` for a model whose chat template does not write tool definitions
+(probed once per template: `renders_tools`) is a 400 saying so: the tools are never dropped
+without a word.
+
+`tool_choice` as vLLM's server takes it: "auto" / "none", "required" (some call) and
+{"type": "function", "function": {"name": ...}} (that function). vLLM forces the last two
+with a grammar; baton's engines have none, so `forced_opening` gives the text the prompt is
+prefilled with: the opening of a Hermes block, `<tool_call>\n` (required) or
+`<tool_call>\n{"name": "NAME", "arguments": ` (named). The model writes the rest; a model
+that does not finish a well-formed block gets its text back as content, with no tool call.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import uuid
 from typing import Any
 
 from fastapi import HTTPException
+
+from baton.rollout._http_guards import APIError
 
 TOOL_CALL_RE = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>", re.DOTALL)  # innermost block
 
@@ -101,16 +114,67 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 def check_tools(tools: list[Any] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
     """The request's tools (OpenAI function format), or a 400 naming what is wrong."""
-    if tool_choice not in (None, "auto", "none"):
-        raise HTTPException(400, f"tool_choice={tool_choice!r} is not supported by baton serve (auto or none)")
+    if not (tool_choice in (None, "auto", "none", "required") or _named(tool_choice) is not None):
+        raise APIError(400, f"tool_choice={tool_choice!r} is not one of 'auto', 'none', 'required' or "
+                            f"{{'type': 'function', 'function': {{'name': ...}}}}", param="tool_choice")
     if not tools or tool_choice == "none":
+        if tool_choice not in (None, "auto", "none"):
+            raise APIError(400, f"tool_choice={tool_choice!r} needs `tools`", param="tool_choice")
         return None
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict) \
                 or not isinstance(t["function"].get("name"), str):
-            raise HTTPException(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
-                                     f"'parameters': {{...}}}}}}")
+            raise APIError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                                f"'parameters': {{...}}}}}}", param=f"tools.{i}")
+    name = _named(tool_choice)
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise APIError(400, f"tool_choice names function {name!r}, which is not in `tools`", param="tool_choice")
     return list(tools)
+
+
+def _named(tool_choice: Any) -> str | None:
+    """The function a named tool_choice forces ({"type": "function", "function": {"name"}})."""
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        return name if isinstance(name, str) and name else None
+    return None
+
+
+def forced_opening(tool_choice: Any) -> str:
+    """The text a forced tool_choice prefills the assistant turn with ("" when not forced)."""
+    name = _named(tool_choice)
+    if name is not None:
+        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+    return "<tool_call>\n" if tool_choice == "required" else ""
+
+
+def forced_message(opening: str, text: str) -> tuple[dict[str, Any], bool]:
+    """`assistant_message` for a turn prefilled with `opening`: a block the model ended at its
+    end-of-turn without `</tool_call>` is closed for it."""
+    message, called = assistant_message(opening + text, parse=True)
+    if not called and "</tool_call>" not in text:
+        message, called = assistant_message(opening + text + "</tool_call>", parse=True)
+    return message if called else {"role": "assistant", "content": opening + text}, called
+
+
+PROBE_TOOL_NAME = "baton_probe_tool_5e1d"
+_RENDERS_TOOLS: dict[str, bool] = {}  # chat template text -> whether it writes tool definitions
+
+
+def renders_tools(tok: Any) -> bool:
+    """Whether `tok`'s chat template writes the definitions of the tools it is given
+    (rendered once per template with a probe tool whose name cannot occur otherwise)."""
+    key = repr(getattr(tok, "chat_template", None))
+    if key not in _RENDERS_TOOLS:
+        probe = {"type": "function", "function": {"name": PROBE_TOOL_NAME, "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}
+        try:
+            text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe], tokenize=False,
+                                           add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that fails with tools does not render them
+            text = ""
+        _RENDERS_TOOLS[key] = PROBE_TOOL_NAME in str(text)
+    return _RENDERS_TOOLS[key]
 
 
 def render(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -118,6 +182,10 @@ def render(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     """The chat template's text; a template error is the client's input (400)."""
     if not getattr(tok, "chat_template", None):
         raise HTTPException(400, "the tokenizer has no chat template; use /v1/completions")
+    if tools and not renders_tools(tok):
+        raise APIError(400, f"this model's chat template does not render tools, so the model would never see the "
+                            f"{len(tools)} tool definition(s): send the request without `tools` (or serve a model "
+                            f"whose template renders them, e.g. Qwen2.5's)", param="tools", code="tools_not_supported")
     try:
         if tools:
             kwargs["tools"] = tools

@@ -12,7 +12,9 @@ How a `generate` call runs:
      the prompt's n sample rows;
   3. a decode loop samples one token per row per step, records tokens and logprobs, and
      marks rows that hit EOS / a stop id / a stop string; once enough rows have finished
-     the batch is compacted so finished rows stop costing compute.
+     the batch is compacted so finished rows stop costing compute. On a GPU the decode step
+     runs as a CUDA graph over static buckets (`static_decode.py`) and the host looks at
+     the finished rows every `sync_every` steps, so a token costs no sync.
 `generate(..., should_stop=f)` calls `f()` before each prefill and decode step and raises
 `GenerationCancelled` once it returns True (a server drops work nobody waits for).
 `start_generation(...)` returns the same call as a `Generation` to run k steps at a time
@@ -42,11 +44,13 @@ from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.rollout.sampling import sample
+from baton.rollout.static_decode import STEPS, StaticDecoder
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 SLEEP_MODES = ("cache", "offload", "discard")
+SYNC_EVERY_GPU = 8  # decode steps between the host's looks at finished rows on a GPU
 
 
 class GenerationCancelled(RuntimeError):
@@ -67,6 +71,17 @@ class EmbeddedEngine:
     "offload": also moves the weights to CPU (back on `wake()`); "discard": also frees the
     weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
     must refill every parameter before `generate`.
+
+    static_decode: decode through `baton.rollout.static_decode` (bucket-sized static buffers,
+    each bucket's step a CUDA graph on a GPU; on a GPU, prompts prefilled in one pass).
+    None (the default): on a GPU with the fast path, off on a CPU; True: on, its step
+    "graph" (run eagerly as "fixed" on a CPU); "fixed": eagerly on a GPU too. False: off.
+    sync_every: the host checks for finished rows every this many steps (a sync each); None:
+    every step on a CPU (syncs are free there, and the compactions fall where they always
+    did), every SYNC_EVERY_GPU steps on a GPU. A finished row's later tokens are cut off, so
+    a larger value moves only the batch's compactions (greedy tokens do not change; sampled
+    ones do, as a row's random draw depends on its place in the batch). Stop strings, which
+    the host matches, are checked every step.
     """
 
     shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
@@ -79,9 +94,12 @@ class EmbeddedEngine:
     def __init__(self, model: nn.Module, tokenizer: Any = None, *,
                  eos_token_ids: int | list[int] | None = None, pad_token_id: int | None = None,
                  version: int = 0, max_batch_tokens: int = 65536, fast: bool = True,
-                 fuse_weights: bool = True, sleep_mode: str = "cache"):
+                 fuse_weights: bool = True, sleep_mode: str = "cache", static_decode: bool | str | None = None,
+                 sync_every: int | None = None):
         if sleep_mode not in SLEEP_MODES:
             raise ValueError(f"sleep_mode must be one of {SLEEP_MODES}, got {sleep_mode!r}")
+        if sync_every is not None and sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.model = model
         self.tokenizer = tokenizer
         self.version = version
@@ -103,6 +121,12 @@ class EmbeddedEngine:
         base = model.get_base_model() if self._peft else model
         self.runner = (LlamaRunner(base, fuse=fuse_weights) if fast and _llama.supports(base)
                        else HFRunner(model))
+        if static_decode not in (None, True, False, *STEPS):
+            raise ValueError(f"static_decode must be None, a bool or one of {STEPS}, got {static_decode!r}")
+        if static_decode and not isinstance(self.runner, LlamaRunner):
+            raise ValueError("static_decode needs the fast Llama / Qwen2 path (fast=True and a plain "
+                             f"Llama / Qwen2 model); {type(base).__name__} runs through its HF forward")
+        self.static_decode, self.sync_every = static_decode, sync_every
         self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False
         self._device = None  # the weights' device while offloaded
@@ -181,22 +205,26 @@ class EmbeddedEngine:
         B = len(prompts)
         ids, mask = pad_left(prompts, self.pad_token_id)  # [B, P] left-padded, [B, P]
         ids, mask = ids.to(device), mask.to(device)
+        static, on_gpu = self._static_step(device), device.type == "cuda"
 
-        logits = self.runner.start(ids, mask, max_new, n)  # [B, V]
+        logits = self.runner.start(ids, mask, max_new, n, one_pass=True) if static and on_gpu \
+            else self.runner.start(ids, mask, max_new, n)  # [B, V]
         yield
         if n > 1:
             logits = logits.repeat_interleave(n, 0)  # [B * n, V]
         rows = B * n
+        decoder = StaticDecoder(self.runner, rows, static) if static else self.runner
         stop_ids = _as_id_list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         stop_ids_t = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
         out_tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [rows, max_new]
         out_logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
-        lengths = [max_new] * rows  # tokens kept per row; shortened when a row stops
-        stopped = [False] * rows
+        texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
+        stops = stop_ids_t.numel() > 0 or texts is not None
+        hits = torch.zeros(rows, max_new, dtype=torch.bool, device=device) if stops else None  # a stop at [row, t]
         alive = torch.arange(rows, device=device)  # batch row -> group row
         alive_list = list(range(rows))
-        finished_in_batch = torch.zeros(rows, dtype=torch.bool, device=device)  # [b]
-        texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
+        done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
+        every = 1 if texts is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
 
         for t in range(max_new):
             if should_stop is not None and should_stop():
@@ -204,30 +232,38 @@ class EmbeddedEngine:
             tokens, logprobs = sample(logits, params, generator)  # [b], [b]
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
-            hit = torch.isin(tokens, stop_ids_t) if stop_ids_t.numel() else None  # [b]
-            if texts is not None:
-                str_hit = texts.push(alive_list, tokens.tolist())
-                hit = str_hit.to(device) if hit is None else hit | str_hit.to(device)
-            n_done = 0
-            if hit is not None:
-                newly = hit & ~finished_in_batch  # [b]
-                # one host sync per step (free on CPU); rows are bookkept in Python
-                for j in newly.nonzero().flatten().tolist():
-                    r = alive_list[j]
-                    lengths[r], stopped[r] = t + 1, True
-                finished_in_batch |= newly
-                n_done = int(finished_in_batch.sum())
-            if t == max_new - 1 or n_done == len(alive_list):
+            if stops:
+                hit = torch.isin(tokens, stop_ids_t)  # [b]
+                if texts is not None:
+                    hit |= texts.push(alive_list, tokens.tolist()).to(device)
+                hits[alive, t] = hit
+                done |= hit
+            if t == max_new - 1:
                 break
-            if n_done and n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
-                keep = (~finished_in_batch).nonzero().flatten()  # [b']
-                self.runner.select(keep)
-                tokens, alive = tokens[keep], alive[keep]
-                alive_list = [alive_list[j] for j in keep.tolist()]
-                finished_in_batch = finished_in_batch[keep]
-            logits = self.runner.decode(tokens)  # [b, V]
+            if stops and (t + 1) % every == 0:
+                n_done = int(done.sum())
+                if n_done == len(alive_list):
+                    break
+                if n_done and n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
+                    keep = (~done).nonzero().flatten()  # [b']
+                    decoder.select(keep)
+                    tokens, alive, done = tokens[keep], alive[keep], done[keep]
+                    alive_list = [alive_list[j] for j in keep.tolist()]
+            logits = decoder.decode(tokens)  # [b, V]
             yield
+        return self._completions(out_tokens, out_logprobs, hits, B, n)
 
+    def _completions(self, out_tokens: torch.Tensor, out_logprobs: torch.Tensor, hits: torch.Tensor | None,
+                     B: int, n: int) -> list[list[Completion]]:
+        """Per prompt, its n completions: each row cut after its first stop (hits [rows, T],
+        None: no stop conditions), from out_tokens / out_logprobs [rows, T]."""
+        rows, max_new = out_tokens.shape
+        if hits is None:
+            lengths, stopped = [max_new] * rows, [False] * rows
+        else:
+            stopped_t = hits.any(-1)  # [rows]
+            first = hits.int().argmax(-1)  # [rows] the first stop (argmax: first of the maxima)
+            lengths, stopped = torch.where(stopped_t, first + 1, max_new).tolist(), stopped_t.tolist()
         tok_rows, lp_rows = out_tokens.tolist(), out_logprobs.tolist()
         per_prompt: list[list[Completion]] = [[] for _ in range(B)]
         for r in range(rows):
@@ -236,6 +272,14 @@ class EmbeddedEngine:
                 prompt_index=r // n, token_ids=tok_rows[r][:L], logprobs=lp_rows[r][:L],
                 finish_reason="stop" if stopped[r] else "length", version=self.version))
         return per_prompt
+
+    def _static_step(self, device: torch.device) -> str | None:
+        """The `StaticDecoder` step this call decodes with; None: the runner's own decode."""
+        if self.static_decode is None:
+            return "graph" if isinstance(self.runner, LlamaRunner) and device.type == "cuda" else None
+        if self.static_decode is True:
+            return "graph"
+        return self.static_decode or None
 
     # --- LoRA ---------------------------------------------------------------------------
     def _lora_for(self, params: SamplingParams) -> _llama.Lora | None:

@@ -29,7 +29,7 @@ LoRA: `load_lora_adapter(name, dir)` / `unload_lora_adapter(name)` call the serv
 endpoints (`/v1/load_lora_adapter` on vLLM, which needs `--enable-lora` and
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1; `/load_lora_adapter` on SGLang and baton), and
 `SamplingParams(lora=name)` selects the adapter (vLLM: as the request's `model`; SGLang
-and baton: `lora_path`). `baton.sync.LoraSync` drives these for a LoRA run.
+and baton: `lora_path`). `baton.sync.lora.LoraSync` drives these (tests, `bench/lora_sync.py`; no trainer path yet).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`baton serve MODEL_DIR`: an HTTP inference server over an `Engine` (FastAPI + uvicorn).
 
 Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requests ->
-400 with a reason in `detail`; never a 500 for anything a client sent):
+400 with the reason; never a 500 for anything a client sent). Every error is OpenAI's
+`{"error": {"message", "type", "param", "code"}}` (the `openai` client shows `message`):
 
   GET  /health                      {"status": "ok" | "sleeping" | "updating" | "wedged",
                                      "version": int, "model": str, "reason"?: str,
@@ -42,7 +43,8 @@ LoRA adapters are selected per request as vLLM does (`"model": lora_name` in
 /v1/completions and /v1/chat/completions) and as SGLang does (`"lora_path": lora_name` in
 /generate); /v1/models lists them. An unknown `model` is a 404.
 Weight endpoints answer {"success": true, "message": str, "version": int}, or
-{"success": false, "message": str, "detail": str} with a 4xx.
+{"success": false, "message": str, "detail": str, "error": {...}} with a 4xx (SGLang's
+shape, plus OpenAI's `error`).
 
 Security and bounds (CLI flags; the same keyword arguments on `build_app`):
   --api-key KEY (or env BATON_API_KEY; prefer the env, argv is visible in `ps`)
@@ -64,8 +66,12 @@ Security and bounds (CLI flags; the same keyword arguments on `build_app`):
   --wedged-after-s S (default 300): /health says "wedged" while an engine call makes no
         progress (no decode step) for longer; a call that steps is reported under "busy"
         (call, running_s, last_progress_s_ago, queued_requests) with status "ok".
-  --max-body-mb M (default 32): larger bodies get 413 (declared or counted as they stream);
-        big bodies are parsed and prompts tokenized off the event loop.
+  --max-body-mb M (default 4): a larger body on the OpenAI routes and admin endpoints is a
+        413 (by Content-Length before a byte is read, or counted as a chunked body streams),
+        before any parsing or tokenizing; 4 MiB holds any conversation a 128k context fits.
+  --max-generate-body-mb M (default 32): the same for /generate, whose token-id batches
+        from a trainer are larger (about 8 bytes an id: 32 MiB is ~4M prompt tokens).
+        Big bodies are parsed, chat templates applied and prompts tokenized off the loop.
   Admin endpoints take only `Content-Type: application/json` (415) and refuse cross-site
         browser requests (`Origin` not this host: 403), so no web page can reach them.
   --log-requests: one log line per request (method, path, status, tokens, time).
@@ -85,8 +91,11 @@ len(prompts) * n objects, prompt-major (the n samples of prompt 0 first):
         "weight_version": int,
         "output_token_logprobs": [[logprob, token_id, null], ...]}}   # if return_logprob
 Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen token);
-OpenAI `top_logprobs` only ever hold the chosen token (the engine computes no others), so
-`logprobs` / `top_logprobs` above 1 are a 400, as is `response_format`.
+OpenAI `top_logprobs` (chat) and `logprobs` (completions) up to 20, as vLLM's server: the
+alternatives come from one teacher-forced forward pass (`_server_logprobs.py`; engines
+without an in-process model and LoRA requests: a 400 above 1). `tool_choice` "required" or a
+named function prefills the Hermes call's opening (`_server_tools.py`). `response_format`
+is a 400.
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one
@@ -100,8 +109,9 @@ between decode steps. Weight updates and sleep let running generations finish fi
 Code: this file builds the app (health, models, stats), runs it (`ServerThread`,
 `serve_main`); `_server_state.py` holds the shared state and request checks,
 `_server_routes.py` the generation endpoints, `_server_admin.py` the admin endpoints,
-`_server_batcher.py` the scheduling, `_server_guards.py` auth, body caps and checkpoint
-checks, `_server_schemas.py` the request shapes.
+`_server_batcher.py` the scheduling, `_http_guards.py` the guards shared with the gateway
+(auth, body caps, strict JSON, OpenAI-shaped errors), `_server_guards.py` admin requests and
+checkpoint checks, `_server_schemas.py` the request shapes.
 """
 
 from __future__ import annotations
@@ -122,12 +132,13 @@ from fastapi.responses import JSONResponse, Response
 
 from baton.rollout._server_admin import add_admin_routes
 from baton.rollout._server_batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
-from baton.rollout._server_guards import BearerAuth, BodyLimit, BodyTooLarge, StrictJSONRoute, check_admin_request
+from baton.rollout._http_guards import install_guards, run_uvicorn
+from baton.rollout._server_guards import check_admin_request
 from baton.rollout._server_log import RequestLog
 from baton.rollout._server_routes import add_generation_routes
 from baton.rollout._server_schemas import errors
-from baton.rollout._server_state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S,
-                                         _Disconnected, _Server)
+from baton.rollout._server_state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GENERATE_BODY_BYTES,
+                                         DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S, _Disconnected, _Server)
 
 
 def _is_loopback(host: str) -> bool:
@@ -144,7 +155,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
               admin: bool = True, weights_dirs: Sequence[str | os.PathLike] | None = None,
               max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS, max_model_len: int | None = None,
               wedged_after_s: float = DEFAULT_WEDGED_AFTER_S, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              log_requests: bool = False, slice_steps: int = DEFAULT_SLICE_STEPS,
+              max_generate_body_bytes: int = DEFAULT_MAX_GENERATE_BODY_BYTES, log_requests: bool = False,
+              slice_steps: int = DEFAULT_SLICE_STEPS,
               max_running: int = DEFAULT_MAX_RUNNING) -> FastAPI:
     """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only).
 
@@ -169,15 +181,13 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         await srv.batcher.close()
         srv.receiver.close()
         srv.runner.close()
-        srv.tok_pool.shutdown(wait=False, cancel_futures=True)
+        srv.tok_thread.close()
 
     app = FastAPI(title="baton serve", lifespan=lifespan)
-    app.router.route_class = StrictJSONRoute  # NaN literals, lone surrogates ... -> 400
+    install_guards(app, api_key=api_key, max_body_bytes=max_body_bytes,  # before any route: strict JSON
+                   body_limits={"/generate": (max_generate_body_bytes, "--max-generate-body-mb")})
     app.state.baton = srv
     instance = os.environ.get("BATON_INSTANCE")
-    if api_key is not None:
-        app.add_middleware(BearerAuth, api_key=api_key)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if log_requests:
         app.add_middleware(RequestLog)
     auth = (401,) if api_key is not None else ()
@@ -194,10 +204,6 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     @app.exception_handler(_Disconnected)
     async def _gone(request: Request, exc: _Disconnected) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(request: Request, exc: BodyTooLarge) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=413, headers={"Connection": "close"})
 
     @app.get("/health", responses={503: {"description": "Not ok: sleeping, updating or wedged; "
                                                         "the body's `status` and `reason` say which"}})
@@ -317,7 +323,10 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     ap.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
                     help="/health reports 'wedged' (503) while one engine call runs longer than this")
     ap.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
-                    help="largest request body (413 beyond; default %(default)s)")
+                    help="largest request body on the OpenAI and admin routes, MiB (413 beyond; default "
+                         "%(default)s)")
+    ap.add_argument("--max-generate-body-mb", type=float, default=DEFAULT_MAX_GENERATE_BODY_BYTES / 2**20,
+                    help="largest /generate body (token-id batches), MiB (413 beyond; default %(default)s)")
     ap.add_argument("--log-requests", action="store_true",
                     help="log one line per request (method, path, status, tokens, time) to stderr")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -355,6 +364,7 @@ def serve_main(argv: list[str] | None = None) -> None:
                     model_path=str(model_dir), api_key=api_key, admin=admin, weights_dirs=weights_dirs,
                     max_request_tokens=args.max_request_tokens, max_model_len=args.max_model_len,
                     wedged_after_s=args.wedged_after_s, max_body_bytes=int(args.max_body_mb * 2**20),
+                    max_generate_body_bytes=int(args.max_generate_body_mb * 2**20),
                     log_requests=args.log_requests, slice_steps=args.slice_steps,
                     max_running=args.max_running)
     sock = socket.create_server((args.host, args.port))
@@ -363,5 +373,4 @@ def serve_main(argv: list[str] | None = None) -> None:
           f"admin endpoints {'on' if admin else 'off'}; weights from {', '.join(map(str, weights_dirs))}", flush=True)
     if admin and not api_key and not _is_loopback(args.host):
         print("baton serve: WARNING: admin endpoints are on for a network address without --api-key", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
-    server.run(sockets=[sock])
+    run_uvicorn(app, sock, args.log_level)

@@ -49,7 +49,7 @@ from baton.runs.checkpoints import (
     CHECKPOINTS_DIR, DEFAULT_REQUIRED, Requirement, check_checkpoint, checkpoint_step,
     latest_complete_checkpoint, list_checkpoints, recover_checkpoints,
 )
-from baton.runs.fsutil import atomic_write_text, fsync_dir, unused_sibling
+from baton.runs.fsutil import fsync_dir, unused_sibling
 from baton.runs.metrics_log import METRICS_FILE
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The trajectory API's request shapes (Atropos's, with bounds SQLite and an embedding can
 hold) and the checks a pushed group passes: its own consistency (`check_group`), the
-trainer's registration (`check_against`), JSON-encodable values (`check_encodable`)."""
+trainer's registration (`check_against`), the registered environment's group size
+(`check_env_group`), JSON-encodable values (`check_encodable`)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,14 @@ def check_against(g: ScoredData, reg: dict[str, Any]) -> str | None:
         if vocab and max(t) >= vocab:
             return f"sequence {i}: token id {max(t)} is not below the trainer's vocab_size={vocab}"
     return None
+
+
+def check_env_group(g: ScoredData, env: dict[str, Any] | None) -> str | None:
+    """Why a group cannot come from the registered environment `env` (None: no such env), or None."""
+    if env is None or len(g.tokens) == env["group_size"]:
+        return None
+    return (f"group_size: the group has {len(g.tokens)} sequences, environment {env['real_name']!r} (env_id "
+            f"{env['env_id']}) registered group_size {env['group_size']}")
 
 
 def encode_json(body: Any) -> bytes:

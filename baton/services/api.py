@@ -46,6 +46,11 @@ Where it departs from (improves on) Atropos:
   * the registration fixes batch_size, max_token_len (+ baton's group_size, vocab_size): a
     push that breaks them is a 422 naming the field, a trainer asking for others a 409
     naming both values; bodies are capped (--max-body-mb, plain and decompressed);
+  * a group pushed with the `env_id` of a registered environment must have that
+    environment's `group_size` (else 422 naming both numbers); Atropos instead buffers such
+    groups until several add up to the size, which mixes prompts inside one "group" and
+    breaks group-relative advantages (a group without `env_id`, or with an unknown one, is
+    checked against the trainer's registration only, as before);
   * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise.
 
 Code: this file holds the endpoints (`build_api_app`) and the CLI; `_api_schemas.py` the
@@ -68,8 +73,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from baton.services._api_http import MAX_BODY_BYTES, BearerAuth, _json_response, _parse, _read_json
 from baton.services._api_schemas import (FIXED_SETTINGS, SCORED_KEYS, EnvIdentifier, RegisterEnv, Registration,
-                                         ScoredData, check_against, check_encodable, check_group, encode_json,
-                                         group_version)
+                                         ScoredData, check_against, check_encodable, check_env_group, check_group,
+                                         encode_json, group_version)
 from baton.services.store import GroupStore
 
 MIN_ENV_WEIGHT = 0.01  # as Atropos: no env is starved entirely
@@ -101,9 +106,10 @@ class TrajectoryAPI:
         reg = self.registration or {}
         max_staleness = reg.get("max_staleness")
         trainer_version = self.trainer_version()
+        envs = {e["env_id"]: e for e in self.store.envs()}
         rows, rejected = [], []
         for i, g in enumerate(groups):
-            why = check_group(g) or check_against(g, reg)
+            why = check_group(g) or check_against(g, reg) or check_env_group(g, envs.get(g.env_id))
             version = group_version(g)
             if (why is None and version is not None and trainer_version is not None and max_staleness is not None
                     and max_staleness >= 0 and version < trainer_version - max_staleness):
@@ -330,9 +336,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         weight = max(MIN_ENV_WEIGHT, me["max_token_length"] * me["weight"] / total)
         min_alloc = sum(e["min_batch_allocation"] or 0.0 for e in connected if e["min_batch_allocation"] is not None)
         queued = store.queued_meta()
-        group_size = max([me["group_size"]] + [size for _, env, size, _ in queued if env == me["env_id"]])
-        if group_size != me["group_size"]:
-            store.update_env_group_size(me["env_id"], group_size)
+        group_size = me["group_size"]  # every group it pushes has this size (check_env_group)
         reg = api.registration or {}
         return _json_response({
             "current_step": store.get("current_step", 0),

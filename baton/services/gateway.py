@@ -43,11 +43,21 @@ Faults: an agent that gives up calls `POST /sessions/<id>/abort {"reason"?}`; a 
 idle longer than `GatewaySource(session_idle_s=...)` is dropped as "deadline". A dropped
 session never becomes a row (it is not scored 0); its group completes with the sessions
 that finished, and `dropped` counts sessions by reason.
+
+Guards (`baton.rollout._http_guards`, the same as `baton serve`'s): bodies past
+`max_body_bytes` (default 4 MiB, `--max-body-mb`) are a 413 before they are read whole;
+strict JSON (NaN, lone surrogates: 400); chat templates rendered and prompts tokenized on a
+thread, so /health answers meanwhile; a `model` other than the served name (or its
+aliases) is a 404; `tools` for a template that does not render them is a 400; every error
+is OpenAI's `{"error": {"message", "type", "param", "code"}}`. `tool_choice` "required" or a
+named function is a 400 here: a forced call would put tokens the policy did not choose
+into the trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -57,8 +67,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.rollout._server_guards import BearerAuth
+from baton.rollout._http_guards import APIError, OffLoop, check_model, install_guards, run_uvicorn
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
+from baton.rollout._server_state import DEFAULT_MAX_BODY_BYTES
 from baton.rollout._server_stream import chat_chunks, include_usage, sse
 from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
@@ -94,20 +105,6 @@ class Session:
                 "boundary_mismatches": self.boundary_mismatches}
 
 
-def boundary_text(rendered_turn: str, sampled_text: str, end_of_turn: str | None) -> tuple[str, bool]:
-    """(what the template writes after the sampled text to close the turn, matched):
-    `rendered_turn` is the template's text of the assistant turn, `sampled_text` the
-    sampled ids decoded with special tokens. matched False: the template re-wrote the turn
-    and the boundary is taken after (or, if the sample did not end the turn, from) its
-    end-of-turn marker."""
-    if rendered_turn.startswith(sampled_text):
-        return rendered_turn[len(sampled_text):], True
-    if end_of_turn and end_of_turn in rendered_turn:
-        i = rendered_turn.rfind(end_of_turn)
-        return rendered_turn[i + len(end_of_turn):] if sampled_text.endswith(end_of_turn) else rendered_turn[i:], False
-    return "", False
-
-
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
     group: str | None = Field(None, max_length=256)
@@ -135,8 +132,11 @@ class Gateway:
     """Session-scoped OpenAI endpoints in front of one engine (module docstring)."""
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str = "baton", default_max_tokens: int = 256,
-                 max_session_tokens: int | None = None, temperature: float | None = None):
+                 max_session_tokens: int | None = None, temperature: float | None = None,
+                 aliases: tuple[str, ...] = ()):
         self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.served_names = [model_name, *(a for a in aliases if a != model_name)]  # what `model` may say
+        self.tok_thread: OffLoop | None = None  # renders and tokenizes off the event loop (started by app())
         self.temperature = temperature  # not None: replaces the agent's (the trainer's policy temperature)
         self.default_max_tokens, self.max_session_tokens = default_max_tokens, max_session_tokens
         self.sessions: dict[str, Session] = {}
@@ -252,22 +252,38 @@ class Gateway:
         if not closed.startswith(before) or not full.startswith(closed):
             raise HTTPException(400, f"session {s.id}: the chat template does not render this conversation "
                                      f"as a prefix of the next (it rewrites history): cannot keep one trajectory")
+        from baton.data.turns import assistant_close, boundary_after  # whatever ended the turn (EOS, stop, length)
+
+        boundary = boundary_after(self.tok, s.last_sampled, assistant_close(self.tok))  # the template's close
         sampled = self.tok.decode(s.last_sampled, skip_special_tokens=False)
-        eot = getattr(self.tok, "eos_token", None)  # the turn's end marker: the stop token it sampled, if any
-        if s.last_finish == "stop" and s.last_sampled:
-            eot = self.tok.decode(s.last_sampled[-1:], skip_special_tokens=False) or eot
-        boundary, ok = boundary_text(closed[len(before):], sampled, eot)
-        s.boundary_mismatches += int(not ok)
+        s.boundary_mismatches += int(closed[len(before):] != sampled + boundary)  # the template writes it otherwise
         inserted = self._encode(boundary + full[len(closed):])
         s.tokens += inserted
         s.mask += [0] * len(inserted)
         s.logprobs += [0.0] * len(inserted)
 
+    def _start(self, s: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        """The first turn: the rendered conversation is the prompt."""
+        s.tools = tools
+        s.tokens = self._encode(render(self.tok, messages, tools, True))
+        s.mask, s.logprobs, s.prompt_len = [0] * len(s.tokens), [0.0] * len(s.tokens), len(s.tokens)
+
+    async def _off_loop(self, fn, *args) -> Any:
+        """`fn(*args)` on the gateway's template / tokenizer thread (in-process callers without
+        `app()`: on the caller's loop)."""
+        return fn(*args) if self.tok_thread is None else await self.tok_thread.run(fn, *args)
+
     async def chat(self, sid: str, req: ChatCompletionRequest) -> dict[str, Any]:
         s = self.session(sid)
+        check_model(req.model, self.served_names)
         reason = unsupported(req)
         if reason or req.n != 1:
-            raise HTTPException(400, reason or "n must be 1 in a gateway session (one trajectory)")
+            raise APIError(400, reason or "n must be 1 in a gateway session (one trajectory)",
+                           param=None if reason else "n")
+        if req.tool_choice not in (None, "auto", "none"):
+            raise APIError(400, f"tool_choice={req.tool_choice!r} is not supported in a gateway session: a forced "
+                                f"call would put tokens the policy did not choose into the trajectory (use 'auto')",
+                           param="tool_choice")
         tools = check_tools(req.tools, req.tool_choice)
         try:
             messages = message_dicts(req.messages)
@@ -277,12 +293,7 @@ class Gateway:
             s.active = time.monotonic()
             if s.reward is not None or sid not in self.sessions:
                 raise HTTPException(409, f"session {sid!r} is finished (rewarded or dropped)")
-            if not s.turns:
-                s.tools = tools
-                s.tokens = self._encode(render(self.tok, messages, tools, True))
-                s.mask, s.logprobs, s.prompt_len = [0] * len(s.tokens), [0.0] * len(s.tokens), len(s.tokens)
-            else:
-                self._extend(s, messages, tools)
+            await self._off_loop(self._start if not s.turns else self._extend, s, messages, tools)
             max_new = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
             if self.max_session_tokens is not None:
                 room = self.max_session_tokens - len(s.tokens)
@@ -329,15 +340,22 @@ class Gateway:
                           "total_tokens": n_prompt + len(out.token_ids)}}
 
     # --- HTTP ----------------------------------------------------------------------------
-    def app(self, api_key: str | None = None) -> FastAPI:
+    def app(self, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
         """The HTTP app; with api_key every route but /health needs `Authorization: Bearer
-        KEY` (the agent's `OpenAI(api_key=KEY)` sends it)."""
-        app = FastAPI(title="baton gateway")
-        if api_key is not None:
-            if not api_key:
-                raise ValueError("api_key must be a non-empty string (None: no authentication)")
-            app.add_middleware(BearerAuth, api_key=api_key)
+        KEY` (the agent's `OpenAI(api_key=KEY)` sends it). Bodies past max_body_bytes: 413."""
         gw = self
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI):
+            previous, gw.tok_thread = gw.tok_thread, OffLoop("baton-gateway-tokenize")
+            mine = gw.tok_thread
+            yield
+            mine.close()
+            if gw.tok_thread is mine:  # another app of this gateway may have started meanwhile
+                gw.tok_thread = previous
+
+        app = FastAPI(title="baton gateway", lifespan=lifespan)
+        install_guards(app, api_key=api_key, max_body_bytes=max_body_bytes)  # before any route: strict JSON
 
         @app.get("/health")
         async def health() -> dict:
@@ -367,7 +385,7 @@ class Gateway:
         async def models(sid: str) -> dict:
             gw.session(sid)
             return {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": 0,
-                                                "owned_by": "baton"}]}
+                                                "owned_by": "baton", "aliases": gw.served_names}]}
 
         @app.post("/sessions/{sid}/v1/chat/completions")
         async def chat(sid: str, req: ChatCompletionRequest, request: Request) -> Any:
@@ -385,8 +403,6 @@ def gateway_main(argv: list[str] | None = None) -> None:
     import os
     import socket
 
-    import uvicorn
-
     ap = argparse.ArgumentParser(prog="baton gateway", description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="the baton serve URL that samples (token in / token out)")
     ap.add_argument("--tokenizer", required=True, help="model dir whose tokenizer and chat template to use")
@@ -395,6 +411,8 @@ def gateway_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-name", default="baton")
     ap.add_argument("--default-max-tokens", type=int, default=256)
     ap.add_argument("--max-session-tokens", type=int, default=None, help="token budget of one session")
+    ap.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                    help="largest request body, MiB (413 beyond; default %(default)s)")
     args = ap.parse_args(argv)
     from baton.models.load import load_tokenizer
 
@@ -405,11 +423,12 @@ def gateway_main(argv: list[str] | None = None) -> None:
     if not getattr(tok, "chat_template", None):
         ap.exit(2, f"baton gateway: the tokenizer in {args.tokenizer} has no chat template\n")
     gw = Gateway(HttpEngine(args.server, os.environ.get("BATON_API_KEY") or None), tok, args.model_name,
-                 args.default_max_tokens, args.max_session_tokens)
+                 args.default_max_tokens, args.max_session_tokens,
+                 aliases=(args.tokenizer, os.path.basename(os.path.normpath(args.tokenizer))))
+    app = gw.app(os.environ.get("BATON_GATEWAY_KEY") or None, max_body_bytes=int(args.max_body_mb * 2**20))
     sock = socket.create_server((args.host, args.port))
     print(f"baton gateway: http://{args.host}:{sock.getsockname()[1]}/sessions/<id>/v1 -> {args.server}", flush=True)
-    uvicorn.Server(uvicorn.Config(gw.app(os.environ.get("BATON_GATEWAY_KEY") or None),
-                                  log_level="warning")).run(sockets=[sock])
+    run_uvicorn(app, sock)
 
 
 if __name__ == "__main__":

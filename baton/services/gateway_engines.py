@@ -61,8 +61,16 @@ class HttpEngine:
             sp["sampling_seed"] = params.seed
         r = await self.client.post("/generate", json={"input_ids": ids, "sampling_params": sp, "return_logprob": True})
         if r.status_code != 200:
-            raise HTTPException(r.status_code if 400 <= r.status_code < 500 else 502, f"engine: {r.text}")
+            raise HTTPException(r.status_code if 400 <= r.status_code < 500 else 502, f"engine: {_reason(r)}")
         out = r.json()
         meta = out["meta_info"]
         lps = [float(x[0]) for x in meta["output_token_logprobs"]]
         return Sampled(list(out["output_ids"]), lps, meta["finish_reason"]["type"], int(meta["weight_version"]))
+
+
+def _reason(r: httpx.Response) -> str:
+    """The message of an error answer (OpenAI's `error.message`, else the text)."""
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text

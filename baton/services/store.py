@@ -108,10 +108,6 @@ class GroupStore:
                                        (time.time(), int(connected), env_id))
             return cur.rowcount > 0
 
-    def update_env_group_size(self, env_id: int, group_size: int) -> None:
-        with self._lock, self._tx():
-            self._db.execute("UPDATE envs SET group_size=? WHERE env_id=?", (group_size, env_id))
-
     # --- groups -----------------------------------------------------------------------
     def push_many(self, groups: list[tuple[dict[str, Any], int | None, int, int | None]],
                   max_queued: int | None = None) -> list[int] | None:

@@ -53,15 +53,20 @@ AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe 
 
 def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
-    applied: the machine's choice of ranks, overlap and threads for whatever the recipe left
+    applied: the machine's choice of devices, ranks and threads for whatever the recipe left
     unset (`baton.controller.auto_placement`), printed in one line; what it decided becomes
     explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
+    Auto never changes `trainer.mode` or anything else the update computes.
+
+    The config is validated first, as the recipe gives it (placement.auto off): a wrong type,
+    an unknown key, a missing model dir or user module is one ConfigError before anything
+    (placement included) reads it; placement reads the validated config, not the raw mapping.
 
     For the PPO family auto is on unless the recipe or an override sets `placement.auto`
-    (or the environment sets BATON_PLACEMENT_AUTO=0: the test suite, whose numbers are one
-    process's). A resumed run (trainer.resume set, the run dir's config.yaml present) keeps
-    the placement that config.yaml holds instead of choosing again. `say` is where the line
-    goes (a text stream; stdout by default: `baton config` sends it to stderr)."""
+    (or the environment sets BATON_PLACEMENT_AUTO=0). A resumed run (trainer.resume set, the
+    run dir's config.yaml present) keeps the placement and trainer.mode that config.yaml holds
+    instead of choosing again. `say` is where the line goes (a text stream; stdout by default:
+    `baton config` sends it to stderr)."""
     import dataclasses
     import os
     import sys
@@ -79,59 +84,59 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     if (name in AUTO_FAMILY and has_placement and os.environ.get(AUTO_ENV, "1") != "0"
             and (place is None or (isinstance(place, dict) and "auto" not in place))):
         merged["placement"] = place = {**(place or {}), "auto": True}
-    if isinstance(place, dict) and place.get("auto") is True and has_placement:
-        if name not in AUTO_FAMILY:
-            raise ConfigError(f"placement.auto=true chooses ranks and generation overlap for the PPO family (grpo, "
-                              f"ppo); algorithm {name} places its roles as the recipe says: remove placement.auto")
-        kept = _saved_placement(merged)
-        if kept is not None:
-            print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", file=say, flush=True)
-            merged = merge_recipe(None, [*kept, "placement.auto=false"], data=merged)
-        else:
-            from baton.controller.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
-                                                         view_from_raw)
+    if not (isinstance(place, dict) and place.get("auto") is True and has_placement):
+        return load_config(cls, data=merged)
+    if name not in AUTO_FAMILY:
+        raise ConfigError(f"placement.auto=true chooses devices and ranks for the PPO family (grpo, ppo); "
+                          f"algorithm {name} places its roles as the recipe says: remove placement.auto")
+    as_given = merge_recipe(None, ["placement.auto=false"], data=merged)
+    cfg = load_config(cls, data=as_given)  # validated before placement reads anything
+    kept = _saved_placement(cfg, merged)
+    if kept is not None:
+        print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", file=say, flush=True)
+        return load_config(cls, data=merge_recipe(None, kept, data=as_given))
+    from baton.trainers.run import check_inputs
 
-            path = (merged.get("model") or {}).get("path")
-            machine, view = (*detect_machine(), count_model_params(path) if path else 0), view_from_raw(merged)
-            memory = detect_memory()
-            choice = choose(*machine, view, memory_bytes=memory)
-            placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
-            if choice.overlap and "trainer.mode" in choice.decided:
-                try:  # a recipe the generator cannot run ahead for (a rule view_from_raw does not know)
-                    cfg = load_config(cls, data=placed)
-                except ConfigError as e:
-                    choice = choose(*machine, dataclasses.replace(view, overlap_ok=False), memory_bytes=memory)
-                    placed = merge_recipe(None, [*choice.overrides(), "placement.auto=false"], data=merged)
-                    print(f"{choice.line()} [one_step_off refused: {str(e).splitlines()[0][:200]}]", file=say, flush=True)
-                    return load_config(cls, data=placed)
-                print(choice.line(), file=say, flush=True)
-                return cfg
-            print(choice.line(), file=say, flush=True)
-            merged = placed
-    return load_config(cls, data=merged)
+    check_inputs(cfg)  # the model dir exists before its size is read
+    from baton.controller.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+                                                 view_from_config)
+
+    view = view_from_config(cfg, explicit_keys(merged))
+    choice = choose(*detect_machine(), count_model_params(cfg.model.path), view, memory_bytes=detect_memory())
+    print(choice.line(), file=say, flush=True)
+    return load_config(cls, data=merge_recipe(None, choice.overrides(), data=as_given))
 
 
-AUTO_KEYS = ("placement.backend", "placement.world_size", "placement.threads_per_worker", "trainer.mode")
+def explicit_keys(merged: dict[str, Any]) -> set[str]:
+    """The `section.key` names a recipe mapping (with its overrides) sets."""
+    return {f"{section}.{key}" for section, body in merged.items() if isinstance(body, dict) for key in body}
 
 
-def _saved_placement(merged: dict[str, Any]) -> list[str] | None:
+def _resume_keys() -> tuple[str, ...]:
+    """What a resumed run keeps from its config.yaml: what auto decided, and the run's mode."""
+    from baton.controller.auto_placement import AUTO_KEYS
+
+    return (*AUTO_KEYS, "trainer.mode")
+
+
+def _saved_placement(cfg: Any, merged: dict[str, Any]) -> list[str] | None:
     """Overrides restoring the keys auto decides from the run dir's config.yaml, for a
-    resumed run (None: not resuming, or no config.yaml yet). Keys the recipe sets win."""
+    resumed run of the validated `cfg` (None: not resuming, or no config.yaml yet). Keys the
+    recipe (`merged`) sets win."""
     from pathlib import Path
 
     import yaml
 
-    trainer = merged.get("trainer") or {}
-    if not trainer.get("resume") or not trainer.get("run_dir"):
+    if not cfg.trainer.resume or not cfg.trainer.run_dir:
         return None
-    saved_path = Path(str(trainer["run_dir"])) / "config.yaml"
+    saved_path = Path(cfg.trainer.run_dir) / "config.yaml"
     if not saved_path.is_file():
         return None
     saved = yaml.safe_load(saved_path.read_text()) or {}
     out = []
-    for key in AUTO_KEYS:
+    for key in _resume_keys():
         section, field = key.split(".")
-        if field in (merged.get(section) or {}) or field not in (saved.get(section) or {}):
+        if key in explicit_keys(merged) or field not in (saved.get(section) or {}):
             continue
         out.append(f"{key}={saved[section][field]}")
     return out

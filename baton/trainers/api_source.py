@@ -41,12 +41,10 @@ import os
 import time
 from typing import Any
 
-import torch
 
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import colocated_groups
-from baton.padding import pad_left, pad_right
 from baton.services.client import APIClient
 from baton.services.groups import groups_to_batch
 from baton.trainers.run_state import RunState

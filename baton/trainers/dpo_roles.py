@@ -40,7 +40,7 @@ def build_dpo_roles(cfg: Any, *, temperature: float, probe_prompt: str, task: st
         "rollout": (RolloutWorker, (r,), dict(task=task, seed=cfg.trainer.seed, probe_prompt=probe_prompt)),
         "reward": (RewardWorker, (getattr(cfg, "reward", None),), {}),
         "reference": (ReferenceWorker, (cfg.model,),
-                      dict(temperature=temperature, micro_batch_size=a.micro_batch_size)),
+                      dict(temperature=temperature, micro_batch_size=a.micro_batch_size, bf16=a.bf16)),
     }
     classes = {role: classes[role] for role in ("actor", "rollout", "reward", "reference") if role in cfg.roles}
     p = cfg.placement

@@ -14,6 +14,12 @@ turn_index, num_turns, policy_version, completion, finish_reason, tool_status; a
 may have fewer than n rows (dropped trajectories). `last_stats` holds the step's counts
 (drops by kind, parse statuses, template-invariant mismatches per segment kind).
 
+A draw in which no trajectory (or session) finished has nothing to train on: every source
+here skips it and draws again (new prompts, seeds of their own), counting it
+(`agent/failed_draws` on the step's line, the draw's drops merged into the step's); after
+`agent.max_failed_steps` (`gateway.max_failed_steps`) such draws in a row, `AgentFailureError`
+says, in one line, how many failed by cause (raised, timed out, never sampled, ...).
+
 `EpisodeGeneratorSource`: the same episodes from a generator on a pool of its own
 (`trainer.mode` one_step_off | async, or a rollout placed apart): `GeneratorSource`'s
 admission and staleness schedule, its generator running `generate_episodes` instead of
@@ -23,18 +29,60 @@ admission and staleness schedule, its generator running `generate_episodes` inst
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from baton import fields as F
 from baton.agents.config import AgentConfig, GatewayAgentConfig
+from baton.agents.dispatch import STATS, merge_stats
 from baton.batch import Batch
 from baton.controller import Future
 from baton.trainers.async_source import GeneratorSource
 from baton.trainers.run_state import RunState
 from baton.trainers.sources import RolloutSource
+
+
+REDRAW = 1_000_000  # a redraw of step s samples with the seeds of step s + k * REDRAW
+CAUSES = {"tool_error": "raised", "env_error": "raised", "agent_error": "raised", "tool_timeout": "timed out",
+          "env_timeout": "timed out", "trajectory_timeout": "timed out", "deadline": "timed out",
+          "no_turns": "never sampled", "no_reward": "returned no reward", "budget": "out of tokens or turns",
+          "context": "out of context"}
+
+
+class AgentFailureError(RuntimeError):
+    """Draws in a row in which no trajectory or session finished: nothing to train on."""
+
+
+def _section(cfg: Any) -> str:
+    return "gateway" if isinstance(cfg, GatewayAgentConfig) else "agent"
+
+
+def draw_until_rows(draw: Callable[[int], Batch], step: int, limit: int, key: str) -> Batch:
+    """The rows of the first of `draw(0)`, `draw(1)`, ... that has any, its STATS those of
+    every draw merged (+ failed_draws when some had none); AgentFailureError after `limit`
+    draws without a row (`key`: the config section, for the message)."""
+    parts = []
+    for attempt in range(limit):
+        rows = draw(attempt)
+        parts.append((rows.meta.get(STATS, {}), len(rows)))
+        if len(rows):
+            rows.meta[STATS] = merge_stats(parts) if attempt else parts[0][0]
+            if attempt:
+                rows.meta[STATS]["failed_draws"] = attempt
+            return rows
+    stats = merge_stats(parts)
+    causes: Counter = Counter()
+    for kind, k in stats.get("dropped", {}).items():
+        causes[CAUSES.get(kind, kind)] += k
+    what = ("session", "sessions") if key == "gateway" else ("trajectory", "trajectories")
+    raise AgentFailureError(
+        f"step {step}: no {what[0]} finished in {limit} draws in a row ({key}.max_failed_steps={limit}): of "
+        f"{stats.get('trajectories', 0)} {what[1]}, " + ", ".join(f"{k} {c}" for c, k in causes.most_common())
+        + (f", {stats['abandoned']} of them left running (their code blocked its event loop)"
+           if stats.get("abandoned") else "") + " (the first fault of each kind is in the log above)")
 
 
 def number_groups(prompts: Batch, step: int, prompts_per_step: int) -> Batch:
@@ -65,10 +113,15 @@ class EpisodeSource(RolloutSource):
         self.last_stats: dict[str, Any] = {}
 
     def rows(self, step: int) -> Batch:
-        prompts = number_groups(self.state.next_prompts(self.prompts_per_step), step, self.prompts_per_step)
-        rows = self.rollout.generate_episodes(prompts, step, asdict(self.cfg))
-        self.last_stats = rows.meta.get("agent_stats", {})
+        rows = draw_until_rows(self._draw(step), step, self.cfg.max_failed_steps, _section(self.cfg))
+        self.last_stats = rows.meta.get(STATS, {})
         return rows
+
+    def _draw(self, step: int) -> Callable[[int], Batch]:
+        def draw(k: int) -> Batch:
+            prompts = number_groups(self.state.next_prompts(self.prompts_per_step), step, self.prompts_per_step)
+            return self.rollout.generate_episodes(prompts, step + REDRAW * k, asdict(self.cfg))
+        return draw
 
     def metrics(self) -> dict[str, float]:
         return stats_metrics(self.last_stats)
@@ -89,8 +142,13 @@ class EpisodeGeneratorSource(GeneratorSource):
         return self.rollout.submit("generate_episodes", prompts, step, asdict(self.cfg))
 
     def rows(self, step: int) -> Batch:
-        rows = super().rows(step)
-        self.last_stats = rows.meta.get("agent_stats", {})
+        def draw(k: int) -> Batch:  # a redraw runs behind the steps already admitted
+            if not k:
+                return GeneratorSource.rows(self, step)
+            return self._generate(self.state.next_prompts(self.prompts_per_step), step + REDRAW * k).get()
+
+        rows = draw_until_rows(draw, step, self.cfg.max_failed_steps, _section(self.cfg))
+        self.last_stats = rows.meta.get(STATS, {})
         return rows
 
     def metrics(self) -> dict[str, float]:
@@ -125,13 +183,14 @@ class SessionSource(EpisodeSource):
         self.cfg = cfg
         self.last_stats = {}
 
-    def rows(self, step: int) -> Batch:
-        prompts = self.state.next_prompts(self.prompts_per_step)
-        rows = self.rollout.generate_sessions(prompts, step, asdict(self.cfg))
-        if len(rows):  # groups numbered by the gateway per call: step-unique here
-            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
-        self.last_stats = rows.meta.get("agent_stats", {})
-        return rows
+    def _draw(self, step: int) -> Callable[[int], Batch]:
+        def draw(k: int) -> Batch:
+            rows = self.rollout.generate_sessions(self.state.next_prompts(self.prompts_per_step), step + REDRAW * k,
+                                                  asdict(self.cfg))
+            if len(rows):  # groups numbered by the gateway per call: step-unique here
+                rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
+            return rows
+        return draw
 
 
 def evaluate_sessions(rollout: Any, cfg: GatewayAgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -5,6 +5,8 @@ session as every other driver: lock, resume, metrics, evaluation, atomic checkpo
         model, tokenizer = ...; optim, sched = build_optimizer(...)
         result = fit(run, cfg, model, tokenizer, optim, sched, state, loss_fn, evaluate, prefix="sft")
 
+The model sits on `trainer.device` (`place`: auto = the GPU when there is one) and computes
+in bf16 autocast there (`trainer.bf16`, fp32 master weights; the CPU default is fp32).
 Each step takes `trainer.batch_size` rows from the run's resumable sampler and makes one
 optimizer step on `loss_fn(model, rows) -> (loss, stats)`: clipped to `optim.grad_clip`,
 skipped (and counted by the non-finite guard) when the loss or the gradient norm is not
@@ -25,6 +27,8 @@ from typing import Any, Callable, Literal
 import torch
 
 from baton.models import save_pretrained
+from baton.controller.devices import enable_tf32
+from baton.models.precision import autocast, pick_device, resolve_bf16
 from baton.runs.checkpoints import CHECKPOINTS_DIR
 from baton.trainers.run import NonFiniteGuard, RunSession, prune_checkpoints
 from baton.trainers.run_config import TrainerConfig
@@ -40,12 +44,24 @@ class InProcessTrainerConfig(TrainerConfig):
     num_threads: int = 1  # torch intra-op threads (0: torch's default); 1 is faster on a shared box
     save_path: str | None = None  # export the final model here too (HF dir); None: only the run dir
     save_dtype: Literal["float32", "bfloat16"] = "float32"  # of the export
+    device: str = "auto"  # auto (cuda when CUDA is available, else cpu) | cpu | cuda | cuda:N
+    bf16: bool | None = None  # bf16 autocast, fp32 master weights; None: on CUDA yes, on the CPU no
 
     def check(self) -> None:
         super().check()
+        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.batch_size < 1 or self.num_threads < 0:
             raise ValueError(f"trainer.batch_size must be >= 1 and trainer.num_threads >= 0 "
                              f"(got {self.batch_size}, {self.num_threads})")
+
+
+def place(model: Any, t: InProcessTrainerConfig) -> Any:
+    """`model` on the run's device (`trainer.device`), TF32 on for CUDA; before the
+    optimizer is built, so its state lives there too."""
+    device = pick_device(t.device)
+    enable_tf32(device)
+    return model.to(device)
 
 
 def save_state(path: Path, model: Any, tokenizer: Any, optim: Any, sched: Any, driver: dict[str, Any]) -> None:
@@ -56,7 +72,7 @@ def save_state(path: Path, model: Any, tokenizer: Any, optim: Any, sched: Any, d
 def load_state(path: str, model: Any, optim: Any, sched: Any) -> dict[str, Any]:
     """Load a checkpoint's weights, optimizer and schedule; return the driver state."""
     model.load_state_dict(type(model).from_pretrained(path).state_dict())
-    state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
+    state = torch.load(Path(path) / TRAINER_STATE, weights_only=False, map_location="cpu")  # a GPU run's too
     optim.load_state_dict(state["optim"])
     sched.load_state_dict(state["sched"])
     return state["driver"]
@@ -88,6 +104,8 @@ def fit(run: RunSession, grad_clip: float, model: Any, tokenizer: Any, optim: An
         finally:
             model.train()
 
+    device = next(model.parameters()).device  # `place` put it there
+    bf16 = resolve_bf16(t.bf16, device)
     run.start(state, restore=restore, evaluate=evaluation if evaluate else None,
               guard=Guard(t.max_nonfinite_steps), evaluate_at_start=evaluate_at_start)
     model.train()
@@ -96,7 +114,8 @@ def fit(run: RunSession, grad_clip: float, model: Any, tokenizer: Any, optim: An
     for step, timed in run.steps():
         lr = optim.param_groups[0]["lr"]  # this step's (the schedule moves after the step)
         with timed("update"):
-            loss, stats = loss_fn(model, state.sampler.next_batch(t.batch_size))
+            with autocast(device, bf16):  # the loss functions return fp32 losses
+                loss, stats = loss_fn(model, state.sampler.next_batch(t.batch_size))
             optim.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).item()

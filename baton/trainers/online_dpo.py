@@ -35,7 +35,7 @@ from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, 
 from baton.trainers.run import RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
 from baton.trainers.choose_source import row_source
-from baton.trainers.step_metrics import check_sync, step_metrics
+from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
 from baton.workers.dpo_actor import pair_rows
 
 
@@ -81,7 +81,7 @@ def train(cfg: DPOConfig) -> dict[str, float]:
             with timed("sync"):
                 parity = source.weights_updated(step, check=run.t.check_weight_sync)
             if run.t.check_weight_sync:
-                check_sync(parity, step)
+                check_sync(parity, step, sync_tolerance(cfg))
             refreshed = maybe_refresh_reference(roles, d.ref_refresh_every, step)
             metrics = {**step_metrics(rows, update, version=step - 1),
                        **pair_metrics(pairs, cfg.data.prompts_per_step), "dpo/ref_refreshed": int(refreshed)}

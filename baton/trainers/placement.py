@@ -48,7 +48,7 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
         "reward": (RewardWorker, (cfg.reward,), {}),
         "reference": (ReferenceWorker, (cfg.model,),
                       dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
-                           strategy=cfg.actor.strategy)),
+                           strategy=cfg.actor.strategy, bf16=cfg.actor.bf16)),  # logprobs in the actor's precision
     }
     if cfg.reward_model is not None:
         classes["reward_model"] = (RewardModelWorker, (cfg.reward_model,), {})
@@ -62,8 +62,8 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
     p = cfg.placement
     pools: dict[str, Any] = dict(p.pool_specs())  # the main pool with its mesh, if any
     if apart(cfg):  # the rollout loads its own model; the actor's pool serves it the weights
-        classes["rollout"] = (GeneratorWorker, (r,), dict(model=cfg.model, task=cfg.data.task,
-                                                          seed=cfg.trainer.seed, probe_prompt=probe_prompt))
+        classes["rollout"] = (GeneratorWorker, (r,), dict(model=cfg.model, task=cfg.data.task, seed=cfg.trainer.seed,
+                                                          probe_prompt=probe_prompt, bf16=cfg.actor.bf16))
         classes = {**{k: v for k, v in classes.items() if k == "actor"}, "policy_weights": (WeightsWorker,),
                    **{k: v for k, v in classes.items() if k != "actor"}}
         gen = p.pool_of("rollout")

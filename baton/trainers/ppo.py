@@ -60,7 +60,8 @@ from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkp
 from baton.trainers.run_state import RunState
 from baton.trainers.choose_source import row_source
 from baton.trainers.episode_source import evaluate_episodes, evaluate_sessions
-from baton.trainers.step_metrics import check_sync, step_metrics
+from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
+from baton.trainers.signal_watch import StepSignal
 from baton.trainers.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
 from baton.workers.rollout import BASELINE_COMPLETION
@@ -80,8 +81,8 @@ def sampled_mismatch_kl(actor: Any, batch: Batch) -> float:
     """rollout/logprob_mismatch_kl of a step whose actor does not update (whose update's first
     forward would otherwise give it): the trainer's logprobs of MISMATCH_ROWS rows."""
     rows = batch.rows(torch.arange(min(len(batch), MISMATCH_ROWS)))
-    scored = rows.union(actor.compute_logprobs(rows).get())
-    return mismatch_kl(scored[F.OLD_LOGPROBS], scored[F.ROLLOUT_LOGPROBS], scored[F.RESPONSE_MASK]).item()
+    trainer = actor.compute_logprobs(rows).get()[F.OLD_LOGPROBS]  # rows may hold old_logprobs already
+    return mismatch_kl(trainer, rows[F.ROLLOUT_LOGPROBS], rows[F.RESPONSE_MASK]).item()
 
 
 # --- rewards -----------------------------------------------------------------------------
@@ -200,6 +201,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
         if critic is not None or len({cfg.placement.pool_of(r) for r in roles}) > 1 and t.mode == "sync":
             run.timeline = Timeline(roles, run.path / TIMELINE_FILE)  # which role ran when (split pools)
         kl_ctl = kl_controller(algo)
+        watch = StepSignal(cfg)  # reward/tied_group_frac (a warning when most groups tie), samples.jsonl
         # the trainer's own (proximal) logprobs: PPO's "old" ones, and what the rows'
         # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
         proximal = algo.recompute_old_logprobs or algo.off_policy != "none"
@@ -279,7 +281,8 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             with timed("sync"):
                 parity = source.weights_updated(step, check=t.check_weight_sync)
             if t.check_weight_sync:
-                check_sync(parity, step)
+                check_sync(parity, step, sync_tolerance(cfg))
+            metrics.update(watch.check(step, batch, group_index(batch, n)))
             run.end_step(step, {**metrics, **step_metrics(batch, update, version=step - 1)},
                          save=lambda: checkpoint(step))
     return run.result()

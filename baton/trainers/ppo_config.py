@@ -58,7 +58,11 @@ from baton.workers.rollout import RolloutConfig
 # What the driver can hand an advantage estimator: values only with a critic;
 # baseline_scores (the greedy sample's reward, ReMax) whenever the estimator asks.
 BASE_INPUTS = {"scores", "response_mask", "group_index", "token_rewards", "baseline_scores"}
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}  # baseline = the group
+def compares_groups(name: str) -> bool:
+    """Whether estimator `name` compares the samples of a prompt (its baseline is the group:
+    it reads `group_index`), so it needs rollout.n >= 2 samples that differ. Read from the
+    estimator's own signature: no list to drift (turn_grpo was missing from the old one)."""
+    return estimator_reads(name, "group_index")
 DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae"}
 GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
 
@@ -170,8 +174,8 @@ class PPOConfig:
         if self.critic is not None and not estimator_reads(a.advantage, "values"):
             raise ValueError(f"critic: section given but algo.advantage={a.advantage!r} does not use values; "
                              f"use algo.advantage=gae or drop the critic section")
-        if a.advantage in GROUP_ESTIMATORS or a.dynamic_sampling:
-            what = f"algo.advantage={a.advantage!r}" if a.advantage in GROUP_ESTIMATORS else "algo.dynamic_sampling"
+        if compares_groups(a.advantage) or a.dynamic_sampling:
+            what = f"algo.advantage={a.advantage!r}" if compares_groups(a.advantage) else "algo.dynamic_sampling"
             if n < 2:
                 raise ValueError(f"{what} compares the samples of a prompt: rollout.n={n} gives every "
                                  f"group one sample (use rollout.n >= 2)")

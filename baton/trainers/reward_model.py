@@ -32,7 +32,7 @@ from torch.nn import functional
 from baton.data.prompts import PromptSampler
 from baton.envs import TASKS, get_task
 from baton.models import load_tokenizer
-from baton.trainers.in_process import InProcessTrainerConfig, fit
+from baton.trainers.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.run import RunSession
 from baton.trainers.run_state import RunState
 from baton.workers.optim import build_optimizer
@@ -151,7 +151,7 @@ def run_rm(cfg: RMConfig) -> dict[str, Any]:
         pairs = load_pairs(cfg.data)
         n_eval = int(len(pairs) * cfg.data.eval_fraction)
         train_pairs, eval_pairs = pairs[:len(pairs) - n_eval], pairs[len(pairs) - n_eval:]
-        model = load_reward_model(cfg.model.path, seed=cfg.model.seed).train()
+        model = place(load_reward_model(cfg.model.path, seed=cfg.model.seed).train(), t)  # trainer.device
         tokenizer = load_tokenizer(cfg.model.path)
         optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
                                        warmup_steps=o.lr_warmup_steps, total_steps=t.steps, schedule=o.lr_schedule,

@@ -49,17 +49,26 @@ class NonFiniteError(FloatingPointError):
     """Training produced non-finite losses or gradients too often to go on."""
 
 
+def check_inputs(cfg: Any) -> None:
+    """What must exist before a run writes anything (a ConfigError, one line): the model dir
+    (with a config.json), a critic's own backbone, and an export path that holds no model."""
+    model = getattr(cfg, "model", None)
+    if hasattr(model, "check"):
+        model.check()
+    elif isinstance(getattr(model, "path", None), str):
+        check_model_path(model.path)
+    critic = getattr(cfg, "critic", None)  # a critic's own backbone ("" = the actor's model.path)
+    if getattr(critic, "path", ""):
+        check_model_path(critic.path, "critic.path")
+    check_export_path(getattr(cfg.trainer, "save_path", None))  # an export never overwrites a model (the shipped one)
+
+
 def open_run(cfg: Any) -> PreparedRun:
     """Lock and prepare `cfg.trainer.run_dir` (refusing a finished run's dir unless
     `trainer.resume` or `trainer.overwrite`), then write config.yaml atomically. `cfg` has
     already been validated by its dataclass, so nothing is written for a bad config."""
     t: TrainerConfig = cfg.trainer
-    model = getattr(cfg, "model", None)  # its dir exists and holds a config.json: before anything is written
-    if hasattr(model, "check"):
-        model.check()
-    elif isinstance(getattr(model, "path", None), str):
-        check_model_path(model.path)
-    check_export_path(getattr(t, "save_path", None))  # an export never overwrites a model (the shipped one)
+    check_inputs(cfg)
     run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
         if not run.fresh:
@@ -211,8 +220,15 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
 
 
 class Preempted(RuntimeError):
-    """The run got SIGTERM (a preemptible node or SLURM giving notice) and stopped after
-    saving its last finished step."""
+    """The run got SIGTERM (a preemptible node or SLURM giving notice) or SIGINT (Ctrl-C) and
+    stopped after saving its last finished step. `signum`: which (the CLI exits 128 + it)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)"}
 
 
 class RunSession:
@@ -233,11 +249,11 @@ class RunSession:
         self.state: Any = None
         self.log: MetricsLogger | None = None
         self.end: StepEnd | None = None
-        self._term: int | None = None  # the signal number once SIGTERM arrived
+        self._term: int | None = None  # the signal number once SIGTERM / SIGINT arrived
         self._saved_step = self._unsaved = None  # the last step saved / the save of the last step
-        self._old_handler = None
+        self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._old_handlers = {s: signal.signal(s, self._on_signal) for s in SIGNAL_NAMES}
 
     @property
     def path(self):
@@ -246,17 +262,27 @@ class RunSession:
     def __enter__(self) -> "RunSession":
         return self
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """First SIGTERM: finish the step, save it, stop (see `steps`). A second one: stop now."""
-        if self._term is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            raise Preempted("a second SIGTERM: stopped at once, without saving the step in progress")
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """First SIGTERM or SIGINT: finish the step, save it, stop (see `steps`): the same under
+        every placement, since the workers never get the driver's signals (Ray's processes
+        have process groups of their own: `baton.controller.ray_backend`). A second one, or
+        one before the first step (building the roles, loading models): stop now, SIGINT as
+        the KeyboardInterrupt it always was."""
+        name = SIGNAL_NAMES.get(signum, f"signal {signum}")
+        if self._term is not None or self.state is None:
+            for s, handler in self._old_handlers.items():
+                signal.signal(s, handler)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Preempted(f"stopped by {name} at once, without saving the step in progress"
+                            if self._term is not None else f"stopped by {name} before the first step", signum)
         self._term = signum
-        log.warning("SIGTERM: finishing the step in progress, saving it, then stopping")
+        log.warning("%s: finishing step %d, saving it, then stopping (%s again stops at once, without saving it)",
+                    name, self.state.step + 1, "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     def __exit__(self, kind, error, tb) -> None:
-        if self._old_handler is not None:
-            signal.signal(signal.SIGTERM, self._old_handler)
+        for s, handler in self._old_handlers.items():
+            signal.signal(s, handler)
         try:
             for thing in [*self.closing, self.log]:
                 if thing is not None:
@@ -305,8 +331,9 @@ class RunSession:
         step = self.state.step
         if self._unsaved is not None and self._saved_step != step:
             self._unsaved()
-        raise Preempted(f"stopped by SIGTERM after step {step} of {self.t.steps}"
-                        + (f"; checkpoint step_{step} saved: continue with trainer.resume=auto" if step else ""))
+        raise Preempted(f"stopped by {SIGNAL_NAMES.get(self._term, self._term)} after step {step} of {self.t.steps}"
+                        + (f"; checkpoint step_{step} saved: continue with trainer.resume=auto" if step else ""),
+                        self._term)
 
     def end_step(self, step: int, metrics: dict[str, Any], save: Callable[[], None]) -> None:
         """The step is done: its timeline, then `StepEnd` (guard, evaluation, the line, the

@@ -15,13 +15,22 @@ DATA_SOURCES = ("rollout", "api", "agent", "gateway")
 API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
+def check_task(name: str) -> None:
+    """`data.task` names a built-in task or a user's `module:Class` that imports as a Task
+    (one-line ValueError otherwise): what every driver's `data.task` accepts."""
+    if name not in TASKS and is_spec(name):
+        get_task(name)  # a user's module:Class: importable and a Task, or a one-line error
+    elif name not in TASKS:
+        raise ValueError(f"data.task={name!r} is not one of {sorted(TASKS)} (or a user task module:Class)")
+
+
 @dataclass
 class DataConfig:
     task: str = "arithmetic"  # a name in baton.envs.TASKS
     prompts_per_step: int = 16
     eval_size: int = 200  # held-out prompts for evaluation
     seed: int = 0
-    path: str = ""  # rows from a local jsonl / parquet file (GSM8K's, verl's or baton's shape) instead of the task's
+    path: str = ""  # rows from a local jsonl / parquet file instead of the task's (docs/OWN_DATA.md: row shapes)
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
     # Where a step's rows come from: "rollout" (this run's rollout role), "api" (batches
     # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py) or "agent"
@@ -37,10 +46,7 @@ class DataConfig:
     envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
     def check(self) -> None:
-        if self.task not in TASKS and is_spec(self.task):
-            get_task(self.task)  # a user's module:Class: importable and a Task, or a one-line error
-        elif self.task not in TASKS:
-            raise ValueError(f"data.task={self.task!r} is not one of {sorted(TASKS)}")
+        check_task(self.task)
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
                              f"(got {self.prompts_per_step}, {self.eval_size})")

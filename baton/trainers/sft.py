@@ -13,6 +13,12 @@ exported by default: the shipped `checkpoints/arith-sft` is never overwritten by
 
     cfg = SFTConfig(model=SFTModelConfig(preset="0.75m"), trainer=InProcessTrainerConfig(steps=5))
     result = run_sft(cfg)  # {"loss_first": ..., "loss_last": ..., "eval/accuracy_greedy": ...}
+
+Rows: a task's (`data.task`: a built-in name or a user's `module:Class`, as `baton train`
+takes) or a file's (`data.path`, `data.eval_path`: the row shapes of docs/OWN_DATA.md, held
+out as `baton train` holds them out). The target of a row is its `target` field when it has
+one, else the task's `target(row)` (the built-in tasks: the row's `answer`); the held-out
+evaluation scores with the task's verifier (`is_correct`).
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ import torch
 from torch.nn import functional
 
 from baton.data.prompts import PromptSampler
-from baton.envs import TASKS, get_task
+from baton.data.rows import render_prompt
+from baton.envs import get_task
 from baton.envs.evaluate import evaluate_modes
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer
 from baton.padding import pad_right
-from baton.trainers.in_process import InProcessTrainerConfig, fit
+from baton.trainers.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.run import RunSession
-from baton.trainers.run_state import RunState
+from baton.trainers.run_config import DataConfig, check_task
+from baton.trainers.run_state import RunState, task_rows
 from baton.workers.optim import build_optimizer
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
@@ -47,15 +55,18 @@ class SFTModelConfig:
 
 @dataclass
 class SFTDataConfig:
-    task: str = "arithmetic"  # a name in baton.envs.TASKS
-    num_examples: int = 20_000
+    task: str = "arithmetic"  # a name in baton.envs.TASKS, or a user task module:Class
+    path: str = ""  # rows from a local jsonl / parquet file instead of the task's (docs/OWN_DATA.md)
+    eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
+    num_examples: int = 20_000  # training rows (at most: a file's rows are all of them)
     seed: int = 0  # which training rows, and their order
     eval_size: int = 200  # held-out prompts for the evaluation (0 skips it)
     eval_samples: int = 4  # samples per held-out prompt for the sampled (T=1) accuracy
 
     def check(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"data.task={self.task!r} is not one of {sorted(TASKS)}")
+        check_task(self.task)
+        if self.eval_path and not self.path:
+            raise ValueError("data.eval_path is read only with data.path (a task's held-out rows are its own)")
         if self.num_examples < 1 or self.eval_size < 0 or self.eval_samples < 1:
             raise ValueError("data.num_examples and data.eval_samples must be >= 1, data.eval_size >= 0")
 
@@ -97,10 +108,27 @@ def build_model_and_tokenizer(cfg: SFTModelConfig):
     return model.train(), tok
 
 
+def sft_rows(data: SFTDataConfig) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): the task's (`num_examples` seeded rows), or the file's
+    (`data.path`, split as `baton train` splits it: `baton.trainers.run_state.task_rows`)."""
+    task = get_task(data.task)
+    if not data.path:
+        return task.train_rows(data.num_examples, seed=data.seed), task.eval_rows(data.eval_size)
+    train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
+                                       eval_size=max(data.eval_size, 1), seed=data.seed))
+    return train[:data.num_examples], held[:data.eval_size]
+
+
+def target_of(task, row: dict) -> str:
+    """What SFT teaches for `row`: its own `target` field, else the task's reference completion."""
+    return str(row["target"]) if row.get("target") is not None else task.target(row)
+
+
 def encode_examples(tokenizer, task, rows: list[dict]) -> list[tuple[list[int], int]]:
-    """(prompt + target + EOS ids, prompt length) per row."""
-    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
-    targets = tokenizer([task.target(r) for r in rows], add_special_tokens=False)["input_ids"]
+    """(prompt + target + EOS ids, prompt length) per row (chat-message prompts rendered
+    with the tokenizer's template, `baton.data.rows.render_prompt`)."""
+    prompts = tokenizer([render_prompt(tokenizer, r["prompt"]) for r in rows], add_special_tokens=False)["input_ids"]
+    targets = tokenizer([target_of(task, r) for r in rows], add_special_tokens=False)["input_ids"]
     return [(p + t + [tokenizer.eos_token_id], len(p)) for p, t in zip(prompts, targets)]
 
 
@@ -118,13 +146,12 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
                                     ignore_index=IGNORE)
 
 
-def evaluate_model(model, tokenizer, task, eval_size: int, samples: int, seed: int = 0) -> dict[str, float]:
-    """Held-out metrics (`baton.envs.evaluate.evaluate_modes`: greedy, and `samples` per
-    prompt at T=1) through the embedded rollout engine."""
+def evaluate_model(model, tokenizer, task, rows: list[dict], samples: int, seed: int = 0) -> dict[str, float]:
+    """Held-out metrics on `rows` (`baton.envs.evaluate.evaluate_modes`: greedy, and `samples`
+    per prompt at T=1) through the embedded rollout engine."""
     from baton.rollout.engines import build_engine  # lazy: only evaluation needs it
 
-    return evaluate_modes(build_engine("embedded", model, tokenizer), tokenizer, task, task.eval_rows(eval_size),
-                          n=samples, seed=seed)
+    return evaluate_modes(build_engine("embedded", model, tokenizer), tokenizer, task, rows, n=samples, seed=seed)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:
@@ -132,7 +159,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     with RunSession(cfg) as run:
         task = get_task(cfg.data.task)
         model, tokenizer = build_model_and_tokenizer(cfg.model)
-        examples = encode_examples(tokenizer, task, task.train_rows(cfg.data.num_examples, seed=cfg.data.seed))
+        model = place(model, t)  # trainer.device (auto: the GPU when there is one)
+        train_rows, eval_rows = sft_rows(cfg.data)
+        examples = encode_examples(tokenizer, task, train_rows)
         state = RunState(sampler=PromptSampler(examples, seed=cfg.data.seed), eval_rows=[])
         optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
                                        warmup_steps=o.lr_warmup_steps, total_steps=t.steps, schedule="cosine",
@@ -141,15 +170,16 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
               f"{t.steps} steps x {t.batch_size}")
 
         def loss_fn(model, rows) -> tuple[torch.Tensor, dict[str, float]]:
-            return completion_loss(model, collate_examples(rows, tokenizer.pad_token_id)), {}
+            batch = collate_examples(rows, tokenizer.pad_token_id)
+            return completion_loss(model, {k: v.to(model.device) for k, v in batch.items()}), {}
 
         def evaluate() -> dict[str, float]:
-            return evaluate_model(model, tokenizer, task, cfg.data.eval_size, cfg.data.eval_samples, seed=t.seed)
+            return evaluate_model(model, tokenizer, task, eval_rows, cfg.data.eval_samples, seed=t.seed)
 
         result = fit(run, o.grad_clip, model, tokenizer, optim, sched, state, loss_fn,
-                     evaluate if cfg.data.eval_size > 0 else None, prefix="sft", evaluate_at_start=False)
+                     evaluate if eval_rows else None, prefix="sft", evaluate_at_start=False)
     result["params"] = count_params(model)
     if "eval/accuracy_greedy" in result:
-        print(f"sft held-out accuracy ({cfg.data.eval_size} prompts): greedy {result['eval/accuracy_greedy']:.3f}  "
+        print(f"sft held-out accuracy ({len(eval_rows)} prompts): greedy {result['eval/accuracy_greedy']:.3f}  "
               f"sampled T=1 {result['eval/accuracy_sampled']:.3f}")
     return result

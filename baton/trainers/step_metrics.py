@@ -31,10 +31,37 @@ def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> 
             m[f"reward/{k.removeprefix('reward_')}"] = int(batch[k].sum())
     for k in update[0]:
         m[k] = sum(u[k] for u in update) / len(update)
+    return name_mismatch(m)
+
+
+MISMATCH = "rollout/logprob_mismatch_kl"  # engine vs trainer at the same weights: their numerics
+BEHAVIOUR = "rollout/behaviour_kl"  # the rows' sampler (older weights) vs the trainer now: lag + numerics
+
+
+def name_mismatch(m: dict[str, Any]) -> dict[str, Any]:
+    """The update's engine-vs-trainer KL (`MISMATCH`) is the engine's numerics only when the
+    rows are on-policy; rows sampled by older weights (a generator ahead, the trajectory API)
+    add the policy's change since, so there the figure is logged as `BEHAVIOUR` instead, and
+    the engine's own parity is the weight-sync check's (trainer.check_weight_sync)."""
+    if MISMATCH in m and m.get("rollout/policy_age", 0.0) > 0:
+        m[BEHAVIOUR] = m.pop(MISMATCH)
     return m
 
 
-def check_sync(parity: list[float] | None, step: int, tol: float = 1e-4) -> None:
+FP32_SYNC_TOL = 1e-4  # max |engine - trainer| logprob on the probe, fp32 on both sides
+BF16_SYNC_TOL = 0.1  # bf16 compute: 0.047 (0.5B) / 0.090 (1.5B) measured on an H200 (shared/reference/gpu-device.md)
+
+
+def sync_tolerance(cfg: Any) -> float:
+    """The parity check's bound for a run's precision (bf16 where the actor computes in it:
+    `actor.bf16`, None = on GPUs)."""
+    from baton.models.precision import resolve_bf16
+
+    device = "cuda" if cfg.placement.gpus_per_worker else "cpu"
+    return BF16_SYNC_TOL if resolve_bf16(cfg.actor.bf16, device) else FP32_SYNC_TOL
+
+
+def check_sync(parity: list[float] | None, step: int, tol: float = FP32_SYNC_TOL) -> None:
     """Fail loudly if an engine samples from weights other than the trainer's."""
     if parity and max(parity) > tol:
         raise RuntimeError(f"weight sync check failed after step {step}: engine and trainer "

@@ -37,6 +37,7 @@ from baton.models.load import load_model, load_tokenizer, save_pretrained
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
 from baton.models.parallel import wrap
+from baton.models.precision import autocast, compute_dtype, memory_metrics, memory_phase, resolve_bf16
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
 from baton.workers.optimizer_steps import OptimizerSteps
@@ -59,7 +60,9 @@ class ActorConfig:
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation)
     epochs: int = 1  # passes over each rollout batch
     grad_clip: float = 1.0
-    bf16: bool = False  # bf16 autocast for forward/backward (fsdp2 on CUDA: bf16 params in compute)
+    # bf16 autocast for forward/backward, fp32 master weights (fsdp2 on CUDA: bf16 params in
+    # compute); None: on CUDA yes, on the CPU no (baton.models.precision)
+    bf16: bool | None = None
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the module sits on the mesh (baton.models.parallel)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward
     # between phases: free the gradients and move the optimizer state to the CPU after each
@@ -88,6 +91,7 @@ class ActorWorker(Worker):
         self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)
         a = actor
+        self.bf16 = resolve_bf16(a.bf16, self.device)  # actor.bf16 made concrete for this device
         if model.lora is not None:
             if a.strategy != "ddp" or self.tp_size > 1:
                 raise ValueError("model.lora trains with actor.strategy=ddp and no tensor parallelism "
@@ -95,7 +99,7 @@ class ActorWorker(Worker):
                                  "every rank holds them whole")
             self.model = apply_lora(self.model, model.lora, seed=seed)
         # in place: self.model is the wrapped module (sharded parameters are DTensors)
-        self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=a.bf16,
+        self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=self.bf16,
                         activation_checkpointing=a.activation_checkpointing, cpu_offload=a.offload)
         self.optim, self.sched = build_optimizer(
             self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
@@ -103,7 +107,7 @@ class ActorWorker(Worker):
             min_ratio=a.min_lr_ratio)
         # what a colocated engine reads: the module itself, or (sharded) gathered full tensors
         self.policy = Policy(self.model, self.tokenizer, in_place=not self.par.sharded,
-                             full_weights=self.par.full_state_dict_iter)
+                             full_weights=self.par.full_state_dict_iter, compute_dtype=compute_dtype(self.bf16))
         self.steps = OptimizerSteps(self.optim, self.sched, self.par, self.device, a.grad_clip,
                                     offload=a.offload, prefix="actor")
 
@@ -116,8 +120,9 @@ class ActorWorker(Worker):
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Consumes prompt/response ids; produces old_logprobs [B, R] and entropy [B, R]."""
         self.model.eval()
-        out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature,
-                               with_entropy=True)
+        with autocast(self.device, self.bf16):
+            out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature,
+                                   with_entropy=True)
         return Batch({F.OLD_LOGPROBS: out["logprobs"], F.ENTROPY: out[F.ENTROPY]})
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
@@ -128,7 +133,7 @@ class ActorWorker(Worker):
             raise RuntimeError("compute_ref_logprobs on the actor needs model.lora (the base is the reference); "
                                "without LoRA the reference role holds its own copy")
         self.model.eval()
-        with self.model.disable_adapter():
+        with self.model.disable_adapter(), autocast(self.device, self.bf16):
             out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
         return Batch({F.REF_LOGPROBS: out["logprobs"]})
 
@@ -140,7 +145,7 @@ class ActorWorker(Worker):
     def _loss(self, micro: Batch, n_tokens: float, n_seqs: float
               ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         algo = self.algo
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with autocast(self.device, self.bf16):
             logp, ent = response_logprobs(self.model, micro, self.temperature,
                                           with_entropy=True, entropy_grad=algo.entropy_coef > 0,
                                           share_prompts=self.par.share_prompts)
@@ -188,15 +193,18 @@ class ActorWorker(Worker):
             return value
 
         self.model.train()
-        metrics, n_steps = self.steps.run(
-            batch, epochs=a.epochs, mini=max(1, (a.mini_batch_size or rows_global) // self.dp_size),
-            micro=max(1, a.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
-            shuffle=self._group_shuffled, prepare=prepare, loss=loss)
+        with memory_phase("update", self.device):  # CUDA: this phase's peak memory
+            metrics, n_steps = self.steps.run(
+                batch, epochs=a.epochs, mini=max(1, (a.mini_batch_size or rows_global) // self.dp_size),
+                micro=max(1, a.micro_batch_size // self.dp_size), seed=self.seed, version=self.updates,
+                shuffle=self._group_shuffled, prepare=prepare, loss=loss)
         self.policy.version += 1
         if F.ROLLOUT_LOGPROBS in batch:
             kl_sum, tokens = self._all_reduce(probe).tolist()
             metrics["rollout/logprob_mismatch_kl"] = kl_sum / tokens if tokens > 0 else 0.0
-        return {**{k: float(v) / max(n_steps, 1) for k, v in sums.items()}, **metrics}
+        # CUDA: memory/peak_gib_<phase> of this process's phases since the last update (the
+        # colocated rollout's included); nothing on the CPU
+        return {**{k: float(v) / max(n_steps, 1) for k, v in sums.items()}, **metrics, **memory_metrics()}
 
     @staticmethod
     def _group_shuffled(batch: Batch, seed: int) -> Batch:
@@ -215,7 +223,8 @@ class ActorWorker(Worker):
         if not pad.any():
             return batch
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
-        batch[F.RESPONSE_MASK] = batch[F.RESPONSE_MASK] * ~pad[:, None]
+        mask = batch[F.RESPONSE_MASK]
+        batch[F.RESPONSE_MASK] = mask * ~pad.to(mask.device)[:, None]
         return batch
 
     # --- checkpoints -------------------------------------------------------------------
@@ -275,7 +284,7 @@ class ActorWorker(Worker):
             # in place (each rank keeps its shard): the colocated engine keeps reading these tensors
             self.par.load_full_state_dict(loaded.named_parameters())
             del loaded
-        state = torch.load(Path(path) / TRAINER_STATE, weights_only=False)
+        state = torch.load(Path(path) / TRAINER_STATE, weights_only=False, map_location="cpu")  # a GPU run's too
         self.par.load_optim_state_dict(self.optim, state["optim"])
         self.sched.load_state_dict(state["sched"])
         self.policy.version = state["updates"]

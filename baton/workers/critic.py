@@ -39,11 +39,12 @@ from baton import fields as F
 from baton.algos import LOSS_AGG, critic_loss
 from baton.algos.logprobs import upcast
 from baton.batch import Batch
-from baton.models.hf_cache import cache_kwarg, output_cache
+from baton.models.hf_cache import output_cache
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
 from baton.models.parallel import wrap
+from baton.models.precision import autocast, resolve_bf16
 from baton.workers.optim import build_optimizer
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.sequences import _pieces_shared_prompt, model_inputs, prompt_groups
@@ -69,7 +70,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     value_clip: float | None = 0.2  # c in clip(V, V_old +- c); None = unclipped 0.5 (V - G)^2
     loss_agg: str = "token-mean"  # a name in baton.algos.LOSS_AGG
-    bf16: bool = False
+    bf16: bool | None = None  # as actor.bf16: None = on CUDA yes, on the CPU no
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the model sits on the mesh (baton.models.parallel)
     offload: bool = False  # as actor.offload: optimizer state on the CPU and gradients freed between updates
 
@@ -164,8 +165,9 @@ class CriticWorker(Worker):
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         c = critic
+        self.bf16 = resolve_bf16(c.bf16, self.device)
         # in place; before the optimizer sees it
-        self.par = wrap(self.model, self.mesh, c.strategy, cpu_offload=c.offload)
+        self.par = wrap(self.model, self.mesh, c.strategy, mixed_precision=self.bf16, cpu_offload=c.offload)
         # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root
         self.share_prompts = self.par.share_prompts and c.strategy != "fsdp2"
         self.optim, self.sched = build_optimizer(
@@ -182,7 +184,7 @@ class CriticWorker(Worker):
         """Consumes prompt/response ids; produces values [B, R] (0 on padding)."""
         self.model.eval()
         out = []
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.device, self.bf16):
             for micro in batch.minibatches(max(1, self.cfg.micro_batch_size), shuffle=False):
                 out.append(prefix_values(self.model, micro, self.share_prompts).cpu())
         return Batch({F.VALUES: torch.cat(out)})
@@ -202,7 +204,7 @@ class CriticWorker(Worker):
         """
         c = self.cfg
         pad = batch.padding_mask()  # [B] dispatch padding must not count
-        mask_all = batch[F.RESPONSE_MASK].float() * ~pad[:, None]  # [B, R]
+        mask_all = batch[F.RESPONSE_MASK].float() * ~pad.to(self.device)[:, None]  # [B, R]
         batch = Batch(dict(batch.tensors), {}, {})
         batch[F.RESPONSE_MASK] = mask_all
         rows_global = len(batch) * self.dp_size
@@ -214,7 +216,7 @@ class CriticWorker(Worker):
         def loss(mc: Batch, counts: tuple[float, float]) -> torch.Tensor:
             nonlocal tok
             m = mc[F.RESPONSE_MASK]  # [b, R]
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=c.bf16):
+            with autocast(self.device, self.bf16):
                 values = prefix_values(self.model, mc, self.share_prompts)  # [b, R]
             value, stats = critic_loss(
                 values=values, old_values=mc[F.VALUES].to(values.device),
@@ -256,7 +258,7 @@ class CriticWorker(Worker):
         """Restore weights, optimizer, schedule and update count from `save_checkpoint`'s dir."""
         loaded = load_value_model(path, self.dtype, self.seed)
         self.par.load_full_state_dict(loaded.named_parameters())  # each rank keeps its shard
-        state = torch.load(Path(path) / CRITIC_STATE, weights_only=False)
+        state = torch.load(Path(path) / CRITIC_STATE, weights_only=False, map_location="cpu")  # a GPU run's too
         self.par.load_optim_state_dict(self.optim, state["optim"])
         self.sched.load_state_dict(state["sched"])
         self.updates = state["updates"]

@@ -36,6 +36,7 @@ from baton.algos.rpo import chosen_nll
 from baton.batch import Batch
 from baton.controller import Dispatch, register
 from baton.models.config import ModelConfig
+from baton.models.precision import autocast
 from baton.workers.actor import ActorConfig, ActorWorker
 from baton.workers.sequences import response_logprobs
 
@@ -78,7 +79,7 @@ class DPOActorWorker(ActorWorker):
         """(loss = sum of this micro-batch's real pair losses / n_pairs, metric sums, real pairs)."""
         d = self.dpo
         mask = micro[F.RESPONSE_MASK].float()  # [2p, R]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with autocast(self.device, self.bf16):
             logp, _ = response_logprobs(self.model, micro, self.temperature,
                                         share_prompts=self.par.share_prompts)  # [2p, R]
         seq = sequence_logprobs(upcast(logp), mask.to(logp.device))  # [2p]

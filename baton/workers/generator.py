@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import socket
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -40,6 +40,8 @@ from baton.controller import Dispatch, Execute, Worker, register
 from baton.envs import get_task
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer
+from baton.models.precision import compute_dtype, resolve_bf16
+from baton.models.lora import is_peft, merged_weights
 from baton.protocol import SamplingParams
 from baton.rollout.engines import build_engine
 from baton.sync import WeightReceiver
@@ -66,16 +68,18 @@ def from_wire(x: Any) -> torch.Tensor:
 
 
 class GeneratorWorker(RolloutWorker):
-    """`GeneratorWorker(rollout, model=, task=, seed=, probe_prompt=)`: a rollout engine with
-    its own weights. Sampling is seeded per (seed, step, dp rank) exactly like the colocated
-    role, and the engine reads its module the same way (no fused copy), so with the same
-    weights it samples exactly the same rows."""
+    """`GeneratorWorker(rollout, model=, task=, seed=, probe_prompt=, bf16=)`: a rollout
+    engine with its own weights. Sampling is seeded per (seed, step, dp rank) exactly like the
+    colocated role, and the engine reads its module the same way (no fused copy), so with the
+    same weights it samples exactly the same rows. `bf16`: the actor's `actor.bf16` (None: on
+    CUDA yes, on the CPU no): the copy is held in bf16 where the trainer computes in bf16."""
 
     def __init__(self, rollout: RolloutConfig, *, model: ModelConfig, task: str, seed: int,
-                 probe_prompt: str):
+                 probe_prompt: str, bf16: bool | None = None):
         Worker.__init__(self)  # not RolloutWorker's: there is no colocated actor to read
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
-        module = load_model(model.path, dtype=model.torch_dtype, device=self.device)
+        dtype = compute_dtype(resolve_bf16(bf16, self.device)) or model.torch_dtype
+        module = load_model(model.path, dtype=dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)
         # RolloutWorker.generate may consult `policy` (a plain module: read in place)
         self.policy = Policy(module, self.tokenizer)
@@ -117,6 +121,7 @@ class GeneratorWorker(RolloutWorker):
     def probe(self) -> tuple[list[int], list[int], list[float]]:
         """The parity probe: (prompt ids, greedy token ids, the engine's logprobs of them)."""
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True)
+        self._wake()  # generate() leaves the engine asleep (its KV cache released)
         comp = self.engine.generate([list(self.probe_ids)], params)[0]
         return list(self.probe_ids), list(comp.token_ids), list(comp.logprobs)
 
@@ -135,13 +140,22 @@ class WeightsWorker(Worker):
         gathering sharded tensors), as numpy arrays (`to_wire`): Ray moves those out of band,
         5-8x faster than torch tensors (measured: 3.3 MB, ray.put 5 ms vs 40 ms). Copies: the caller may hold them while
         the actor's next update changes its parameters in place."""
-        out = {name: to_wire(t.detach().clone()) for name, t in self.policy.named_weights()}
+        # copied straight to the CPU (on a GPU: no second device copy first)
+        out = {name: to_wire(t.detach().to("cpu", copy=True)) for name, t in self._named_weights()}
         return out if self.rank == 0 else None
+
+    def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's weights under the plain model's names; a LoRA actor's merged (base +
+        adapter): the generator holds a plain model (`baton.models.lora.merged_weights`)."""
+        if is_peft(self.policy.module):
+            return merged_weights(self.policy.module)
+        return self.policy.named_weights()
 
     def _params(self) -> tuple[list[torch.Tensor], list[tuple[str, str, list[int]]]]:
         """The actor's parameters as they are (DTensors when sharded: nothing gathered) and
         their specs (name, dtype, global shape), in module order."""
-        named = list(self.policy.module.named_parameters())
+        module = self.policy.module
+        named = list(merged_weights(module) if is_peft(module) else module.named_parameters())
         return [t for _, t in named], [(n, dtype_name(t.dtype), list(t.shape)) for n, t in named]
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)

@@ -16,6 +16,7 @@ from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model
 from baton.models.parallel import wrap
+from baton.models.precision import autocast, resolve_bf16
 from baton.workers.sequences import batched_logprobs
 
 
@@ -23,19 +24,23 @@ class ReferenceWorker(Worker):
     """`ReferenceWorker(model, temperature=, micro_batch_size=, strategy=)`: the starting
     weights, frozen; logprobs at the rollout temperature, as the actor computes its own.
     `strategy` (the actor's: `baton.models.parallel`) shards the frozen copy on the worker's
-    mesh the way the actor is sharded (fsdp2, tp from `placement.mesh`)."""
+    mesh the way the actor is sharded (fsdp2, tp from `placement.mesh`). `bf16`: the actor's
+    `actor.bf16` (None: on CUDA yes, on the CPU no), so that both take logprobs in the same
+    precision."""
 
     def __init__(self, model: ModelConfig, *, temperature: float, micro_batch_size: int,
-                 strategy: str = "ddp"):
+                 strategy: str = "ddp", bf16: bool | None = None):
         super().__init__()
         self.temperature, self.micro_batch_size = temperature, micro_batch_size
+        self.bf16 = resolve_bf16(bf16, self.device)
         self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
         self.model.eval().requires_grad_(False)
         self.par = wrap(self.model, self.mesh, strategy)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        out = batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
+        with autocast(self.device, self.bf16):
+            out = batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
         return Batch({F.REF_LOGPROBS: out["logprobs"]})
 
     # --- refresh (online DPO's dpo.ref_refresh_every) ------------------------------------

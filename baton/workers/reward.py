@@ -48,6 +48,8 @@ class RewardConfig:
 
 
 class RewardWorker(Worker):
+    batch_on_device = False  # reward functions read text on the CPU, whatever the slot's device
+
     def __init__(self, reward: RewardConfig):
         super().__init__()
         self.runner = RewardRunner(reward.functions, timeout_s=reward.timeout_s, max_workers=reward.max_workers)

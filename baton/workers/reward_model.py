@@ -26,6 +26,7 @@ import torch
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, Worker, register
+from baton.models.precision import autocast, resolve_bf16
 
 RM_SCORE = "reward/model"  # [B] raw reward-model score (logged as its mean, like every reward/*)
 
@@ -37,6 +38,7 @@ class RewardModelConfig:
     weight: float = 1.0  # rewards = sum_f w_f f + weight * score
     micro_batch_size: int = 64
     max_length: int = 512  # tokens of prompt + completion kept (the end is kept)
+    bf16: bool | None = None  # bf16 autocast; None: on CUDA yes, on the CPU no (baton.models.precision)
 
     def check(self) -> None:
         if not self.path or not Path(self.path).is_dir():
@@ -89,7 +91,10 @@ def sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
 
 
 class RewardModelWorker(Worker):
-    """`RewardModelWorker(reward_model)`: its own section only."""
+    """`RewardModelWorker(reward_model)`: its own section only. It reads the rows' text and
+    tokenizes it itself, so the host leaves its Batch on the CPU (`batch_on_device`)."""
+
+    batch_on_device = False
 
     def __init__(self, reward_model: RewardModelConfig):
         super().__init__()
@@ -98,6 +103,7 @@ class RewardModelWorker(Worker):
         self.cfg = reward_model
         self.model = load_reward_model(reward_model.path).to(self.device).eval().requires_grad_(False)
         self.tokenizer = load_tokenizer(reward_model.path)
+        self.bf16 = resolve_bf16(reward_model.bf16, self.device)
 
     @torch.no_grad()
     def score_texts(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
@@ -105,7 +111,8 @@ class RewardModelWorker(Worker):
         out = []
         for i in range(0, len(seqs), self.cfg.micro_batch_size):
             ids, mask = pad_right(seqs[i:i + self.cfg.micro_batch_size], self.tokenizer.pad_token_id)
-            out.append(sequence_scores(self.model, ids, mask).cpu())
+            with autocast(self.device, self.bf16):  # the scores come out in fp32
+                out.append(sequence_scores(self.model, ids, mask).cpu())
         return torch.cat(out) if out else torch.zeros(0)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # a future: runs beside the reference / critic

@@ -17,6 +17,14 @@ full tensors gathered one at a time (every rank takes part). The copy exists onl
 sync to the end of the next `generate`: it is discarded (`sleep_mode="discard"`) while the
 actor trains, so the update phase holds shards only; the rollout phase holds the shards
 plus one full model.
+
+On a GPU the engine samples in the trainer's compute dtype (`Policy.compute_dtype`: bf16
+when `actor.bf16` resolves true, `baton.models.precision`): with fp32 master weights that is
+a bf16 copy of its own, refilled by the `copy` transport at each sync and discarded while the
+actor trains (LoRA, or an explicit `rollout.weight_sync: inplace`: the fp32 module in place).
+Between calls the engine sleeps (its KV cache released; `sleep_mode` says what else), so
+the actor's update has the memory; every entry point wakes it first. Peak memory of the
+rollout phase: `memory/peak_gib_rollout` (CUDA only, reported with the actor's update).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from baton.data.rows import prompt_ids
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
 from baton.models.load import build_like
+from baton.models.precision import autocast, memory_phase
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
 from baton.rollout.engines import build_engine, check_engine_name, engine_class
@@ -98,6 +107,8 @@ class RolloutWorker(Worker):
     `weight_sync`: overrides `rollout.weight_sync` (a run whose rows come from servers has
     the key name the servers' transport; its colocated engine, used for evaluation, gets "auto")."""
 
+    batch_on_device = False  # prompts are text; the engine places its own tensors
+
     def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
                  weight_sync: str | None = None):
         super().__init__()
@@ -105,10 +116,12 @@ class RolloutWorker(Worker):
         self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
         self.tokenizer = self.policy.tokenizer
         in_place = self.policy.in_place
-        shares = in_place and engine_class(rollout.engine).shares_module
-        sync = resolve_weight_sync(weight_sync or rollout.weight_sync, "colocated", shares_module=shares)
+        requested = weight_sync or rollout.weight_sync
+        dtype = self.engine_dtype(self.policy, requested)
+        shares = in_place and engine_class(rollout.engine).shares_module and dtype is None
+        sync = resolve_weight_sync(requested, "colocated", shares_module=shares)
         self.own_weights = sync != "inplace"  # the engine holds a copy, filled by each sync
-        module = build_like(self.policy.module, self.device) if self.own_weights else self.policy.module
+        module = build_like(self.policy.module, self.device, dtype) if self.own_weights else self.policy.module
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
         self.engine = build_engine(rollout.engine, module, self.tokenizer, fuse_weights=False,
@@ -119,6 +132,31 @@ class RolloutWorker(Worker):
             self.sync.push(self.policy.named_weights(), self.policy.version)
         self._weights_of = self.policy.version  # the policy version the engine's weights are
         self.probe_ids = prompt_ids(self.tokenizer, probe_prompt)
+
+    @staticmethod
+    def engine_dtype(policy: Policy, weight_sync: str) -> torch.dtype | None:
+        """The dtype of an engine copy the trainer's weights must be cast to (None: the
+        engine can read them as they are): the policy's compute dtype when its weights are
+        stored wider (fp32 master weights, bf16 on a GPU), unless LoRA (the live adapters are
+        read in place) or an explicit `inplace` sync asks for the module itself."""
+        want = policy.compute_dtype
+        have = next(policy.module.parameters()).dtype
+        lora = hasattr(policy.module, "peft_config")
+        if want is None or want == have or lora or weight_sync not in ("auto", "copy"):
+            return None
+        return want
+
+    def _wake(self) -> None:
+        """Before the engine runs: back from the sleep that followed its last call (a
+        discarded copy stays missing until `sync_weights` refills it: the engine says so)."""
+        self.engine.wake()
+
+    def _rest(self, generated: bool = True) -> None:
+        """After the engine ran: release its KV cache so that the actor's update has the
+        memory; after a generation also an own copy (it lives from a sync to the end of the
+        next generation: the sync refills it)."""
+        if generated or not self.own_weights:
+            self.engine.sleep()
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         r = self.cfg
@@ -137,7 +175,9 @@ class RolloutWorker(Worker):
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         ids = [prompt_ids(self.tokenizer, p) for p in prompts[F.PROMPT_TEXT]]  # text, or chat messages
         params = self.sampling_params(seed=seed)
-        done = self.engine.generate(ids, params)
+        self._wake()
+        with memory_phase("rollout", self.device):
+            done = self.engine.generate(ids, params)
         # prompts.repeat keeps dispatch padding trailing (n rows per padded prompt)
         rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
                                     self.tokenizer)
@@ -147,8 +187,7 @@ class RolloutWorker(Worker):
             texts = self.tokenizer.batch_decode([c.token_ids for c in sorted(greedy, key=lambda c: c.prompt_index)],
                                                 skip_special_tokens=True)
             rows[BASELINE_COMPLETION] = [t for t in texts for _ in range(params.n)]
-        if self.own_weights:
-            self.engine.sleep()  # drop the engine's copy while the actor trains; sync refills it
+        self._rest()  # the KV cache (and an own copy: sync refills it) freed while the actor trains
         return rows
 
     @register(dispatch=EPISODES)  # every rank's rows and counts (a rank may drop all its rows)
@@ -162,10 +201,11 @@ class RolloutWorker(Worker):
 
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         params = SamplingParams(n=1, temperature=0.0) if greedy else self.sampling_params(seed=seed)
-        rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
-                               AgentConfig(**agent_cfg), params)
-        if not self.policy.in_place:
-            self.engine.sleep()
+        self._wake()
+        with memory_phase("rollout", self.device):
+            rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
+                                   AgentConfig(**agent_cfg), params)
+        self._rest()
         return rows
 
     @register(dispatch=Dispatch.DP_COMPUTE)
@@ -176,10 +216,11 @@ class RolloutWorker(Worker):
         from baton.agents.config import GatewayAgentConfig
         from baton.agents.gateway_run import run_sessions
 
-        rows = run_sessions(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
-                            GatewayAgentConfig(**gateway_cfg), 0.0 if greedy else self.cfg.temperature)
-        if not self.policy.in_place:
-            self.engine.sleep()
+        self._wake()
+        with memory_phase("rollout", self.device):
+            rows = run_sessions(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
+                                GatewayAgentConfig(**gateway_cfg), 0.0 if greedy else self.cfg.temperature)
+        self._rest()
         return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -193,7 +234,9 @@ class RolloutWorker(Worker):
         self._weights_of = self.policy.version
         if not check:
             return None
-        return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
+        # the trainer's side in its own compute precision (bf16 on a GPU: the bound is bf16 noise)
+        with autocast(self.device, self.policy.compute_dtype is not None):
+            return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> float:
@@ -201,10 +244,12 @@ class RolloutWorker(Worker):
         An engine with its own copy that no step synced (data.source=api: each step syncs the
         servers) gets the weights first (an unsharded actor: a local copy; the label stays)."""
         r = self.cfg
+        self._wake()
         if self.own_weights and self.policy.in_place and self._weights_of != self.policy.version:
-            self.engine.wake()
             self.sync.push(self.policy.named_weights(), self.engine.version)
             self._weights_of = self.policy.version
-        return evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
-                        max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                        seed=self.seed)["accuracy"]
+        accuracy = evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
+                            max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                            seed=self.seed)["accuracy"]
+        self._rest(generated=False)
+        return accuracy

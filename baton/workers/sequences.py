@@ -43,10 +43,11 @@ def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
 
 
 def prompt_groups(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs of consecutive rows with the same prompt: (first row of each run [U], run of each row [B])."""
+    """Runs of consecutive rows with the same prompt: (first row of each run [U], run of each
+    row [B]), on the CPU wherever the batch is (row bookkeeping: they index batches and sort)."""
     ids, mask = batch[F.PROMPT_IDS], batch[F.PROMPT_MASK]  # [B, P]
     starts = torch.ones(len(ids), dtype=torch.bool)
-    starts[1:] = (ids[1:] != ids[:-1]).any(1) | (mask[1:] != mask[:-1]).any(1)
+    starts[1:] = ((ids[1:] != ids[:-1]).any(1) | (mask[1:] != mask[:-1]).any(1)).cpu()
     return starts.nonzero().flatten(), starts.cumsum(0) - 1
 
 
@@ -105,7 +106,9 @@ def length_buckets(lengths: torch.Tensor, call_cost: int | None = None) -> list[
     `call_cost` per bucket. lengths [B] -> list of row-index tensors (shortest first).
 
     Exact over the distinct lengths (dynamic programming, O(k^2) for k distinct lengths).
+    Works on the CPU (row indices out; `lengths` on a GPU would cost a sync per count read).
     """
+    lengths = lengths.cpu()
     call_cost = CALL_COST_TOKENS if call_cost is None else call_cost
     values, counts = torch.unique(lengths.clamp(min=1), return_counts=True)  # sorted ascending
     k = len(values)
@@ -150,7 +153,7 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
     p_len = p_mask.sum(-1)  # [U]
     run = run.to(device)
     attn = response_attention(batch)  # [B, R]
-    lengths = attn.sum(1)  # [B]
+    lengths = attn.sum(1).cpu()  # [B] bookkeeping, on the CPU
     for rows in length_buckets(lengths):
         L = max(1, int(lengths[rows].max()))
         src = run[rows.to(device)]  # [b] prompt of each row

@@ -16,7 +16,7 @@ import torch
 
 from baton import fields as F
 from baton.agents.config import AgentConfig
-from baton.agents.envs import AGENT_ENVS, CalculatorEnv, GuessEnv, register_env
+from baton.agents.envs import CalculatorEnv, register_env
 from baton.agents.rollout import run_episodes
 from baton.algos import actor_loss, compute_advantages
 from baton.batch import collate

@@ -8,7 +8,6 @@ added per test module; each node offers a custom resource `node<i>` so a test ca
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -42,7 +42,7 @@ def test_api_key(fresh_served):
                                 ({"Authorization": "Bearer"}, "malformed"), ({"Authorization": KEY}, "malformed"),
                                 ({"Authorization": f"Basic {KEY}"}, "malformed")]:
             r = c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}, headers=headers)
-            assert r.status_code == 401 and reason in r.json()["detail"], (headers, r.text)
+            assert r.status_code == 401 and reason in r.json()["error"]["message"], (headers, r.text)
             assert r.headers["www-authenticate"].startswith("Bearer")
         for path in ("/v1/models", "/stats", "/get_model_info", "/openapi.json", "/docs"):
             assert c.get(path).status_code == 401, path
@@ -93,7 +93,7 @@ def test_admin_switch_off(fresh_served):
     with httpx.Client(base_url=s.url) as c:
         for path, body in ADMIN:
             r = c.post(path, json=body) if body is not None else c.post(path)
-            assert r.status_code == 403 and "--admin" in r.json()["detail"], (path, r.text)
+            assert r.status_code == 403 and "--admin" in r.json()["error"]["message"], (path, r.text)
         assert _gen(c).status_code == 200  # generation is unaffected
         assert c.get("/health").json()["status"] == "ok"
     assert s.engine.version == 0 and not s.app.state.baton.receiver.groups
@@ -225,7 +225,7 @@ def test_health_states(fresh_served, srv_tokenizer, make_tiny_qwen, dirs):
         r = c.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "sleeping" and "resume" in r.json()["reason"]
         g = _gen(c)
-        assert g.status_code == 503 and "asleep" in g.json()["detail"]
+        assert g.status_code == 503 and "asleep" in g.json()["error"]["message"]
         assert c.post("/resume_memory_occupation", json={}).status_code == 200
         assert c.get("/health").status_code == 200
 
@@ -266,7 +266,7 @@ def test_health_states(fresh_served, srv_tokenizer, make_tiny_qwen, dirs):
 def test_context_overflow(served, path, body, needle):
     with httpx.Client(base_url=served.url, timeout=30) as c:
         r = c.post(path, json=body)
-    assert r.status_code == 400 and needle in r.json()["detail"], r.text
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
 
 
 def test_context_limit_is_inclusive_and_chat_default_fits(served):
@@ -285,13 +285,13 @@ def test_token_caps(fresh_served, srv_tokenizer, make_tiny_qwen):
                      max_request_tokens=64)
     with httpx.Client(base_url=s.url, timeout=30) as c:
         r = _gen(c, n=8, max_new_tokens=10)  # 80 generated tokens > 64
-        assert r.status_code == 400 and "max-request-tokens" in r.json()["detail"]
+        assert r.status_code == 400 and "max-request-tokens" in r.json()["error"]["message"]
         r = c.post("/v1/completions", json={"prompt": [5], "max_tokens": 65, "n": 1})
-        assert r.status_code == 400 and "65" in r.json()["detail"]
+        assert r.status_code == 400 and "65" in r.json()["error"]["message"]
         assert _gen(c, n=4, max_new_tokens=16).status_code == 200  # 64: at the cap
         sp = {**GREEDY, "n": 4, "max_new_tokens": 2}
         r = c.post("/generate", json={"input_ids": [5] * 30, "sampling_params": sp})
-        assert r.status_code == 400 and "max-batch-tokens" in r.json()["detail"]  # 4 x 32 KV tokens > 120
+        assert r.status_code == 400 and "max-batch-tokens" in r.json()["error"]["message"]  # 4 x 32 KV tokens > 120
 
 
 def test_default_cap_is_sane(served):
@@ -439,8 +439,8 @@ SP = '"sampling_params": {"max_new_tokens": 2'
     ("/generate", '{"input_ids": [5], ' + SP + ', "stop_token_ids": [-5]}}', "stop_token_ids"),
     ("/generate", '{"input_ids": [9223372036854775808]}', "outside"),
     ("/generate", '{"input_ids": [-1, 5]}', "outside"),
-    ("/generate", '{"input_ids": [5], ' + SP + ', "n": 0}}', '"n"'),
-    ("/generate", '{"input_ids": [5], ' + SP + ', "n": 100000}}', '"n"'),
+    ("/generate", '{"input_ids": [5], ' + SP + ', "n": 0}}', '"param":"sampling_params.n"'),
+    ("/generate", '{"input_ids": [5], ' + SP + ', "n": 100000}}', '"param":"sampling_params.n"'),
     ("/v1/completions", '{"prompt": "1", "max_tokens": -1}', "max_tokens"),
     ("/v1/completions", '{"prompt": "1", "max_tokens": 2, "logprobs": 100}', "logprobs"),
     ("/generate", '{"input_ids": [' + "1" * 5000 + ']}', "integer"),
@@ -468,7 +468,7 @@ def test_malformed_input_is_4xx(served, path, raw, needle):
 def test_invalid_utf8_body(served):
     with httpx.Client(base_url=served.url) as c:
         r = c.post("/generate", content=b'{"text": "\xff\xfe"}', headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "UTF-8" in r.json()["detail"]
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
 
 
 def test_openapi_documents_errors(fresh_served):

@@ -43,6 +43,10 @@ def test_parse_tool_calls():
 
 
 def _script(prompt: str) -> str | None:
+    if prompt.endswith('"arguments": '):  # tool_choice named a function: its arguments (no closing tag)
+        return '{"a": 6, "b": 7}}'
+    if prompt.endswith("<tool_call>\n"):  # tool_choice="required": a whole call
+        return '{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
     if "<tools>" not in prompt:
         return None  # no tools: the real model samples
     return "The answer is 42." if "<tool_response>" in prompt else "calling " + CALL
@@ -80,11 +84,13 @@ def test_chat_tools_openai_client(tool_server):
                                 "<|im_start|>user\n<tool_response>42</tool_response><eos>\n<|im_start|>assistant\n")
     # unsupported tool_choice, malformed tools: 400 with a reason
     bad = client.with_options(max_retries=0)
-    for kw, why in [({"tool_choice": "required", "tools": [MULTIPLY_TOOL]}, "tool_choice"),
+    for kw, why in [({"tool_choice": {"type": "function", "function": {"name": "divide"}}, "tools": [MULTIPLY_TOOL]},
+                     "'divide', which is not in `tools`"),
+                    ({"tool_choice": "required"}, "needs `tools`"),
                     ({"tools": [{"type": "function"}]}, "tools[0]")]:
         with pytest.raises(openai.BadRequestError) as exc:
             bad.chat.completions.create(model="tiny-tools", messages=messages, **kw)
-        assert why in exc.value.response.json()["detail"]
+        assert why in str(exc.value)
 
 
 def test_stream_chat_tool_calls(tool_server):
@@ -126,4 +132,45 @@ def test_stream_real_sampling_matches_non_stream(tool_server):
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     with httpx.Client(base_url=url) as c:
         r = c.post("/generate", json={"input_ids": [5, 6], "stream": True})
-    assert r.status_code == 400 and "stream" in r.json()["detail"]
+    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("tool_choice,opening", [
+    ("required", "<tool_call>\n"),
+    ({"type": "function", "function": {"name": "multiply"}}, '<tool_call>\n{"name": "multiply", "arguments": '),
+])
+def test_tool_choice_required_and_named(tool_server, tool_choice, opening):
+    """As vLLM's server: the response is a call (of that function). Without a grammar, baton
+    prefills the call's opening after the generation prompt; the model writes the rest."""
+    url, engine = tool_server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "6*7?"}],
+                                       tools=[MULTIPLY_TOOL], tool_choice=tool_choice)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "multiply" and json.loads(call.function.arguments) == {"a": 6, "b": 7}
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    prompt_text = engine.tokenizer.decode(engine.record[-1][0], skip_special_tokens=False)
+    assert prompt_text.endswith("<|im_start|>assistant\n" + opening)
+
+
+def test_tools_need_a_template_that_renders_them():
+    """Llama-3-Instruct's template has no tools: a request with tools is a 400 saying so
+    (before: dropped without a word, `prompt_tokens: 6`); Qwen2.5's renders them."""
+    from tests.agents.conftest import templated_tokenizer
+
+    from baton.models.tiny import build_tiny_model
+    from baton.rollout._server_tools import renders_tools
+    from baton.rollout.engine import EmbeddedEngine
+
+    assert renders_tools(templated_tokenizer("qwen2_5")) and not renders_tools(templated_tokenizer("llama3"))
+    tok = templated_tokenizer("llama3")
+    model = build_tiny_model(None, vocab_size=len(tok), hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    with ServerThread(build_app(EmbeddedEngine(model.eval(), tok), tok, "llama")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "6*7?"}],
+                                           tools=[MULTIPLY_TOOL], max_tokens=2)
+        assert "does not render tools" in str(exc.value) and exc.value.param == "tools"
+        r = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "6*7?"}],
+                                           tools=[MULTIPLY_TOOL], tool_choice="none", max_tokens=2)
+        assert r.usage.completion_tokens == 2  # tool_choice "none": no tools to render, served

@@ -329,6 +329,10 @@ def test_only_dead_baton_ray_dirs_are_removed(tmp_path):
 
 
 def test_a_live_socket_keeps_the_dir(tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="bt-", dir="/tmp"))  # AF_UNIX paths are capped at 107 bytes
     d = _owned(tmp_path, "baton-ray-orphan", _dead_pid())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:  # an orphaned raylet, say
         srv.bind(str(d / "session_latest" / "raylet.sock"))

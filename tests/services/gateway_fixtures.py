@@ -11,7 +11,10 @@ had it sampled them. Without a script the real engine samples. Every output is r
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
+
+import httpx
 
 import torch
 
@@ -87,3 +90,35 @@ class ScriptedEngine(EmbeddedEngine):
             logits = logits / temperature
         lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
         return lp.tolist()
+
+
+class SlowTokenizer:
+    """A tokenizer whose encoding waits for `gate` (a huge prompt being tokenized);
+    `entered` is set once an encoding has started."""
+
+    def __init__(self, tok):
+        self.tok, self.gate, self.entered = tok, threading.Event(), threading.Event()
+
+    def __call__(self, *a, **kw):
+        self.entered.set()
+        self.gate.wait(30)
+        return self.tok(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+HUNDRED_MB = 100 << 20
+JSON = {"Content-Type": "application/json"}
+
+
+def _chunks(total: int, size: int = 1 << 20):
+    for _ in range(total // size):
+        yield b" " * size
+
+
+def post_huge(url: str, declared: bool) -> httpx.Response:
+    """A 100 MB chat body, with its Content-Length or chunked; the server may close the
+    connection while the client still sends, so the answer is read from what came back."""
+    headers = {**JSON, "Content-Length": str(HUNDRED_MB)} if declared else JSON
+    return httpx.post(url, content=_chunks(HUNDRED_MB), headers=headers, timeout=30)

@@ -8,9 +8,8 @@ import gzip
 import json
 
 import httpx
-import pytest
 
-from tests.services.test_api import api, atropos_trainer_batch, atropos_trainer_register, group  # noqa: F401
+from tests.services.test_api import api, atropos_trainer_batch, atropos_trainer_register, group  # noqa: F401, F811  (fixtures)
 
 
 def _register(url, **extra):
@@ -86,6 +85,24 @@ def test_groups_are_checked_against_the_registration(api):
     assert _push(url, group(4)).status_code == 200
     s = httpx.get(f"{url}/status").json()  # what the trainer waits for, in the API's own words
     assert (s["batch_size"], s["group_size"], s["max_token_len"]) == (8, 4, 8)
+
+
+def test_a_group_must_have_its_environments_group_size(api):
+    """Issue 32: an environment registered at group_size 8 pushing a group of 3 is refused,
+    naming both numbers (was: 200); a group without an env_id is checked against the
+    trainer's registration only (Atropos-compatible)."""
+    url = api()
+    assert _register(url, batch_size=16, max_token_len=64).status_code == 200
+    atropos_trainer_batch(url)
+    env = httpx.post(f"{url}/register-env", json={"max_token_length": 64, "desired_name": "e", "group_size": 8})
+    env_id = env.json()["env_id"]
+    r = _push(url, group(3, env_id=env_id))
+    assert r.status_code == 422 and "3 sequences" in r.text and "group_size 8" in r.text, r.text
+    r = httpx.post(f"{url}/scored_data_list", json=[group(8, env_id=env_id), group(3, env_id=env_id)])
+    assert r.status_code == 422 and r.json()["detail"]["queued"] == 1, r.text
+    assert [x["index"] for x in r.json()["detail"]["rejected"]] == [1]
+    assert _push(url, group(3)).status_code == 200
+    assert httpx.get(f"{url}/status").json()["queued_groups"] == 2
 
 
 def test_a_conflicting_registration_names_both_values(api):

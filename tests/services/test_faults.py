@@ -38,7 +38,6 @@ from baton.services.api import build_api_app
 from baton.services.client import APIClient
 from baton.services.env_runner import EnvRunner
 from baton.trainers.api_source import ApiSource
-from baton.trainers.run_state import RunState
 from baton.workers.policy import Policy
 from baton.workers.server_sync import ServerSyncWorker
 

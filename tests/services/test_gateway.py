@@ -14,11 +14,11 @@ import torch
 
 from baton import fields as F
 from baton.rollout.server import ServerThread
-from baton.services.gateway import Gateway, boundary_text
+from baton.services.gateway import Gateway
 from baton.services.gateway_engines import HttpEngine, InProcessEngine
 from baton.services.gateway_source import GatewaySource
 
-from .gateway_fixtures import MULTIPLY_TOOL, ScriptedEngine, tiny_model, tools_tokenizer
+from .gateway_fixtures import MULTIPLY_TOOL, ScriptedEngine, post_huge, tiny_model, tools_tokenizer
 
 openai = pytest.importorskip("openai")
 
@@ -72,13 +72,6 @@ def _run_agents(url: str, n: int, group: str, **kw) -> list[str]:
     return ids
 
 
-def test_boundary_text():
-    assert boundary_text("hi<eos>\n", "hi<eos>", "<eos>") == ("\n", True)  # sampled end-of-turn
-    assert boundary_text("hi<eos>\n", "hi", "<eos>") == ("<eos>\n", True)  # cut by max_tokens
-    assert boundary_text('x\n{"a": 1}<eos>\n', 'x {"a":1}<eos>', "<eos>") == ("\n", False)  # re-written
-    assert boundary_text('x\n{"a": 1}<eos>\n', 'x {"a":1}', "<eos>") == ("<eos>\n", False)
-
-
 def test_agent_sessions_become_rows(gateway):
     gw, engine, url = gateway
     tok = gw.tok
@@ -87,7 +80,7 @@ def test_agent_sessions_become_rows(gateway):
     trajs = {sid: httpx.get(f"{url}/sessions/{sid}").json() for sid in ids}
     calls = engine.record[start:]
     assert len(calls) == 6  # 2 sessions x 3 turns
-    for sid, t in trajs.items():
+    for t in trajs.values():
         assert t["turns"] == 3 and t["reward"] == 1.0 and t["boundary_mismatches"] == 0
         toks, mask, lps = t["tokens"], t["mask"], t["logprobs"]
         assert len(toks) == len(mask) == len(lps)
@@ -150,7 +143,7 @@ def test_session_errors(gateway):
     r = client.post(f"/sessions/{sid}/v1/chat/completions",
                     json={"messages": [{"role": "user", "content": "other"}, {"role": "assistant", "content": "x"},
                                        {"role": "user", "content": "more thanks"}], "max_tokens": 3})
-    assert r.status_code == 400 and "start a new session" in r.json()["detail"]
+    assert r.status_code == 400 and "start a new session" in r.json()["error"]["message"]
     r = client.post(f"/sessions/{sid}/v1/chat/completions", json={**body, "n": 2})
     assert r.status_code == 400
     assert client.post(f"/sessions/{sid}/reward", json={"reward": 0.5}).status_code == 200
@@ -275,6 +268,7 @@ def test_api_key_and_cli_errors(gateway, tmp_path, capsys):
 def test_gateway_main_process(tmp_path):
     """`python -m baton.services.gateway` in front of a `baton serve` (in this process)."""
     import os
+    import signal
     import subprocess
     import sys
 
@@ -295,15 +289,21 @@ def test_gateway_main_process(tmp_path):
         url = line.split()[2].split("/sessions")[0]
         sid = httpx.post(f"{url}/sessions", json={}).json()["session_id"]
         client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="x", max_retries=0)
-        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], max_tokens=3,
+        r = client.chat.completions.create(model="baton", messages=[{"role": "user", "content": "1+1="}], max_tokens=3,
                                            temperature=0, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3
         t = httpx.get(f"{url}/sessions/{sid}").json()
         assert t["tokens"][:t["prompt_len"]] == list(tok("1+1=", add_special_tokens=False)["input_ids"])
         assert sum(t["mask"]) == 3
+        # issue 29: a 100 MB body is refused while it streams, and SIGTERM ends the process in
+        # seconds (was: no answer in 122 s, SIGTERM ignored for 21 s while it read and tokenized)
+        assert post_huge(f"{url}/sessions/{sid}/v1/chat/completions", declared=False).status_code == 413
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal
     finally:
-        proc.terminate()
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         serve.stop()
 
 

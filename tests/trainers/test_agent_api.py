@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from baton import fields as F
 from baton.agents.api_env import AgentEnvironment
 from baton.config import load_config
 from baton.metrics import read_metrics

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from baton.config import load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
-from baton.runs.rundir import RunDirError, RunDirLock
+from baton.runs.rundir import RunDirError
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.run import NonFiniteError

@@ -1,0 +1,10 @@
+"""The tiny model presets' shapes (names for `baton make-tiny --preset` and `model.preset`):
+a plain dict, so the command line lists them without importing torch (baton.models.tiny
+builds them)."""
+
+PRESETS: dict[str, dict[str, int]] = {
+    "0.75m": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
+    "2m": dict(hidden=192, layers=5, heads=6, kv_heads=2, intermediate=576),
+    "5m": dict(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768),
+    "25m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536),
+}

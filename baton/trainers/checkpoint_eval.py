@@ -1,0 +1,92 @@
+"""`baton eval MODEL_DIR`: held-out accuracy of any checkpoint, agents included.
+
+    baton eval CKPT [--task arithmetic] [--data F --eval-data F] [--n 200]    a task's held-out rows
+    baton eval CKPT --recipe R.yaml [dotted.key=value ...] [--n N]            as the recipe evaluates
+
+With `--recipe`, the task, the held-out rows (`data.task`, `data.path` / `data.eval_path`,
+`data.eval_size`) and the generation length (`rollout.max_new_tokens`) are the recipe's, so
+a checkpoint is scored as its run scored it; a recipe with `data.source: agent` runs the
+agent's episodes greedily (`agent:` section: accuracy with the tool, well-formed calls, and
+the accuracy without the tool, `baton.agents.evaluate`). Flags given on the command line
+win over the recipe. Prints greedy and sampled (4 per prompt, T=1) accuracy for a task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from baton.config import ConfigError
+
+
+@dataclass
+class EvalPlan:
+    task: str
+    rows: list[dict[str, Any]]
+    max_new_tokens: int
+    agent: Any = None  # an AgentConfig: evaluate episodes
+
+
+def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
+    """What `--recipe` evaluates: the recipe's task, held-out rows and generation length."""
+    from baton.config import load_config, merge_recipe
+    from baton.trainers.algorithms import DEFAULT, config_class
+    from baton.trainers.run_config import DataConfig
+    from baton.trainers.run_state import task_rows
+    from baton.trainers.sft import SFTDataConfig, sft_rows
+
+    merged = merge_recipe(recipe, [*overrides, *([f"data.eval_size={n}"] if n else [])])
+    try:
+        cfg = load_config(config_class(str(merged.get("algorithm", DEFAULT))), data=merged)
+    except ValueError as e:  # an unknown algorithm
+        raise ConfigError(str(e)) from None
+    data = getattr(cfg, "data", None)
+    if not isinstance(data, (DataConfig, SFTDataConfig)):
+        raise ConfigError(f"recipe {recipe!r} (algorithm {cfg.algorithm}) has no task to evaluate on: baton eval "
+                          f"scores a task's held-out rows (grpo, ppo, online_dpo, sft recipes)")
+    if getattr(cfg, "gateway", None) is not None:
+        raise ConfigError("a data.source=gateway recipe's agent is evaluated by its training run (eval/* in "
+                          "metrics.jsonl): baton eval runs tasks and data.source=agent recipes")
+    rows = task_rows(data)[1] if isinstance(data, DataConfig) else sft_rows(data)[1]
+    rollout = getattr(cfg, "rollout", None)
+    return EvalPlan(task=data.task, rows=rows, max_new_tokens=rollout.max_new_tokens if rollout else 16,
+                    agent=getattr(cfg, "agent", None))
+
+
+def flags_plan(task: str, data: str, eval_data: str, n: int) -> EvalPlan:
+    """What `--task` / `--data` / `--eval-data` evaluate."""
+    from baton.envs import get_task
+    from baton.trainers.run_config import DataConfig
+    from baton.trainers.run_state import task_rows
+
+    try:
+        rows = (task_rows(DataConfig(task=task, path=data, eval_path=eval_data, eval_size=n))[1]
+                if data or eval_data else get_task(task).eval_rows(n))
+    except (KeyError, ValueError, OSError) as e:  # unknown task, a file-backed task without --data
+        raise ConfigError(str(e).replace("data.path / ", "")) from None
+    return EvalPlan(task=task, rows=rows, max_new_tokens=16)
+
+
+def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
+    """The report `baton eval` prints for `model_dir` under `plan`."""
+    from baton.envs import get_task
+    from baton.envs.evaluate import MODES, evaluate_modes
+    from baton.models.load import load_model, load_tokenizer
+    from baton.rollout.engines import build_engine
+
+    if not plan.rows:
+        raise ConfigError("no held-out rows to evaluate on (data.eval_size / --n is 0?)")
+    from baton.models.precision import pick_device
+
+    # on the GPU when there is one (fp32 weights; the CPU as before otherwise)
+    model, tokenizer = load_model(model_dir, device=pick_device("auto")), load_tokenizer(model_dir)
+    engine = build_engine("embedded", model, tokenizer, model_path=model_dir)
+    if plan.agent is not None:
+        from baton.agents.evaluate import agent_report, evaluate_agent
+
+        return agent_report(model_dir, len(plan.rows), evaluate_agent(engine, tokenizer, plan.rows, plan.agent))
+    result = evaluate_modes(engine, tokenizer, get_task(plan.task), plan.rows, n=4,
+                            max_new_tokens=plan.max_new_tokens, seed=seed)
+    return "\n".join(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
+                     f"{result[f'eval/stop_rate_{mode}']:.3f}, {int(result[f'eval/samples_{mode}'])} samples "
+                     f"on {len(plan.rows)} held-out prompts)" for mode in MODES)

@@ -1,0 +1,169 @@
+"""Devices at one boundary (baton.controller.devices, HostCore.call) and the precision
+defaults (baton.models.precision), checked on the CPU.
+
+No GPU here: the worker's device is set to `meta`, PyTorch's device without storage, which
+refuses to mix with CPU tensors exactly as CUDA does ("... is not on the expected device"),
+so a move that is missing, or done twice, shows up without CUDA. The CUDA runs themselves
+are tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baton import fields as F
+from baton.batch import PAD_KEY, Batch
+from baton.controller import Dispatch, Worker, register
+from baton.controller.devices import to_driver, to_worker
+from baton.controller.dispatch import Topology
+from baton.controller.worker import HostCore
+from baton.models.precision import memory_metrics, memory_phase, resolve_bf16
+
+META = torch.device("meta")
+
+
+def rows(n: int = 4) -> Batch:
+    return Batch({F.RESPONSE_MASK: torch.ones(n, 3), "x": torch.arange(n)}, {"text": ["a"] * n})
+
+
+def test_on_the_cpu_nothing_moves_or_is_copied():
+    b = rows()
+    args, kwargs = to_worker((b, 3), {"batch": b}, torch.device("cpu"))
+    assert args[0] is b and kwargs["batch"] is b
+    out = {"m": 1.0, "b": b}
+    assert to_driver(out, torch.device("cpu")) is out
+
+
+def test_batches_go_to_the_worker_device_and_nothing_else_moves():
+    b, t = rows(), torch.ones(2)
+    (moved, n, tensor), kwargs = to_worker((b, 3, t), {"other": b}, META)
+    assert moved.tensors["x"].device == META and kwargs["other"].tensors["x"].device == META
+    assert list(moved.non_tensors["text"]) == ["a"] * 4  # text stays as it is
+    assert n == 3 and tensor is t  # only Batch arguments cross
+
+
+def test_results_come_back_on_the_cpu():
+    b = rows()
+    out = to_driver({"b": b, "t": [torch.ones(1)], "m": 2.0}, META)
+    assert out["b"] is b  # already on the CPU: not copied
+    assert out["t"][0].device.type == "cpu" and out["m"] == 2.0
+
+
+class Probe(Worker):
+    """Records the device of what it receives; returns a Batch of its own."""
+
+    seen: list[torch.device]
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def work(self, batch: Batch) -> Batch:
+        self.seen.append(batch[F.RESPONSE_MASK].device)
+        return Batch({"y": torch.zeros(len(batch))})
+
+
+class TextProbe(Probe):
+    batch_on_device = False  # e.g. reward functions: the batch stays where it was sent
+
+
+def host_on(device: torch.device) -> HostCore:
+    """A host whose slot's device is `device` (set directly: `setup` would need CUDA)."""
+    host = HostCore("test", Topology(1, (1, 1, 1)), rank=0, chain_errors=True)
+    host.device = device
+    return host
+
+
+@pytest.mark.parametrize("cls, expected", [(Probe, META), (TextProbe, torch.device("cpu"))])
+def test_a_worker_call_moves_its_batch_once_and_returns_on_the_cpu(monkeypatch, cls, expected):
+    host = host_on(META)
+    host.create("probe", cls, (), {})
+    moves = []
+    real_to = Batch.to
+    monkeypatch.setattr(Batch, "to", lambda self, *a, **k: moves.append(a) or real_to(self, *a, **k))
+    b = rows()
+    b.meta[PAD_KEY] = 1
+    out = host.call("probe", "work", Dispatch.DP_COMPUTE.value, (b,), {})
+    assert host.roles["probe"].seen == [expected]
+    assert len(moves) == (1 if expected == META else 0)  # once, and only for a device role
+    assert out["y"].device.type == "cpu" and out.meta[PAD_KEY] == 1  # padding still propagated
+
+
+def test_padding_rows_are_masked_on_the_batch_device():
+    """Regression: the dispatch-padding mask was built on the CPU and multiplied into a mask
+    on the worker's device (the first thing a GPU update did)."""
+    from baton.workers.actor import ActorWorker
+
+    b = rows()
+    b.meta[PAD_KEY] = 1
+    masked = ActorWorker._mask_padding(b.to(META))
+    assert masked[F.RESPONSE_MASK].device == META
+
+
+def test_bf16_defaults_follow_the_device():
+    assert resolve_bf16(None, "cpu") is False
+    assert resolve_bf16(None, torch.device("cuda", 0)) is True
+    assert resolve_bf16(True, "cpu") is True and resolve_bf16(False, "cuda") is False
+
+
+def test_peak_memory_is_cuda_only():
+    with memory_phase("update", torch.device("cpu")):
+        torch.ones(1000)
+    assert memory_metrics() == {}
+
+
+# --- the colocated engine: its dtype and its sleep between calls ---------------------------
+@pytest.fixture(scope="module")
+def roles(tmp_path_factory):
+    from baton.config import load_config
+    from baton.controller import ResourcePool, colocated_groups
+    from baton.models.make import make_tiny_checkpoint
+    from baton.trainers.ppo_config import PPOConfig
+    from baton.workers.actor import ActorWorker
+    from baton.workers.rollout import RolloutConfig, RolloutWorker
+
+    model_dir = str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=1))
+    cfg = load_config(PPOConfig, overrides=[f"model.path={model_dir}", "rollout.n=2"])
+    pool = ResourcePool(1, backend="local", threads_per_worker=1)
+    groups = colocated_groups(pool, {
+        "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
+                  dict(temperature=1.0, max_new_tokens=4, total_steps=2, seed=0)),
+        "rollout": (RolloutWorker, (RolloutConfig(n=2, max_new_tokens=4),),
+                    dict(task="arithmetic", seed=0, probe_prompt="12+34="))})
+    return groups, pool
+
+
+def test_on_the_cpu_the_engine_reads_the_actor_in_place_in_fp32(roles):
+    groups, pool = roles
+    host = pool.backend.host
+    actor, rollout = host.roles["actor"], host.roles["rollout"]
+    assert actor.bf16 is False and actor.policy.compute_dtype is None  # actor.bf16: None on the CPU
+    assert not rollout.own_weights and rollout.engine.model is actor.model
+
+
+def test_the_engine_sleeps_between_calls_and_every_entry_wakes_it(roles):
+    groups, pool = roles
+    engine = pool.backend.host.roles["rollout"].engine
+    prompts = Batch(non_tensors={F.PROMPT_TEXT: ["1+2=", "3+4="], "answer": ["3", "7"]})
+    for step in range(2):  # the second call finds the engine asleep (its KV cache released)
+        out = groups["rollout"].generate(prompts, step)
+        assert len(out) == 4 and engine._asleep
+    acc = groups["rollout"].evaluate([{"prompt": "1+2=", "answer": "3"}], True)
+    assert 0.0 <= acc <= 1.0 and engine._asleep
+    assert max(groups["rollout"].sync_weights(1, check=True)) < 1e-4  # fp32 on the CPU: exact parity
+
+
+def test_a_bf16_policy_with_fp32_weights_gets_a_bf16_engine_copy(roles):
+    """What a GPU run does (actor.bf16 resolves true there): the engine samples from a bf16
+    copy refilled at each sync. Asked here of the policy directly (no CUDA)."""
+    from dataclasses import replace
+
+    from baton.workers.rollout import RolloutWorker
+
+    policy = roles[1].backend.host.roles["actor"].policy
+    gpu_like = replace(policy, compute_dtype=torch.bfloat16)
+    assert RolloutWorker.engine_dtype(gpu_like, "auto") == torch.bfloat16
+    assert RolloutWorker.engine_dtype(gpu_like, "copy") == torch.bfloat16
+    assert RolloutWorker.engine_dtype(gpu_like, "inplace") is None  # asked for the module itself
+    assert RolloutWorker.engine_dtype(policy, "auto") is None  # fp32 compute: read in place
