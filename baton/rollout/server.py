@@ -293,7 +293,8 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     ap.add_argument("model_dir", help="local Hugging Face checkpoint directory (model + tokenizer)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (printed on stdout)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="the weights' dtype; auto: bfloat16 on CUDA, float32 on the CPU (as training's defaults)")
     ap.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto")
     ap.add_argument("--model-name", default=None, help="name reported by /v1/models (default: dir name)")
     ap.add_argument("--max-batch-wait-ms", type=float, default=2.0,
@@ -355,6 +356,8 @@ def serve_main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     model = load_model(str(model_dir), dtype=getattr(torch, args.dtype), device=device)
     tokenizer = load_tokenizer(str(model_dir))
     engine = build_engine("embedded", model, tokenizer, max_batch_tokens=args.max_batch_tokens)
