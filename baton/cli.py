@@ -141,6 +141,9 @@ def _launch(args: argparse.Namespace) -> int:
     from baton.trainers.ppo_config import PPOConfig
 
     cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    if not cfg.source.launched:  # the row source says whether its rows come from services to start
+        raise ValueError(f"baton launch starts the services a data.source=api recipe reads; data.source="
+                         f"{cfg.data.source} needs none (the embedded path is just `baton train`)")
     return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
 
 

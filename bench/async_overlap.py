@@ -105,7 +105,7 @@ def run(case: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
 
 def push_costs(args: argparse.Namespace, root: Path) -> None:
     from baton.models.make import make_tiny_checkpoint
-    from baton.trainers.async_source import rollout_source
+    from baton.sources import row_source
     from baton.trainers.placement import build_roles
     from baton.trainers.run_state import RunState
 
@@ -122,7 +122,7 @@ def push_costs(args: argparse.Namespace, root: Path) -> None:
             state = RunState.fresh(cfg.data)
             roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
             try:
-                source = rollout_source(cfg, roles, state)
+                source = row_source(cfg, roles, state)
                 source.total_steps = 0  # admit nothing: only pushes
                 call, done, before = [], [], load()
                 for version in range(1, args.push_reps + 2):

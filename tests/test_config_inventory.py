@@ -7,6 +7,9 @@ Each key of each algorithm's config (walked from the dataclasses, optional secti
     read: baton/path/module.py      the module that reads it: the test checks that the module
                                     really accesses the attribute (a reader deleted or renamed
                                     fails here, not silently at run time)
+    read: estimator                 an `algo.*` hyper-parameter the driver passes by name to the
+                                    advantage estimators that declare it (register_advantage's
+                                    hyper=); the test checks that one does
     refused: [dotted.key=value ...] overrides (on the algorithm's recipe and its `base`
                                     overrides) under which the key
                                     is not read: loading them must be a config error naming
@@ -38,6 +41,7 @@ from baton.trainers.algorithms import ALGORITHMS, config_class
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "tests" / "config_inventory.yaml"
 CHECKS = {"check", "__post_init__", "_check_algo", "_check_sources", "_check_sizes"}
+ESTIMATOR = "estimator"  # the reader of the hyper-parameters estimators declare
 BUDGET = 700  # keys over all algorithms; raise it on purpose, not by accident
 
 
@@ -80,6 +84,13 @@ def attributes_read(path: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def declared_hyper() -> set[str]:
+    """The `algo.*` keys some advantage estimator declares it reads (baton.algos.advantages)."""
+    from baton.algos import ADVANTAGES, estimator_needs
+
+    return {key for n in ADVANTAGES for key in estimator_needs(n).hyper.values()}
+
+
 def test_every_key_is_in_the_inventory():
     inv = inventory()
     assert set(inv) == set(ALGORITHMS), f"algorithms: {sorted(ALGORITHMS)} vs inventory {sorted(inv)}"
@@ -101,6 +112,11 @@ def test_every_listed_reader_reads_its_key():
             entry = entry or {}
             assert entry.get("read") or entry.get("refused"), f"{name}: {key} has neither read nor refused"
             reader = entry.get("read")
+            if reader == ESTIMATOR:  # passed by name to the estimators that declare it
+                if key.split(".")[-1] not in declared_hyper():
+                    problems.append(f"{name}: {key} is said to be read by an estimator, but no registered "
+                                    f"estimator declares it (register_advantage(..., hyper=...))")
+                continue
             if reader and key.split(".")[-1] not in attributes_read(reader):
                 problems.append(f"{name}: {key} is said to be read by {reader}, which never reads "
                                 f"`.{key.split('.')[-1]}`")

@@ -134,3 +134,58 @@ def test_the_doc_s_task_commands_run_sft_then_train_then_eval(user_dir):
         run = baton(user_dir, *argv, *fast[argv[0]])
         assert run.returncode == 0, (argv, run.stderr[-3000:])
     assert "on 4 held-out prompts" in run.stdout
+
+
+def _doc_files() -> dict[str, str]:
+    """docs/EXTENDING.md's section 4 blocks, by the file name on their first line."""
+    import re
+
+    doc = (REPO / "docs" / "EXTENDING.md").read_text()
+    return {m[1]: m[2] for m in re.finditer(r"```python\n# (my_\w+\.py)\n(.*?)```", doc, re.S)}
+
+
+@pytest.fixture
+def registered(tmp_path, monkeypatch):
+    """The doc's row source, estimator and engine as files, imported (so registered); the
+    registries put back afterwards."""
+    import importlib
+
+    from baton.algos.advantages import ADVANTAGES, NEEDS
+    from baton.rollout.engines import ENGINES
+    from baton.sources import SOURCES
+
+    files = _doc_files()
+    assert set(files) == {"my_source.py", "my_estimator.py", "my_engine.py"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = [importlib.import_module(n.removesuffix(".py")) for n in sorted(files)]
+    yield modules
+    for registry, name in ((SOURCES, "counting"), (ADVANTAGES, "sign_grpo"), (NEEDS, "sign_grpo"),
+                           (ENGINES, "counting")):
+        dict.pop(registry, name, None)
+    for name in files:
+        sys.modules.pop(name.removesuffix(".py"), None)
+
+
+def test_a_new_row_source_estimator_and_engine_train(registered, model_dir, tmp_path):
+    """One file each plus its registration: the config accepts the names, the driver builds
+    the source and the engine through their registries and passes the estimator what it declares."""
+    from baton.config import ConfigError, load_config
+    from baton.metrics import read_metrics
+    from baton.trainers import ppo
+    from baton.trainers.ppo_config import PPOConfig
+
+    my_engine = next(m for m in registered if m.__name__ == "my_engine")
+    base = [f"model.path={model_dir}", *TINY, "data.source=counting", "algo.advantage=sign_grpo",
+            "rollout.engine=counting", "placement.auto=false"]
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
+                      [*base, "trainer.steps=2", f"trainer.run_dir={tmp_path / 'run'}", "algo.dynamic_sampling=true"])
+    assert cfg.source.draws_more and "reward" in cfg.roles
+    ppo.train(cfg)
+    steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
+    assert [s["counting/rows"] for s in steps][-1] >= 2 * 16  # 4 prompts x 4 samples a step (more: DAPO draws)
+    assert my_engine.CountingEngine.calls > 0
+    with pytest.raises(ConfigError, match="rollout.n=1"):  # sign_grpo declared group_index: it compares samples
+        load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [*base, "rollout.n=1", "actor.mini_batch_size=4",
+                                                                       "actor.micro_batch_size=4"])

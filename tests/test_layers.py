@@ -18,6 +18,9 @@ LAYERS = [
     {"cli", "__init__"},  # `baton` itself: the public names, resolved lazily
     {"cli_help"},  # the CLI's key listings and `baton config`
     {"trainers"},
+    # where a step's rows come from: the drivers and their configs ask it; it drives the roles
+    # (rollout, generator, server sync), the agents and the trajectory API's client
+    {"sources"},
     {"workers"},
     {"agents"},  # multi-turn episodes with tools, run next to an engine
     {"services"},  # processes that talk to engines over HTTP: trajectory API, environment runners

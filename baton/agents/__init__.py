@@ -13,5 +13,5 @@ batched through the engine, and the `data.source: agent` / `gateway` row sources
     evaluate.py  held-out accuracy and call rates of a calculator checkpoint, with and without the tool
 Elsewhere: the tasks "multiply" (RL prompts), "calc_format" / "calc_mixed" (the two SFT
 stages of the warm start) and "guess" in baton.envs.agent_tasks; the row source (`data.source: agent`) in
-baton.trainers.episode_source; per-turn credit in baton.algos.turn_credit ("turn_grpo").
+baton.sources.episodes; per-turn credit in baton.algos.turn_credit ("turn_grpo").
 """

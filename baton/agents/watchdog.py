@@ -33,6 +33,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
+from baton.rollout._http_guards import quiet_clients_left_open
+
 GRACE_S = 0.5
 POLL_S = 0.1  # how often the watchdog looks at the phases the jobs entered meanwhile
 
@@ -65,6 +67,7 @@ class Watch:
 
 def _thread(job: Callable[[Watch], Awaitable[Any]], watch: Watch, out: Future) -> None:
     loop = asyncio.new_event_loop()
+    quiet_clients_left_open(loop)
     try:
         result = loop.run_until_complete(job(watch))
     except BaseException as e:  # noqa: BLE001 - handed to the watchdog, which re-raises it

@@ -10,7 +10,7 @@ Shape legend (used in every shape comment of the package):
 Registries (name -> function; add a variant with the matching `register_*` decorator):
     ADVANTAGES      grpo, dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline, gae,
                     turn_grpo (multi-turn: per-turn returns, one weight per trajectory)
-                    (`required_inputs(name)` says which data an estimator needs, e.g. values)
+                    (`estimator_needs(name)`: what each declares it reads, e.g. values)
     POLICY_LOSSES   ppo_clip, vanilla, gspo
     KL_ESTIMATORS   k1, k2, k3, abs
     LOSS_AGG        token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
@@ -24,10 +24,9 @@ This package imports only torch, the standard library and `baton.registry`.
 """
 
 from baton.algos.advantages import (
-    ADVANTAGE_INPUTS, ADVANTAGES, compute_advantages, discounted_returns, dr_grpo_advantages,
-    gae_advantages, grpo_advantages, group_inverse, group_stats, register_advantage,
-    reinforce_pp_advantages, reinforce_pp_baseline_advantages, remax_advantages,
-    required_inputs, rloo_advantages,
+    ADVANTAGE_INPUTS, ADVANTAGES, EstimatorNeeds, compute_advantages, discounted_returns, dr_grpo_advantages,
+    estimator_needs, gae_advantages, grpo_advantages, group_inverse, group_stats, register_advantage,
+    reinforce_pp_advantages, reinforce_pp_baseline_advantages, remax_advantages, rloo_advantages,
 )
 from baton.algos.aggregate import LOSS_AGG, aggregate_loss, loss_normalisers, register_loss_agg
 from baton.algos.dapo import dynamic_sampling_filter, overlong_penalty
@@ -55,18 +54,18 @@ from baton.algos.token_rewards import kl_in_reward, token_level_rewards
 from baton.algos.value import critic_loss, explained_variance, value_loss
 
 __all__ = [
-    "ADVANTAGE_INPUTS", "ADVANTAGES", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG", "OFF_POLICY",
+    "ADVANTAGE_INPUTS", "ADVANTAGES", "EstimatorNeeds", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG", "OFF_POLICY",
     "PAIRINGS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "PreferencePairs",
     "Registry", "UnknownName", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
     "compute_advantages", "critic_loss", "decoupled_ppo_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
-    "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits",
+    "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits", "estimator_needs",
     "explained_variance", "gae_advantages", "grpo_advantages", "group_inverse", "group_stats",
     "gspo_loss", "hinge_loss", "ipo_loss", "kl_abs", "kl_in_reward", "kl_k1", "kl_k2", "kl_k3",
     "kl_penalty", "logprobs_from_logits", "loss_normalisers", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "overlong_penalty", "ppo_clip_loss", "preference_pairs",
     "register_advantage", "register_dpo_loss", "register_kl", "register_kl_controller",
     "register_loss_agg", "register_off_policy", "register_pairing", "register_policy_loss", "reinforce_pp_advantages",
-    "reinforce_pp_baseline_advantages", "remax_advantages", "required_inputs",
+    "reinforce_pp_baseline_advantages", "remax_advantages",
     "rloo_advantages", "sequence_logprobs", "token_level_rewards",
     "value_loss", "vanilla_pg_loss",
 ]

@@ -2,9 +2,14 @@
 
 Every estimator takes keyword-only arguments and returns `(advantages [B, R], returns [B, R])`,
 both zero on padding. Data inputs use the field names below; everything else is a
-hyper-parameter. `compute_advantages(name, **kw)` passes each estimator only the data inputs
-it reads (so a trainer can hand over everything it has), while a misspelt hyper-parameter
-still raises TypeError.
+hyper-parameter. Each estimator declares what it reads where it is registered
+(`register_advantage(name, inputs=..., hyper=...)`, an `EstimatorNeeds`): its data inputs
+(group_index: it compares the samples of a prompt; values: it needs a critic;
+baseline_scores: a greedy completion per prompt) and the `algo.*` keys it takes, by keyword.
+The config check, the config inventory and the driver read that declaration.
+`compute_advantages(name, **kw)` passes each estimator only the data inputs it declares (so
+a trainer can hand over everything it has), while a misspelt hyper-parameter still raises
+TypeError.
 
 Outcome estimators (grpo, dr_grpo, rloo, reinforce_pp_baseline) read one scalar score per
 row and broadcast it over the response; their `returns` equal the advantages (there is no
@@ -22,7 +27,8 @@ baseline to compare with); verl instead passes its raw score through.
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -30,7 +36,7 @@ from baton.algos.masked import masked_whiten
 from baton.algos.registry import Registry
 
 ADVANTAGES = Registry("advantage estimator")
-register_advantage = ADVANTAGES.register
+NEEDS = Registry("advantage estimator's needs")  # name -> EstimatorNeeds, filled by register_advantage
 
 # Data inputs an estimator may read; any other keyword is a hyper-parameter.
 # values: critic values [B, R] (gae); baseline_scores: greedy-sample scores [B] (remax).
@@ -38,21 +44,66 @@ ADVANTAGE_INPUTS = ("scores", "response_mask", "group_index", "token_rewards", "
                     "baseline_scores")
 
 
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator reads, declared where it is registered.
+
+    inputs  the data inputs (ADVANTAGE_INPUTS) it takes
+    hyper   its hyper-parameters from the config: keyword -> `algo.<key>` (gae: whiten ->
+            whiten_advantages); the driver passes them by name, the config refuses the keys
+            no chosen estimator reads
+    """
+    inputs: tuple[str, ...]
+    hyper: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def groups(self) -> bool:
+        """It compares the samples of a prompt: rollout.n >= 2 samples that differ."""
+        return "group_index" in self.inputs
+
+    @property
+    def critic(self) -> bool:
+        """It reads a critic's values."""
+        return "values" in self.inputs
+
+    @property
+    def baseline(self) -> bool:
+        """It reads the score of one greedy completion per prompt (ReMax)."""
+        return "baseline_scores" in self.inputs
+
+    def reads(self, key: str) -> bool:
+        """Whether it reads `algo.<key>`."""
+        return key in self.hyper.values()
+
+    def hyper_args(self, algo: Any) -> dict[str, Any]:
+        """Its hyper-parameters' values in `algo` (an AlgoConfig), by keyword."""
+        return {kw: getattr(algo, key) for kw, key in self.hyper.items()}
+
+
+def register_advantage(name: str, *, inputs: tuple[str, ...], hyper: dict[str, str] | None = None,
+                       ) -> Callable[[Callable], Callable]:
+    """Register an estimator under `name` with what it reads (see `EstimatorNeeds`)."""
+    unknown = set(inputs) - set(ADVANTAGE_INPUTS)
+    if unknown:
+        raise ValueError(f"advantage estimator {name!r}: {sorted(unknown)} are not data inputs {ADVANTAGE_INPUTS}")
+
+    def deco(fn: Callable) -> Callable:
+        ADVANTAGES.add(name, fn)
+        NEEDS.add(name, EstimatorNeeds(tuple(inputs), dict(hyper or {})))
+        return fn
+    return deco
+
+
+def estimator_needs(name: str) -> EstimatorNeeds:
+    """The declared needs of estimator `name` (UnknownName lists the known ones)."""
+    ADVANTAGES[name]  # noqa: B018 -- the estimator's own error for an unknown name
+    return NEEDS[name]
+
+
 def compute_advantages(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run estimator `name`, dropping the data inputs it does not take."""
-    fn = ADVANTAGES[name]
-    params = inspect.signature(fn).parameters
-    used = {k: v for k, v in kwargs.items() if k not in ADVANTAGE_INPUTS or k in params}
-    return fn(**used)
-
-
-def required_inputs(name: str) -> tuple[str, ...]:
-    """The data inputs estimator `name` cannot run without (those without a default), so a
-    trainer can say up front e.g. "gae needs a critic" (`"values" in required_inputs("gae")`)
-    or "remax needs greedy rollouts" (`"baseline_scores" in required_inputs("remax")`)."""
-    params = inspect.signature(ADVANTAGES[name]).parameters
-    return tuple(k for k in ADVANTAGE_INPUTS
-                 if k in params and params[k].default is inspect.Parameter.empty)
+    """Run estimator `name`, dropping the data inputs it does not declare."""
+    inputs = estimator_needs(name).inputs
+    return ADVANTAGES[name](**{k: v for k, v in kwargs.items() if k not in ADVANTAGE_INPUTS or k in inputs})
 
 
 # --- groups ----------------------------------------------------------------------------
@@ -88,7 +139,7 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
 
 
 # --- outcome estimators ---------------------------------------------------------------
-@register_advantage("grpo")
+@register_advantage("grpo", inputs=("scores", "response_mask", "group_index"))
 def grpo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
                     group_index: torch.Tensor | None = None, group_size: int | None = None,
                     norm_by_std: bool = True, eps: float = 1e-6, unbiased_std: bool = True):
@@ -106,14 +157,14 @@ def grpo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
     return adv, adv
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", inputs=("scores", "response_mask", "group_index"))
 def dr_grpo_advantages(*, scores, response_mask, group_index=None, group_size=None):
     """Dr. GRPO: group-mean baseline only, no std scaling (pair with seq-mean-token-sum-norm)."""
     return grpo_advantages(scores=scores, response_mask=response_mask, group_index=group_index,
                            group_size=group_size, norm_by_std=False)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", inputs=("scores", "response_mask", "group_index"))
 def rloo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
                     group_index: torch.Tensor | None = None, group_size: int | None = None):
     """RLOO (Ahmadian et al. 2024): A_i = r_i - mean of the *other* rows of the group.
@@ -127,7 +178,7 @@ def rloo_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
     return adv, adv
 
 
-@register_advantage("remax")
+@register_advantage("remax", inputs=("scores", "response_mask", "baseline_scores"))
 def remax_advantages(*, scores: torch.Tensor, baseline_scores: torch.Tensor,
                      response_mask: torch.Tensor):
     """ReMax (Li et al. 2024): A_i = r_i - r(greedy response to the same prompt), on every
@@ -139,7 +190,7 @@ def remax_advantages(*, scores: torch.Tensor, baseline_scores: torch.Tensor,
     return adv, adv
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", inputs=("scores", "response_mask", "group_index"))
 def reinforce_pp_baseline_advantages(*, scores: torch.Tensor, response_mask: torch.Tensor,
                                      group_index: torch.Tensor | None = None,
                                      group_size: int | None = None, eps: float = 1e-8):
@@ -180,7 +231,7 @@ def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
     return ret
 
 
-@register_advantage("reinforce_pp")
+@register_advantage("reinforce_pp", inputs=("token_rewards", "response_mask"), hyper={"gamma": "gamma"})
 def reinforce_pp_advantages(*, token_rewards: torch.Tensor, response_mask: torch.Tensor,
                             gamma: float = 1.0, eps: float = 1e-8):
     """REINFORCE++ (Hu et al. 2025): discounted return-to-go of the token rewards (the KL
@@ -190,7 +241,8 @@ def reinforce_pp_advantages(*, token_rewards: torch.Tensor, response_mask: torch
     return masked_whiten(returns, response_mask, eps=eps), returns
 
 
-@register_advantage("gae")
+@register_advantage("gae", inputs=("token_rewards", "values", "response_mask"),
+                    hyper={"gamma": "gamma", "lam": "lam", "whiten": "whiten_advantages"})
 def gae_advantages(*, token_rewards: torch.Tensor, values: torch.Tensor,
                    response_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
                    whiten: bool = True):

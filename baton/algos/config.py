@@ -10,10 +10,9 @@ reads none of them (its config refuses them).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
-from baton.algos.advantages import ADVANTAGES
+from baton.algos.advantages import ADVANTAGES, NEEDS, estimator_needs
 from baton.algos.aggregate import LOSS_AGG
 from baton.algos.kl import KL_ESTIMATORS
 from baton.algos.kl_control import KL_CONTROLLERS
@@ -65,10 +64,6 @@ class AlgoConfig:
     off_policy_cap: float = 2.0
 
 
-# Inputs an advantage estimator may need beyond the rewards, and the role that makes them.
-NEEDS_ROLE = {"values": "a critic", "baseline_scores": "greedy rollouts (ReMax)"}
-
-
 def check_algo_names(algo: AlgoConfig) -> None:
     """Raise ValueError naming the key and the valid choices for any unknown name."""
     for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
@@ -118,37 +113,40 @@ DEPENDENT_KEYS = (
     ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
     ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
     ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),
-    ("gamma", lambda a: _reads(a.advantage, "gamma"), "an estimator that discounts (gae, reinforce_pp, ...)"),
-    ("lam", lambda a: _reads(a.advantage, "lam"), "algo.advantage=gae"),
-    ("whiten_advantages", lambda a: _reads(a.advantage, "whiten"), "an estimator that whitens (gae, reinforce_pp)"),
 )
 
 
-def _reads(name: str, param: str) -> bool:
-    return name in ADVANTAGES and param in inspect.signature(ADVANTAGES[name]).parameters
+def estimator_keys() -> dict[str, list[str]]:
+    """`algo.<key>` -> the estimators that declare they read it (gamma, lam, whiten_advantages)."""
+    out: dict[str, list[str]] = {}
+    for name in sorted(NEEDS):
+        for key in NEEDS[name].hyper.values():
+            out.setdefault(key, []).append(name)
+    return out
 
 
 def check_algo_dependencies(algo: AlgoConfig) -> None:
     """Raise ValueError for a key set to a non-default value that nothing would read, because
     the key that switches it on is off (e.g. algo.gamma=0.9 with algo.advantage=grpo)."""
     defaults = AlgoConfig()
-    for key, read, switch in DEPENDENT_KEYS:
+    mine = estimator_needs(algo.advantage)
+    declared = [(key, lambda a, k=key: mine.reads(k), f"algo.advantage in {names}")
+                for key, names in estimator_keys().items()]
+    for key, read, switch in (*DEPENDENT_KEYS, *declared):
         value = getattr(algo, key)
         if value != getattr(defaults, key) and not read(algo):
             raise ValueError(f"algo.{key}={value} is read only with {switch}, which this run does not set "
                              f"(algo.advantage={algo.advantage!r}): remove it or switch it on")
 
 
-def check_advantage_inputs(name: str, available: set[str]) -> None:
-    """Raise ValueError if estimator `name` needs an input the trainer does not produce
-    (e.g. `gae` needs values, which only a critic makes)."""
-    def required(n: str) -> set[str]:
-        params = inspect.signature(ADVANTAGES[n]).parameters.values()
-        return {p.name for p in params if p.default is inspect.Parameter.empty}
-
-    missing = required(name) - available
-    if missing:
-        makers = ", ".join(f"{m} from {NEEDS_ROLE.get(m, 'an input this trainer lacks')}" for m in sorted(missing))
-        usable = sorted(n for n in ADVANTAGES if required(n) <= available)
-        raise ValueError(f"algo.advantage={name!r} needs {makers}, which this trainer does not run; "
+def check_advantage_needs(name: str, critic: bool) -> None:
+    """Raise ValueError if estimator `name` reads values and the run has no critic, or the
+    run has a critic that `name` does not read (its declared needs, `EstimatorNeeds`)."""
+    needs = estimator_needs(name)
+    if needs.critic and not critic:
+        usable = sorted(n for n in ADVANTAGES if not estimator_needs(n).critic)
+        raise ValueError(f"algo.advantage={name!r} needs values from a critic, which this trainer does not run; "
                          f"usable here: {usable}")
+    if critic and not needs.critic:
+        raise ValueError(f"critic: section given but algo.advantage={name!r} does not use values; "
+                         f"use algo.advantage=gae or drop the critic section")

@@ -2,7 +2,7 @@
 aggregations, ...) are `baton.registry.Registry`s; a new variant is one decorated function
 in any module that is imported before the trainer looks the name up:
 
-    @register_advantage("my_adv")
+    @register_advantage("my_adv", inputs=("scores", "response_mask", "group_index"))
     def my_adv(*, scores, response_mask, ...): ...
 """
 

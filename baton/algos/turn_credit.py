@@ -42,7 +42,7 @@ def turn_segments(response_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m.bool(), turn, torch.full_like(turn, -1))
 
 
-@register_advantage("turn_grpo")
+@register_advantage("turn_grpo", inputs=("token_rewards", "response_mask", "group_index"), hyper={"gamma": "gamma"})
 def turn_grpo_advantages(*, token_rewards: torch.Tensor, response_mask: torch.Tensor,
                          group_index: torch.Tensor | None = None, group_size: int | None = None,
                          gamma: float = 1.0, eps: float = 1e-6):

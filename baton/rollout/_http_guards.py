@@ -327,3 +327,23 @@ def run_uvicorn(app: FastAPI, sock: Any, log_level: str = "warning", grace_s: fl
     import uvicorn
 
     uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=grace_s)).run(sockets=[sock])
+
+
+def _left_open(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loops' exception handler: an HTTP client an agent left open (the README's
+    `openai.AsyncOpenAI(...)` without `async with`) is closed by its finalizer on whichever
+    loop runs when the garbage collector finds it, often another session's, after its own loop
+    has closed: that close fails with "Event loop is closed" (or is dropped unfinished). The
+    client is gone either way; say nothing of it. Anything else goes to asyncio's handler."""
+    task, error = context.get("task") or context.get("future"), context.get("exception")
+    coro = getattr(task, "get_coro", lambda: None)()
+    closing = getattr(coro, "__qualname__", "").endswith("aclose")
+    if closing and (error is None or "Event loop is closed" in str(error)):
+        return
+    loop.default_exception_handler(context)
+
+
+def quiet_clients_left_open(loop: Any = None) -> None:
+    """Install `_left_open` as `loop`'s exception handler (the running loop by default): on
+    every loop where an agent's clients may be finalized (the agents' own, the gateway's)."""
+    (loop or asyncio.get_running_loop()).set_exception_handler(_left_open)

@@ -7,8 +7,8 @@
 
     engine = build_engine("embedded", module, tokenizer, model_path=cfg.model.path, fuse_weights=False)
 
-Entries are "module:attribute" strings, imported on first use, so vLLM is imported only when
-asked for. Each engine class provides `build(module, tokenizer, *, model_path, **options)`
+Entries are lazy "module:attribute" entries of a `baton.registry.Registry`, imported on first
+lookup, so vLLM is imported only when asked for. Each engine class provides `build(module, tokenizer, *, model_path, **options)`
 and `shares_module` (True: the engine reads the trainer's module, so the colocated sync
 is `inplace`; False: it needs its weights pushed, `copy`). Adding an engine: its file and
 one line here.
@@ -16,13 +16,14 @@ one line here.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-ENGINES: dict[str, str] = {
-    "embedded": "baton.rollout.engine:EmbeddedEngine",
-    "vllm": "baton.rollout.vllm_engine:VLLMEngine",
-}
+from baton.registry import Registry
+
+ENGINES = Registry("rollout engine")
+ENGINES.lazy("embedded", "baton.rollout.engine:EmbeddedEngine")
+ENGINES.lazy("vllm", "baton.rollout.vllm_engine:VLLMEngine")
+DEFAULT_ENGINE = "embedded"  # what eval, serve, SFT and agent evaluation build (rollout.engine's default)
 
 
 def check_engine_name(name: str) -> None:
@@ -33,9 +34,8 @@ def check_engine_name(name: str) -> None:
 def engine_class(name: str) -> Any:
     """The engine class registered as `name` (imports its module)."""
     check_engine_name(name)
-    module, attr = ENGINES[name].split(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        return ENGINES[name]
     except ImportError as e:
         raise ImportError(f"rollout.engine={name!r} needs a package that is not installed ({e}); "
                           f"see the README's install line for the {name!r} engine") from e

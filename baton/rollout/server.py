@@ -351,7 +351,7 @@ def serve_main(argv: list[str] | None = None) -> None:
     import torch
 
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.engines import build_engine
+    from baton.rollout.engines import DEFAULT_ENGINE, build_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -360,7 +360,7 @@ def serve_main(argv: list[str] | None = None) -> None:
         args.dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     model = load_model(str(model_dir), dtype=getattr(torch, args.dtype), device=device)
     tokenizer = load_tokenizer(str(model_dir))
-    engine = build_engine("embedded", model, tokenizer, max_batch_tokens=args.max_batch_tokens)
+    engine = build_engine(DEFAULT_ENGINE, model, tokenizer, max_batch_tokens=args.max_batch_tokens)
     name = args.model_name or model_dir.name
     app = build_app(engine, tokenizer, name, max_batch_wait_ms=args.max_batch_wait_ms,
                     max_batch_seqs=args.max_batch_seqs, default_max_tokens=args.default_max_tokens,

@@ -67,7 +67,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.rollout._http_guards import APIError, OffLoop, check_model, install_guards, run_uvicorn
+from baton.rollout._http_guards import (APIError, OffLoop, check_model, install_guards, quiet_clients_left_open,
+                                        run_uvicorn)
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
 from baton.rollout._server_state import DEFAULT_MAX_BODY_BYTES
 from baton.rollout._server_stream import chat_chunks, include_usage, sse
@@ -348,6 +349,7 @@ class Gateway:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI):
             previous, gw.tok_thread = gw.tok_thread, OffLoop("baton-gateway-tokenize")
+            quiet_clients_left_open()  # an in-process agent's clients may be finalized on this loop
             mine = gw.tok_thread
             yield
             mine.close()

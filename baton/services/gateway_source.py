@@ -2,7 +2,7 @@
 pulls from when `data.source: gateway` (`baton.agents.gateway_run` serves the gateway and
 runs the agents).
 
-    source = GatewaySource(gw, group_size=4)   # rows(step) -> Batch (baton.trainers.sources)
+    source = GatewaySource(gw, group_size=4)   # rows(step) -> Batch (baton.sources)
 
 Each step's rows are whole groups of finished (rewarded) sessions, group-major, in Atropos'
 ScoredData shape through `baton.services.groups.groups_to_batch` (see `baton.services.gateway`
@@ -39,7 +39,7 @@ def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) 
 
 
 class GatewaySource:
-    """A row source (`baton.trainers.sources.RowSource`) over a gateway: each step's rows
+    """A row source (`baton.sources.RowSource`) over a gateway: each step's rows
     are `groups_per_step` groups of `group_size` finished sessions (rows arrive scored).
     Weight updates are the engine owner's business (an in-process engine shares the
     actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""

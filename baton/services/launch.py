@@ -95,8 +95,6 @@ def _baton(*args: str) -> list[str]:
 def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
     """The processes of a run, in start order (see the module docstring)."""
     d, r, t = cfg["data"], cfg["rollout"], cfg["trainer"]
-    if d.get("source") != "api":
-        raise ValueError("baton launch runs data.source=api recipes (the embedded path is just `baton train`)")
     run_dir = Path(t["run_dir"])
     vllm = r.get("engine") == "vllm"
     if vllm and r.get("weight_sync") not in ("auto", "checkpoint"):

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from baton.registry import Registry
+
 PLACEMENTS = ("colocated", "generator", "servers")
 AUTO = "auto"
-_TRANSPORTS: dict[tuple[str, str], Any] = {}  # (name, placement) -> class
+TRANSPORTS = Registry("weight-sync transport")  # (name, placement) -> class
 
 
 def register_transport(name: str, *placements: str) -> Callable[[Any], Any]:
@@ -42,17 +44,17 @@ def register_transport(name: str, *placements: str) -> Callable[[Any], Any]:
 
     def deco(cls: Any) -> Any:
         for p in placements:
-            if (name, p) in _TRANSPORTS and _TRANSPORTS[name, p] is not cls:
+            if (name, p) in TRANSPORTS and TRANSPORTS[name, p] is not cls:
                 raise ValueError(f"weight sync {name!r} for {p} is already registered "
-                                 f"({_TRANSPORTS[name, p].__qualname__})")
-            _TRANSPORTS[name, p] = cls
+                                 f"({TRANSPORTS[name, p].__qualname__})")
+            TRANSPORTS.setdefault((name, p), cls)
         return cls
     return deco
 
 
 def transport_names(placement: str | None = None) -> list[str]:
     """Registered names (for one placement, or all), sorted."""
-    return sorted({n for n, p in _TRANSPORTS if placement is None or p == placement})
+    return sorted({n for n, p in TRANSPORTS if placement is None or p == placement})
 
 
 def check_weight_sync_name(name: str) -> None:
@@ -85,7 +87,7 @@ def resolve_weight_sync(name: str, placement: str, *, shares_module: bool = True
 
 def build_transport(name: str, placement: str, *args: Any, **kwargs: Any) -> Any:
     """An instance of the transport `name` (already resolved) for `placement`."""
-    cls = _TRANSPORTS.get((name, placement))
+    cls = TRANSPORTS.get((name, placement))
     if cls is None:
         raise ValueError(f"weight sync {name!r} is not one of {transport_names(placement)} for {placement}")
     return cls(*args, **kwargs)

@@ -13,23 +13,18 @@ A recipe without `algorithm:` is a GRPO recipe (the demo's shape).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
+from baton.registry import Registry, resolve
+
 DEFAULT = "grpo"
-ALGORITHMS: dict[str, tuple[str, str]] = {  # name -> ("module:ConfigClass", "module:train")
-    "grpo": ("baton.trainers.ppo_config:PPOConfig", "baton.trainers.ppo:train"),
-    "ppo": ("baton.trainers.ppo_config:PPOConfig", "baton.trainers.ppo:train"),
-    "online_dpo": ("baton.trainers.dpo_config:DPOConfig", "baton.trainers.online_dpo:train"),
-    "dpo": ("baton.trainers.dpo_config:OfflineDPOConfig", "baton.trainers.offline_dpo:train"),
-    "sft": ("baton.trainers.sft:SFTConfig", "baton.trainers.sft:run_sft"),
-    "rm": ("baton.trainers.reward_model:RMConfig", "baton.trainers.reward_model:run_rm"),
-}
-
-
-def _load(spec: str) -> Any:
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
+ALGORITHMS = Registry("algorithm")  # name -> ("module:ConfigClass", "module:train"), imported on use
+ALGORITHMS.add("grpo", ("baton.trainers.ppo_config:PPOConfig", "baton.trainers.ppo:train"))
+ALGORITHMS.add("ppo", ("baton.trainers.ppo_config:PPOConfig", "baton.trainers.ppo:train"))
+ALGORITHMS.add("online_dpo", ("baton.trainers.dpo_config:DPOConfig", "baton.trainers.online_dpo:train"))
+ALGORITHMS.add("dpo", ("baton.trainers.dpo_config:OfflineDPOConfig", "baton.trainers.offline_dpo:train"))
+ALGORITHMS.add("sft", ("baton.trainers.sft:SFTConfig", "baton.trainers.sft:run_sft"))
+ALGORITHMS.add("rm", ("baton.trainers.reward_model:RMConfig", "baton.trainers.reward_model:run_rm"))
 
 
 def check_algorithm(name: str) -> None:
@@ -39,12 +34,12 @@ def check_algorithm(name: str) -> None:
 
 def config_class(name: str) -> type:
     check_algorithm(name)
-    return _load(ALGORITHMS[name][0])
+    return resolve(ALGORITHMS[name][0])
 
 
 def driver(name: str) -> Callable[[Any], dict[str, Any]]:
     check_algorithm(name)
-    return _load(ALGORITHMS[name][1])
+    return resolve(ALGORITHMS[name][1])
 
 
 AUTO_FAMILY = ("grpo", "ppo")  # algorithms whose placement `placement.auto` chooses

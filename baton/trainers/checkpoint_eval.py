@@ -72,7 +72,7 @@ def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
     from baton.envs import get_task
     from baton.envs.evaluate import MODES, evaluate_modes
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.engines import build_engine
+    from baton.rollout.engines import DEFAULT_ENGINE, build_engine
 
     if not plan.rows:
         raise ConfigError("no held-out rows to evaluate on (data.eval_size / --n is 0?)")
@@ -80,7 +80,7 @@ def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
 
     # on the GPU when there is one (fp32 weights; the CPU as before otherwise)
     model, tokenizer = load_model(model_dir, device=pick_device("auto")), load_tokenizer(model_dir)
-    engine = build_engine("embedded", model, tokenizer, model_path=model_dir)
+    engine = build_engine(DEFAULT_ENGINE, model, tokenizer, model_path=model_dir)
     if plan.agent is not None:
         from baton.agents.evaluate import agent_report, evaluate_agent
 

@@ -34,7 +34,7 @@ from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, 
                                       restore_reference, with_ref_logprobs)
 from baton.trainers.run import RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
-from baton.trainers.choose_source import row_source
+from baton.sources import row_source
 from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
 from baton.workers.dpo_actor import pair_rows
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.controller import build_role_groups
+from baton.sources import apart
 from baton.trainers.ppo_config import PPOConfig
 from baton.workers.actor import ActorWorker
 from baton.workers.critic import CriticWorker
@@ -78,8 +79,3 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
         groups["reference"] = groups["actor"]
     return groups
 
-
-def apart(cfg: Any) -> bool:
-    """Whether the rollout sits on a pool other than the actor's (a generator of its own)."""
-    p = cfg.placement
-    return p.pool_of("rollout") != p.pool_of("actor")

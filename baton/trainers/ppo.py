@@ -48,18 +48,18 @@ from typing import Any
 import torch
 
 from baton import fields as F
-from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, dynamic_sampling_filter,
+from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, dynamic_sampling_filter, estimator_needs,
                          explained_variance, kl_in_reward, masked_mean, overlong_penalty, token_level_rewards)
 from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
+from baton.sources import row_source
+from baton.sources.episodes import evaluate_episodes, evaluate_sessions
 from baton.trainers.placement import build_roles
-from baton.trainers.ppo_config import PPOConfig, estimator_reads
+from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
 from baton.trainers.run_state import RunState
-from baton.trainers.choose_source import row_source
-from baton.trainers.episode_source import evaluate_episodes, evaluate_sessions
 from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
 from baton.trainers.signal_watch import StepSignal
 from baton.trainers.timeline import TIMELINE_FILE, Timeline
@@ -205,8 +205,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
         # the trainer's own (proximal) logprobs: PPO's "old" ones, and what the rows'
         # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
         proximal = algo.recompute_old_logprobs or algo.off_policy != "none"
-        hyper = {k: v for k, v in {"gamma": algo.gamma, "lam": algo.lam, "whiten": algo.whiten_advantages}.items()
-                 if estimator_reads(algo.advantage, k)}  # GAE / REINFORCE++ hyper-parameters
+        hyper = estimator_needs(algo.advantage).hyper_args(algo)  # by name, as the estimator declares
 
         def restore(path: str) -> None:
             saved = actor.load_checkpoint(path)[0]
@@ -230,7 +229,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
         for step, timed in run.steps():
             with timed("rollout"):
                 batch, metrics = sample(cfg, roles, source, step)
-                metrics.update(getattr(source, "metrics", dict)())  # the source's own (agent/*)
+                metrics.update(source.metrics())  # the source's own (agent/*)
             with timed("score"):  # every future in flight at once: concurrent on split pools
                 pending = score_futures(roles, batch)
                 if ref is not None:

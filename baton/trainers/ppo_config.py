@@ -36,18 +36,18 @@ rows across all data-parallel ranks.
 
 from __future__ import annotations
 
-import inspect
 import shlex
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 from baton.agents.config import AgentConfig, GatewayAgentConfig
-from baton.algos import ADVANTAGES
-from baton.algos.config import (AlgoConfig, check_advantage_inputs, check_algo_dependencies, check_algo_names,
+from baton.algos import estimator_needs
+from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_dependencies, check_algo_names,
                                 check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
+from baton.sources import SOURCES, SourceSpec, source_spec
 from baton.trainers.run_config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
@@ -55,26 +55,14 @@ from baton.workers.reward import RewardConfig
 from baton.workers.reward_model import RewardModelConfig
 from baton.workers.rollout import RolloutConfig
 
-# What the driver can hand an advantage estimator: values only with a critic;
-# baseline_scores (the greedy sample's reward, ReMax) whenever the estimator asks.
-BASE_INPUTS = {"scores", "response_mask", "group_index", "token_rewards", "baseline_scores"}
-def compares_groups(name: str) -> bool:
-    """Whether estimator `name` compares the samples of a prompt (its baseline is the group:
-    it reads `group_index`), so it needs rollout.n >= 2 samples that differ. Read from the
-    estimator's own signature: no list to drift (turn_grpo was missing from the old one)."""
-    return estimator_reads(name, "group_index")
 DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae"}
 GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
-
-
-def estimator_reads(name: str, what: str) -> bool:
-    return what in inspect.signature(ADVANTAGES[name]).parameters
 
 
 @dataclass
 class RLTrainerConfig(RolloutTrainerConfig):
     """The `trainer:` section of a PPO-family run: TrainerConfig plus how generation and the
-    update overlap (see baton.trainers.async_source):
+    update overlap (see baton.sources.ahead):
 
         sync          the rows of step s are sampled by the weights of step s-1 (age 0)
         one_step_off  the generator samples step s+1 while the trainer trains on step s (age 1)
@@ -125,7 +113,7 @@ class PPOConfig:
     def roles(self) -> list[str]:
         """The roles this run builds (placement may name only these)."""
         out = ["actor", "rollout"]
-        if self.reward.functions and self.data.source == "rollout":
+        if self.reward.functions and not self.source.scored:
             out.append("reward")
         if self.reward_model is not None:
             out.append("reward_model")
@@ -139,7 +127,7 @@ class PPOConfig:
     def remax(self) -> bool:
         """Whether the rollout also samples one greedy response per prompt (its reward is the
         ReMax baseline)."""
-        return estimator_reads(self.algo.advantage, "baseline_scores")
+        return estimator_needs(self.algo.advantage).baseline
 
     @property
     def pretrain_steps(self) -> int:
@@ -153,7 +141,7 @@ class PPOConfig:
             section.check()
         if self.reward.functions:
             self.reward.check()
-        elif self.reward_model is None and self.data.source == "rollout":
+        elif self.reward_model is None and not self.source.scored:
             raise ValueError("reward.functions is empty and there is no reward_model: nothing scores the rollouts")
         for section in (self.reward_model, self.critic, self.agent, self.gateway):
             if section is not None:
@@ -170,12 +158,10 @@ class PPOConfig:
         check_algo_names(a)
         check_algo_ranges(a)
         check_algo_dependencies(a)
-        check_advantage_inputs(a.advantage, BASE_INPUTS | ({"values"} if self.critic is not None else set()))
-        if self.critic is not None and not estimator_reads(a.advantage, "values"):
-            raise ValueError(f"critic: section given but algo.advantage={a.advantage!r} does not use values; "
-                             f"use algo.advantage=gae or drop the critic section")
-        if compares_groups(a.advantage) or a.dynamic_sampling:
-            what = f"algo.advantage={a.advantage!r}" if compares_groups(a.advantage) else "algo.dynamic_sampling"
+        check_advantage_needs(a.advantage, critic=self.critic is not None)
+        groups = estimator_needs(a.advantage).groups  # it compares the samples of a prompt
+        if groups or a.dynamic_sampling:
+            what = f"algo.advantage={a.advantage!r}" if groups else "algo.dynamic_sampling"
             if n < 2:
                 raise ValueError(f"{what} compares the samples of a prompt: rollout.n={n} gives every "
                                  f"group one sample (use rollout.n >= 2)")
@@ -189,31 +175,32 @@ class PPOConfig:
             raise ValueError(f"critic.pretrain_steps={self.pretrain_steps} leaves the actor no step of "
                              f"trainer.steps={self.trainer.steps}")
 
+    @property
+    def source(self) -> SourceSpec:
+        """The row source this run takes its rows from, as registered (baton.sources.SOURCES)."""
+        return source_spec(self)
+
     def _check_sources(self) -> None:
-        """What a row source other than the colocated rollout cannot do, refused by name."""
-        a, d, mode = self.algo, self.data, self.trainer.mode
-        colocated = mode == "sync" and d.source == "rollout" and (
-            self.placement.pool_of("rollout") == self.placement.pool_of("actor"))
-        if not colocated:
-            where = f"data.source={d.source}" if d.source != "rollout" else f"trainer.mode={mode}" \
-                if mode != "sync" else "a rollout on a pool of its own"
-            if a.dynamic_sampling:
-                raise ValueError(f"algo.dynamic_sampling draws more prompts until a step is full, which only this "
-                                 f"run's colocated rollout can do; {where} fixes each step's rows in advance")
-            if self.remax:
-                raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
-                                 f"run's colocated rollout; {where} does not sample one")
-        if (d.source == "agent") != (self.agent is not None):
-            raise ValueError("data.source=agent runs the episodes its `agent:` section describes: give both or neither")
-        if (d.source == "gateway") != (self.gateway is not None):
-            raise ValueError("data.source=gateway runs the agent its `gateway:` section names: give both or neither")
-        if d.source in ("api", "agent", "gateway"):  # the environments score (and, with api, sample): keys that rest
-            r, defaults = self.rollout, RolloutConfig()
-            for key in ("top_p", "top_k") if d.source in ("api", "gateway") else ():
-                if getattr(r, key) != getattr(defaults, key):
+        """What the chosen row source cannot do, refused by name (its SourceSpec says)."""
+        a, d, mode, spec = self.algo, self.data, self.trainer.mode, self.source
+        where = f"data.source={d.source}" if d.source != "rollout" else f"trainer.mode={mode}" \
+            if mode != "sync" else "a rollout on a pool of its own"
+        if a.dynamic_sampling and not spec.draws_more:
+            raise ValueError(f"algo.dynamic_sampling draws more prompts until a step is full, which only this "
+                             f"run's colocated rollout can do; {where} fixes each step's rows in advance")
+        if self.remax and not spec.greedy_baseline:
+            raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
+                             f"run's colocated rollout; {where} does not sample one")
+        for source, section in sorted({(s.data_source, s.section) for s in SOURCES.values() if s.section}):
+            if (d.source == source) != (getattr(self, section) is not None):
+                raise ValueError(f"data.source={source} runs what its `{section}:` section describes: "
+                                 f"give both or neither")
+        if spec.own_sampling:  # keys that rest: the environments / the agent sample with their own settings
+            for key in ("top_p", "top_k"):
+                if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                     raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
-                                     f"{'environments' if d.source == 'api' else 'agent'} sample(s) with their "
-                                     f"own settings; remove it")
+                                     f"{spec.own_sampling} sample(s) with their own settings; remove it")
+        if spec.scored:
             set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
             if set_keys:
                 raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (the environments score "
@@ -225,11 +212,11 @@ class PPOConfig:
                     raise ValueError(f"data.envs: {entry!r} sets {flag} {words[words.index(flag) + 1]}, but the trainer "
                                      f"compares groups of rollout.n={self.rollout.n}: drop {flag} (launch passes "
                                      f"rollout.n) or set rollout.n")
-        if d.source == "api" and mode != "sync":
+        if spec.sync_only and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
-                             f"data.source=api the rows come from the environments (trainer.max_staleness bounds "
+                             f"data.source={d.source} the rows come from the {spec.own_sampling or 'outside'} (trainer.max_staleness bounds "
                              f"their age): use trainer.mode=sync")
-        if d.source == "rollout" and mode == "sync" and self.trainer.max_staleness not in (None, 0):
+        if mode == "sync" and not spec.bounds_age and self.trainer.max_staleness not in (None, 0):
             raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} bounds a generator running ahead "
                              f"(trainer.mode=async) or the trajectory API (data.source=api); this run has neither")
 

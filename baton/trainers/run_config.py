@@ -8,10 +8,10 @@ from typing import Literal
 
 from baton.envs import TASKS, get_task
 from baton.metrics import SINKS, check_sinks
+from baton.sources import data_sources
 from baton.user_modules import is_spec
 
 
-DATA_SOURCES = ("rollout", "api", "agent", "gateway")
 API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
@@ -33,9 +33,9 @@ class DataConfig:
     path: str = ""  # rows from a local jsonl / parquet file instead of the task's (docs/OWN_DATA.md: row shapes)
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
     # Where a step's rows come from: "rollout" (this run's rollout role), "api" (batches
-    # pulled from `baton api`, fed by `baton env` services; trainers/api_source.py) or "agent"
+    # pulled from `baton api`, fed by `baton env` services; sources/api.py) or "agent"
     # (multi-turn episodes with tools on the rollout role, colocated or a generator running
-    # ahead: the `agent:` section, trainers/episode_source.py) or "gateway" (an OpenAI-speaking
+    # ahead: the `agent:` section, sources/episodes.py) or "gateway" (an OpenAI-speaking
     # agent's sessions through a gateway on the rollout engine: the `gateway:` section).
     source: str = "rollout"
     api_url: str = "http://127.0.0.1:8000"  # data.source=api: the trajectory API (token: env BATON_API_TOKEN)
@@ -53,8 +53,8 @@ class DataConfig:
         if self.task == "gsm8k" and not self.path:
             raise ValueError("data.task=gsm8k reads its rows from a local file: set data.path (GSM8K jsonl or "
                              "verl parquet)")
-        if self.source not in DATA_SOURCES:
-            raise ValueError(f"data.source={self.source!r} is not one of {list(DATA_SOURCES)}")
+        if self.source not in data_sources():  # what the registered row sources read (baton.sources)
+            raise ValueError(f"data.source={self.source!r} is not one of {data_sources()}")
         if self.sync_every < 1 or self.api_wait_s < 0:
             raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
                              f"(got {self.sync_every}, {self.api_wait_s})")

@@ -149,9 +149,9 @@ def completion_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def evaluate_model(model, tokenizer, task, rows: list[dict], samples: int, seed: int = 0) -> dict[str, float]:
     """Held-out metrics on `rows` (`baton.envs.evaluate.evaluate_modes`: greedy, and `samples`
     per prompt at T=1) through the embedded rollout engine."""
-    from baton.rollout.engines import build_engine  # lazy: only evaluation needs it
+    from baton.rollout.engines import DEFAULT_ENGINE, build_engine  # lazy: only evaluation needs it
 
-    return evaluate_modes(build_engine("embedded", model, tokenizer), tokenizer, task, rows, n=samples, seed=seed)
+    return evaluate_modes(build_engine(DEFAULT_ENGINE, model, tokenizer), tokenizer, task, rows, n=samples, seed=seed)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -78,10 +78,10 @@ class TiedGroups:
     """The per-step metric, one warning the first time most groups tie, then a count."""
 
     def __init__(self, cfg: Any) -> None:
-        from baton.trainers.ppo_config import compares_groups  # the PPO family's config: imported on use
+        from baton.algos import estimator_needs
 
         self.names = reward_names(cfg)
-        self.group_relative = compares_groups(cfg.algo.advantage)
+        self.group_relative = estimator_needs(cfg.algo.advantage).groups  # it compares a prompt's samples
         self.metrics_path = Path(cfg.trainer.run_dir) / "metrics.jsonl"
         self.steps: int | None = None  # steps in which most groups tied (read at the first check)
         self.warned = False

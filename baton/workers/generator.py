@@ -25,7 +25,7 @@ How weights travel (`rollout.weight_sync`: auto = object_store; the driver-side 
 
 Consumes / produces: as `RolloutWorker` (rows with behaviour logprobs and the policy
 version that sampled them). Waits for nothing: calls run in the order the driver submitted
-them, which is what makes the staleness schedule of `baton.trainers.async_source` exact.
+them, which is what makes the staleness schedule of `baton.sources.ahead` exact.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class RolloutWorker(Worker):
 
     @register(dispatch=EPISODES)  # every rank's rows and counts (a rank may drop all its rows)
     def generate_episodes(self, prompts: Batch, step: int, agent_cfg: dict, greedy: bool = False) -> Batch:
-        """Multi-turn agent rows (baton.trainers.episode_source): rollout.n episodes per prompt (one,
+        """Multi-turn agent rows (baton.sources.episodes): rollout.n episodes per prompt (one,
         temperature 0, with greedy: evaluation), their turns batched through this engine;
         seeded like `generate`; also run by `GeneratorWorker` (a generator of its own: the
         version it last loaded is on the rows). Hook of h-agents."""

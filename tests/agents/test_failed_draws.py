@@ -14,7 +14,7 @@ import pytest
 from baton.agents.envs import CalculatorEnv, register_env
 from baton.config import load_config
 from baton.metrics import read_metrics
-from baton.trainers.episode_source import AgentFailureError
+from baton.sources.episodes import AgentFailureError
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 

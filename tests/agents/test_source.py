@@ -9,7 +9,7 @@ import torch
 from baton import fields as F
 from baton.agents.config import AgentConfig
 from baton.agents.envs import multiplication_rows
-from baton.trainers.episode_source import EpisodeSource
+from baton.sources.episodes import EpisodeSource
 from baton.config import load_config
 from baton.controller import ResourcePool, colocated_groups
 from baton.data.prompts import PromptSampler

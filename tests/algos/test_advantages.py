@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from baton.algos import ADVANTAGES, compute_advantages, discounted_returns, required_inputs
+from baton.algos import ADVANTAGE_INPUTS, ADVANTAGES, compute_advantages, discounted_returns, estimator_needs
 
 S2 = math.sqrt(0.5)  # unbiased std of {1, 0}: sqrt((0.25 + 0.25) / (2 - 1))
 
@@ -202,10 +202,23 @@ def test_remax_subtracts_the_greedy_score():
     assert torch.equal(adv, ret)
 
 
-def test_required_inputs_say_what_each_estimator_needs():
-    assert required_inputs("gae") == ("response_mask", "token_rewards", "values")
-    assert required_inputs("remax") == ("scores", "response_mask", "baseline_scores")
-    assert required_inputs("grpo") == ("scores", "response_mask")  # group_index is optional
-    assert required_inputs("reinforce_pp") == ("response_mask", "token_rewards")
-    for name in ADVANTAGES:
-        assert ("values" in required_inputs(name)) == (name == "gae"), name
+def test_estimators_declare_what_they_read():
+    """The declaration (register_advantage's inputs / hyper) is what the config check and the
+    driver read: it must be true to each function's signature."""
+    import dataclasses
+    import inspect
+
+    from baton.algos.config import AlgoConfig
+
+    keys = {f.name for f in dataclasses.fields(AlgoConfig)}
+    for name, fn in ADVANTAGES.items():
+        needs, params = estimator_needs(name), inspect.signature(fn).parameters
+        assert set(needs.inputs) <= set(params), name
+        required = {k for k in ADVANTAGE_INPUTS if k in params and params[k].default is inspect.Parameter.empty}
+        assert required <= set(needs.inputs), name
+        assert set(needs.hyper) <= set(params) and set(needs.hyper.values()) <= keys, name
+    assert [n for n in ADVANTAGES if estimator_needs(n).critic] == ["gae"]
+    assert [n for n in ADVANTAGES if estimator_needs(n).baseline] == ["remax"]
+    assert estimator_needs("turn_grpo").groups and estimator_needs("grpo").groups
+    assert not estimator_needs("reinforce_pp").groups
+    assert estimator_needs("gae").hyper == {"gamma": "gamma", "lam": "lam", "whiten": "whiten_advantages"}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from baton.rollout.engine import EmbeddedEngine
+from baton.registry import Lazy
 from baton.rollout.engines import ENGINES, build_engine, check_engine_name, engine_class
 from baton.workers.rollout import RolloutConfig
 
@@ -29,9 +30,9 @@ def test_build_embedded(make_tiny_qwen, srv_tokenizer):
 
 
 def test_a_new_engine_is_one_entry(monkeypatch, make_tiny_qwen, srv_tokenizer):
-    monkeypatch.setitem(ENGINES, "embedded_too", "baton.rollout.engine:EmbeddedEngine")
+    monkeypatch.setitem(ENGINES, "embedded_too", Lazy("baton.rollout.engine:EmbeddedEngine"))
     assert isinstance(build_engine("embedded_too", make_tiny_qwen(0), srv_tokenizer), EmbeddedEngine)
-    monkeypatch.setitem(ENGINES, "missing", "baton.rollout.no_such_module:Engine")
+    monkeypatch.setitem(ENGINES, "missing", Lazy("baton.rollout.no_such_module:Engine"))
     with pytest.raises(ImportError, match="rollout.engine='missing' needs a package that is not installed"):
         engine_class("missing")
 

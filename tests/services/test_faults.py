@@ -37,7 +37,7 @@ from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app
 from baton.services.client import APIClient
 from baton.services.env_runner import EnvRunner
-from baton.trainers.api_source import ApiSource
+from baton.sources.api import ApiSource
 from baton.workers.policy import Policy
 from baton.workers.server_sync import ServerSyncWorker
 
@@ -216,7 +216,7 @@ def test_a_second_trainer_is_refused_within_seconds_naming_the_server(tmp_path):
 
 @pytest.mark.slow
 def test_env_killed_the_trainer_waits_says_why_and_resumes(tmp_path, caplog, monkeypatch):
-    import baton.trainers.api_source as api_source
+    import baton.sources.api as api_source
 
     monkeypatch.setattr(api_source, "WAIT_REPORT_S", 1.0)
     tok = load_tokenizer(MODEL)
@@ -235,7 +235,7 @@ def test_env_killed_the_trainer_waits_says_why_and_resumes(tmp_path, caplog, mon
         envs[0].wait(10)
         got = {}
         puller = threading.Thread(target=lambda: got.update(rows=[src.rows(2), src.rows(3)]), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="baton.api_source"):
+        with caplog.at_level(logging.WARNING, logger="baton.sources.api"):
             puller.start()
             deadline = time.monotonic() + 30
             while not any("0 of 1 environments alive" in r.message for r in caplog.records):

@@ -53,6 +53,6 @@ def test_build_and_register():
         with pytest.raises(ValueError, match="already registered"):
             register_transport("pigeon_test", "servers")(type("Other", (), {}))
     finally:
-        registry._TRANSPORTS.pop(("pigeon_test", "servers"))
+        registry.TRANSPORTS.pop(("pigeon_test", "servers"))
     with pytest.raises(ValueError, match="placements must be among"):
         register_transport("x", "attic")

@@ -1,4 +1,4 @@
-"""Generation on a pool of its own, overlapping the update (trainer.mode, async_source.py):
+"""Generation on a pool of its own, overlapping the update (trainer.mode, baton.sources.ahead):
 the placement the modes derive and refuse, staleness 0 = the synchronous run exactly, policy
 age under one_step_off, a killed generator as an error within seconds, and an exact resume
 with the staleness state (rows sampled ahead, by the versions that sampled them)."""

@@ -7,7 +7,7 @@ import torch
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import LocalFuture
-from baton.trainers.async_source import GeneratorSource
+from baton.sources.ahead import GeneratorSource
 from baton.data.prompts import PromptSampler
 from baton.trainers.run_state import RunState
 

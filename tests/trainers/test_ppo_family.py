@@ -139,6 +139,14 @@ def test_combinations_that_cannot_run_are_refused_by_name(model_dir, tmp_path):
     assert "trainer.max_staleness" in error("trainer.max_staleness=2")  # sync, no API: nothing it bounds
     assert "use trainer.mode=sync" in error("data.source=api", "trainer.mode=async")
     assert "unknown config key" in error("algo.tis_cap=2")  # one off-policy mechanism: algo.off_policy
+    # estimators' declared needs: a group estimator with one sample a prompt, a key no estimator reads
+    assert "rollout.n=1" in error("algo.advantage=turn_grpo", "rollout.n=1", "actor.mini_batch_size=0")
+    assert "rollout.temperature=0" in error("algo.advantage=turn_grpo", "rollout.temperature=0")
+    assert "algo.lam=0.9" in error("algo.advantage=reinforce_pp", "algo.lam=0.9")
+    assert "needs values from a critic" in error("algo.advantage=gae")
+    # the row source's declared capabilities (baton.sources.SOURCES)
+    assert "rollout.top_k" in error("data.source=api", "rollout.top_k=5")
+    assert "give both or neither" in error("data.source=agent")
     cfg = config("grpo_arithmetic.yaml", model_dir, tmp_path)
     assert cfg.algorithm == "grpo" and cfg.algo.advantage == "grpo"
     assert config("ppo_arithmetic.yaml", model_dir, tmp_path, *CRITIC, "algo.advantage=").algo.advantage == "gae"

@@ -1,4 +1,5 @@
-"""`ApiSource`: a step's rows pulled from the trajectory API (`data.source: api`).
+"""`ApiSource`: a step's rows pulled from the trajectory API (`data.source: api`); registered
+as "api" in `baton.sources.SOURCES`.
 
     baton api --port 8000 &  baton serve MODEL --port 8001 &
     baton env arithmetic --api http://127.0.0.1:8000 --server http://127.0.0.1:8001 &
@@ -47,10 +48,10 @@ from baton.batch import Batch
 from baton.controller import colocated_groups
 from baton.services.client import APIClient
 from baton.services.groups import groups_to_batch
-from baton.trainers.run_state import RunState
+from baton.sources.base import Prompts
 from baton.workers.server_sync import ServerSyncWorker
 
-log = logging.getLogger("baton.api_source")
+log = logging.getLogger("baton.sources.api")
 WAIT_REPORT_S = 10.0  # how often a waiting trainer says what it waits for
 ENSURE_EVERY_S = 5.0  # how often a waiting trainer checks the servers' weight versions
 
@@ -69,7 +70,7 @@ class ApiSource:
     """Rows from `baton api` (see the module docstring). `actor`: the actor group (the
     server-sync role is colocated with it; logprobs for groups that carry none)."""
 
-    def __init__(self, cfg: Any, actor: Any, state: RunState, probe_prompt: str, tokenizer: Any = None):
+    def __init__(self, cfg: Any, actor: Any, state: Prompts, probe_prompt: str, tokenizer: Any = None):
         d, t = cfg.data, cfg.trainer
         if getattr(t, "mode", "sync") != "sync":
             raise ValueError(f"data.source=api pulls batches from the API; trainer.mode={t.mode!r} (a rollout pool "
@@ -156,6 +157,9 @@ class ApiSource:
         self.pushed = version
         return parity if check else None
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {"stale_groups": self.stale_groups}  # the queue itself lives in the API's store
 
@@ -169,3 +173,8 @@ class ApiSource:
                 self.servers.close_sync()
             finally:
                 self.servers.shutdown()
+
+
+def build(cfg: Any, roles: dict[str, Any], state: Any) -> ApiSource:
+    """The trajectory API's source for `cfg` (data.source: api); probes with the first eval prompt."""
+    return ApiSource(cfg, roles["actor"], state, probe_prompt=state.eval_rows[0]["prompt"])

@@ -1,4 +1,5 @@
-"""`EpisodeSource`: the row source of `data.source: agent` (see baton.trainers.sources).
+"""`EpisodeSource`: the row source of `data.source: agent` (registered as "agent" in
+`baton.sources.SOURCES`; "agent_generator", "gateway" and "gateway_generator" below).
 
     source = EpisodeSource(AgentConfig(**recipe["agent"]), rollout, state, prompts_per_step)
     rows = source.rows(step)      # multi-turn rows, fields below
@@ -40,9 +41,9 @@ from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.agents.dispatch import STATS, merge_stats
 from baton.batch import Batch
 from baton.controller import Future
-from baton.trainers.async_source import GeneratorSource
-from baton.trainers.run_state import RunState
-from baton.trainers.sources import RolloutSource
+from baton.sources.ahead import GeneratorSource, generator_args
+from baton.sources.base import Prompts
+from baton.sources.colocated import RolloutSource
 
 
 REDRAW = 1_000_000  # a redraw of step s samples with the seeds of step s + k * REDRAW
@@ -106,7 +107,7 @@ def stats_metrics(stats: dict[str, Any]) -> dict[str, float]:
 class EpisodeSource(RolloutSource):
     """Weights, state and close as `RolloutSource` (the same rollout role); rows are episodes."""
 
-    def __init__(self, cfg: AgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
+    def __init__(self, cfg: AgentConfig, rollout: Any, state: Prompts, prompts_per_step: int) -> None:
         cfg.check()
         super().__init__(rollout, state, prompts_per_step)
         self.cfg = cfg
@@ -177,7 +178,7 @@ class SessionSource(EpisodeSource):
     on the rollout role's engine (`RolloutWorker.generate_sessions`, baton.agents.gateway_run);
     group_index as EpisodeSource, metrics agent/* (sessions, drops by kind)."""
 
-    def __init__(self, cfg: GatewayAgentConfig, rollout: Any, state: RunState, prompts_per_step: int) -> None:
+    def __init__(self, cfg: GatewayAgentConfig, rollout: Any, state: Prompts, prompts_per_step: int) -> None:
         cfg.check()
         RolloutSource.__init__(self, rollout, state, prompts_per_step)
         self.cfg = cfg
@@ -218,3 +219,20 @@ def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, 
         return {"eval/accuracy_greedy": m["accuracy"]}
     return {"eval/accuracy_greedy": m["accuracy"], "eval/tool_call_ok": m["first_turn_call_ok"],
             "eval/tool_call_ok_of_tried": m["tool_call_ok"]}
+
+
+# --- the registered builders (baton.sources.SOURCES) --------------------------------------
+def build_episodes(cfg: Any, roles: dict[str, Any], state: Prompts) -> EpisodeSource:
+    return EpisodeSource(cfg.agent, roles["rollout"], state, cfg.data.prompts_per_step)
+
+
+def build_episode_generator(cfg: Any, roles: dict[str, Any], state: Prompts) -> EpisodeGeneratorSource:
+    return EpisodeGeneratorSource(cfg.agent, **generator_args(cfg, roles, state))
+
+
+def build_sessions(cfg: Any, roles: dict[str, Any], state: Prompts) -> SessionSource:
+    return SessionSource(cfg.gateway, roles["rollout"], state, cfg.data.prompts_per_step)
+
+
+def build_session_generator(cfg: Any, roles: dict[str, Any], state: Prompts) -> SessionGeneratorSource:
+    return SessionGeneratorSource(cfg.gateway, **generator_args(cfg, roles, state))

@@ -1,5 +1,6 @@
-"""Rows from a generator on a pool of its own, running ahead of the trainer within a staleness
-bound (`trainer.mode`: sync | one_step_off | async; `trainer.max_staleness`).
+"""`GeneratorSource`: rows from a generator on a pool of its own, running ahead of the trainer
+within a staleness bound (`trainer.mode`: sync | one_step_off | async; `trainer.max_staleness`);
+registered as "generator" in `baton.sources.SOURCES`.
 
     baton train recipes/grpo_arithmetic.yaml trainer.mode=one_step_off
     baton train recipes/grpo_arithmetic.yaml trainer.mode=async trainer.max_staleness=2
@@ -44,9 +45,7 @@ from typing import Any
 from baton.batch import Batch
 from baton.controller import Future
 from baton.sync import build_transport, resolve_weight_sync
-from baton.trainers.placement import apart
-from baton.trainers.run_state import RunState
-from baton.trainers.sources import RolloutSource, RowSource
+from baton.sources.base import Prompts
 
 
 @dataclass
@@ -70,7 +69,7 @@ class GeneratorSource:
     reward=)`: rows of a `GeneratorWorker` group (`rollout`) fed by the actor's
     `WeightsWorker` group (`weights`); `reward` given: the source scores the rows too."""
 
-    def __init__(self, rollout: Any, weights: Any, state: RunState, prompts_per_step: int, *,
+    def __init__(self, rollout: Any, weights: Any, state: Prompts, prompts_per_step: int, *,
                  max_staleness: int, total_steps: int, reward: Any = None,
                  weight_sync: str = "auto") -> None:
         if max_staleness < 0:
@@ -133,6 +132,9 @@ class GeneratorSource:
         trainer_lp = self.weights.probe_logprobs(prompt_ids, token_ids)[0]
         return [max((abs(a - b) for a, b in zip(engine_lp, trainer_lp)), default=0.0)]
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """The staleness state: the rows of every admitted step (waits for them), the next
         step to admit and the bound."""
@@ -152,17 +154,7 @@ class GeneratorSource:
         self.transport.close()
 
 
-def rollout_source(cfg: Any, roles: dict[str, Any], state: RunState) -> RowSource:
-    """The row source of a GRPO run's own rollout role: colocated (`RolloutSource`: sync,
-    in place) or on a pool of its own (`GeneratorSource`: `trainer.mode` decides how far it
-    runs ahead; it scores the rows when the reward role is not on the actor's pool)."""
-    if not apart(cfg):  # ReMax: also one greedy response per prompt
-        return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step,
-                             greedy_baseline=getattr(cfg, "remax", False))
-    return GeneratorSource(**generator_args(cfg, roles, state))
-
-
-def generator_args(cfg: Any, roles: dict[str, Any], state: RunState) -> dict[str, Any]:
+def generator_args(cfg: Any, roles: dict[str, Any], state: Prompts) -> dict[str, Any]:
     """`GeneratorSource`'s arguments for a run whose rollout is on a pool of its own."""
     p = cfg.placement
     scores = p.pool_of("reward") != p.pool_of("actor")
@@ -172,4 +164,9 @@ def generator_args(cfg: Any, roles: dict[str, Any], state: RunState) -> dict[str
                 weight_sync=cfg.rollout.weight_sync)
 
 
-__all__ = ["GeneratorSource", "generator_args", "rollout_source"]
+def build(cfg: Any, roles: dict[str, Any], state: Prompts) -> GeneratorSource:
+    """The generator of a run whose rollout is on a pool of its own."""
+    return GeneratorSource(**generator_args(cfg, roles, state))
+
+
+__all__ = ["GeneratorSource", "build", "generator_args"]

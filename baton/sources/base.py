@@ -1,0 +1,91 @@
+"""What every row source is and declares: the `RowSource` protocol the drivers call, and the
+`SourceSpec` each source is registered with (`baton.sources.SOURCES`), so the config check,
+the driver's choice and `baton launch` read a source's capabilities instead of re-deriving
+them from `data.source`, `trainer.mode` and placement.
+
+    rows = source.rows(step)                          # Batch, before rewards (or scored)
+    parity = source.weights_updated(version, check)   # push the new weights to the generator(s)
+    metrics = source.metrics()                        # the source's own step metrics (agent/*)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from baton.batch import Batch
+
+
+class Prompts(Protocol):
+    """What a source reads of the run's state (`baton.trainers.run_state.RunState`): the
+    prompt sampler and the step the run starts from."""
+    step: int
+
+    def next_prompts(self, n: int) -> Batch: ...
+
+
+class RowSource(Protocol):
+    def rows(self, step: int) -> Batch:
+        """The rows of trainer step `step` (1-based)."""
+        ...
+
+    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
+        """The trainer's weights are now `version`: make the generator(s) use them. With
+        check, return per-engine max |engine - trainer| logprob on a probe prompt."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """The source's own metrics of the step last returned by `rows` ({} for most)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A row source and what it can do, declared once where it is registered.
+
+    data_source     the `data.source` value that selects it
+    build           "module:attr" of `build(cfg, roles, state) -> RowSource`, imported on use
+    generator       needs a generator process: the rollout on a pool of its own (chosen when
+                    placement puts it apart from the actor, or trainer.mode overlaps)
+    draws_more      can draw more rows for a step on demand (DAPO's dynamic sampling)
+    greedy_baseline can add one greedy response per prompt (ReMax's baseline)
+    runs_ahead      samples ahead of the trainer, as far as `trainer.mode` /
+                    `trainer.max_staleness` allow
+    bounds_age      reads `trainer.max_staleness` as the oldest rows it serves (in sync mode)
+    scored          its rows arrive scored (environments, agents): no reward role, and the
+                    `reward:` section is not read
+    own_sampling    who samples with settings of their own ("" = this run's rollout, which
+                    reads rollout.top_p / top_k)
+    section         the config section it runs (`agent:`, `gateway:`), given iff chosen
+    sync_only       refuses an overlapping trainer.mode (its rows come from elsewhere)
+    launched        its rows come from services `baton launch` starts (API, servers, environments)
+    reads           the config sections it reads
+    """
+    data_source: str
+    build: str
+    generator: bool = False
+    draws_more: bool = False
+    greedy_baseline: bool = False
+    runs_ahead: bool = False
+    bounds_age: bool = False
+    scored: bool = False
+    own_sampling: str = ""
+    section: str | None = None
+    sync_only: bool = False
+    launched: bool = False
+    reads: tuple[str, ...] = ("data", "rollout")
+
+
+def apart(cfg: Any) -> bool:
+    """Whether the rollout sits on a pool other than the actor's (a generator of its own)."""
+    p = cfg.placement
+    return p.pool_of("rollout") != p.pool_of("actor")
+
+
+__all__ = ["Prompts", "RowSource", "SourceSpec", "apart"]
