@@ -68,6 +68,10 @@ class TurnBatcher:
         self.calls = 0
         self._running = self._closed = False
         self._lock = threading.Condition()
+        # the engine's owner's torch (OpenMP) thread count: the engine runs in a thread of
+        # ours, which would start with OpenMP's default (vLLM's CPU attention refuses a count
+        # other than the one its metadata was built with)
+        self.threads = torch.get_num_threads()
 
     async def generate(self, ids: list[int], max_new: int, key: int = 0) -> Completion:
         """One turn of trajectory `key`: requests go to the engine in the order of their keys,
@@ -112,6 +116,8 @@ class TurnBatcher:
             threading.Thread(target=self._run, args=(batch,), name="baton-turns", daemon=True).start()
 
     def _run(self, batch: list | None) -> None:
+        torch.set_num_threads(self.threads)
+        torch.get_num_threads()  # initializes this thread's OpenMP settings before the engine reads them
         while batch:
             self._flush(batch)
             with self._lock:

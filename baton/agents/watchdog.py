@@ -33,6 +33,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator
 
+import torch
+
 from baton.rollout._http_guards import quiet_clients_left_open
 
 GRACE_S = 0.5
@@ -65,7 +67,8 @@ class Watch:
             return first
 
 
-def _thread(job: Callable[[Watch], Awaitable[Any]], watch: Watch, out: Future) -> None:
+def _thread(job: Callable[[Watch], Awaitable[Any]], watch: Watch, out: Future, threads: int) -> None:
+    torch.set_num_threads(threads)  # the caller's: a new thread would start with OpenMP's default
     loop = asyncio.new_event_loop()
     quiet_clients_left_open(loop)
     try:
@@ -91,7 +94,7 @@ def run_watched(jobs: list[Callable[[Watch], Awaitable[Any]]], deadline_s: float
     watches = [Watch() for _ in jobs]
     futures = [Future() for _ in jobs]
     for i, job in enumerate(jobs):
-        threading.Thread(target=_thread, args=(job, watches[i], futures[i]), name=f"{name}-{i}",
+        threading.Thread(target=_thread, args=(job, watches[i], futures[i], torch.get_num_threads()), name=f"{name}-{i}",
                          daemon=True).start()
     results: list[Any] = [None] * len(jobs)
     pending = set(range(len(jobs)))
