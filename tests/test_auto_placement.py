@@ -1,4 +1,4 @@
-"""`placement: auto` (baton.controller.auto_placement.choose): hand-worked cases. Auto picks
+"""`placement: auto` (baton.trainers.auto_placement.choose): hand-worked cases. Auto picks
 devices, ranks and threads; it never changes trainer.mode (the recipe's)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from baton.controller.auto_placement import AUTO_KEYS, MIN_DP_PARAMS, AutoView, choose, view_from_config
+from baton.trainers.auto_placement import AUTO_KEYS, MIN_DP_PARAMS, AutoView, choose, view_from_config
 
 DEMO = AutoView(prompts_per_step=64)  # the demo recipe: 64 prompts, nothing placed by hand
 AHEAD = AutoView(prompts_per_step=64, mode="one_step_off")  # a recipe that generates ahead
@@ -122,7 +122,7 @@ def test_bad_machine():
 def test_machine_and_model_size_probes():
     from pathlib import Path
 
-    from baton.controller.auto_placement import count_model_params, detect_machine
+    from baton.trainers.auto_placement import count_model_params, detect_machine
     from baton.models.load import load_model
 
     cores, gpus = detect_machine()

@@ -49,7 +49,7 @@ AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe 
 def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
-    unset (`baton.controller.auto_placement`), printed in one line; what it decided becomes
+    unset (`baton.trainers.auto_placement`), printed in one line; what it decided becomes
     explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
     Auto never changes `trainer.mode` or anything else the update computes.
 
@@ -93,7 +93,7 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     from baton.trainers.run import check_inputs
 
     check_inputs(cfg)  # the model dir exists before its size is read
-    from baton.controller.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+    from baton.trainers.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
                                                  view_from_config)
 
     view = view_from_config(cfg, explicit_keys(merged))
@@ -109,7 +109,7 @@ def explicit_keys(merged: dict[str, Any]) -> set[str]:
 
 def _resume_keys() -> tuple[str, ...]:
     """What a resumed run keeps from its config.yaml: what auto decided, and the run's mode."""
-    from baton.controller.auto_placement import AUTO_KEYS
+    from baton.trainers.auto_placement import AUTO_KEYS
 
     return (*AUTO_KEYS, "trainer.mode")
 
