@@ -32,7 +32,7 @@ import torch
 from transformers import GenerationConfig
 
 from baton.models import build_tiny_model
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 

@@ -100,7 +100,7 @@ def test_a_gateway_agent_blocking_its_loop_is_dropped_at_the_session_deadline(mo
     from baton.agents.gateway_run import run_sessions
     from baton.models.tiny import build_tiny_model
     from baton.models.tokenizer import build_char_tokenizer
-    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.embedded import EmbeddedEngine
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     tok = build_char_tokenizer()

@@ -161,7 +161,7 @@ def test_config_check():
 def test_embedded_engine_rows():
     from baton.models.tiny import build_tiny_model
     from baton.models.tokenizer import build_char_tokenizer
-    from baton.rollout.engine import EmbeddedEngine
+    from baton.rollout.embedded import EmbeddedEngine
 
     tok = build_char_tokenizer()
     eng = EmbeddedEngine(build_tiny_model("0.75m"), tok)

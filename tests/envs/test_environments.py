@@ -19,7 +19,7 @@ from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
 from baton.protocol import Completion
 from baton.rewards.math import extract_answer, gsm8k_gold, math_correct, normalize_number
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "recipes/data/gsm8k_sample.jsonl"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from baton.models import build_tiny_model
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from tests.rollout.test_static_decode import (  # noqa: F401 (a fixture)
     PROMPTS,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from baton.models import build_char_tokenizer, build_tiny_model
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import Completion, Engine, SamplingParams
 
 torch.set_num_threads(1)

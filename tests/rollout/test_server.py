@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from baton.sync import check_logprob_parity, save_safetensors_atomic
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from baton.rollout.engine import EmbeddedEngine, GenerationCancelled
+from baton.rollout.embedded import EmbeddedEngine, GenerationCancelled
 from baton.rollout.protocol import SamplingParams
 from baton.rollout.server import build_app, parse_serve_args
 from baton.sync import check_logprob_parity, save_safetensors_atomic

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from baton.models.tiny import build_tiny_model
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 
 LONG = 400  # tokens of the long generation

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from baton.models import build_tiny_model
-from baton.rollout import engine as engine_module
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout import embedded as engine_module
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from baton.rollout.static_decode import StaticDecoder, bucket_for, bucket_sizes
 

@@ -20,7 +20,7 @@ import torch
 
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import Completion, SamplingParams
 
 CHATML_TOOLS = (

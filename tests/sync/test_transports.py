@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from baton.rollout.engine import EmbeddedEngine
+from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
 from baton.sync import (BroadcastSync, CheckpointSync, InplaceSync, WeightReceiver, WeightSync, build_transport,
