@@ -207,7 +207,8 @@ class Batch:
 
     def padding_mask(self) -> torch.Tensor:
         """[B] bool: True on the trailing rows that are dispatch padding (meta[PAD_KEY])."""
-        mask = torch.zeros(len(self), dtype=torch.bool)
+        device = next((t.device for t in self.tensors.values()), None)  # the rows' device (a worker's)
+        mask = torch.zeros(len(self), dtype=torch.bool, device=device)
         pad = self.meta.get(PAD_KEY, 0)
         if pad:
             mask[len(self) - pad:] = True

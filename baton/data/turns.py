@@ -13,11 +13,13 @@ sampled; only the appended text is tokenized.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 _MARK = "BATONASSISTANTCONTENT"
 
 
+@lru_cache(maxsize=64)  # one render per (tokenizer, template): asked for every trajectory and every turn
 def assistant_close(tokenizer: Any, template: str | None = None) -> str:
     """What the chat template (`template`, else the tokenizer's) writes after an assistant
     message's content, found by rendering one."""
@@ -32,8 +34,13 @@ def boundary_after(tokenizer: Any, sampled: list[int], close: str) -> str:
     """The text that closes a turn after its sampled ids as the template closes an assistant
     message (`close`): less the end-of-turn token when the model sampled it (a special token
     `close` starts with), all of it otherwise."""
-    if sampled and sampled[-1] in set(tokenizer.all_special_ids):
+    if sampled and sampled[-1] in _special_ids(tokenizer):
         last = tokenizer.decode(sampled[-1:], skip_special_tokens=False)
         if last and close.startswith(last):
             return close[len(last):]
     return close
+
+
+@lru_cache(maxsize=64)
+def _special_ids(tokenizer: Any) -> frozenset[int]:
+    return frozenset(tokenizer.all_special_ids)  # a property HF recomputes on every access

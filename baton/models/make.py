@@ -15,6 +15,7 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, preset: str = "0.75m", fami
     tok = build_char_tokenizer()
     model = build_tiny_model(preset, family=family, vocab_size=len(tok), seed=seed, **overrides)
     path = save_pretrained(model, tok, out_dir)
-    print(f"wrote {path}: a tiny {family} model, preset {preset}, {count_params(model):,} parameters "
-          f"({count_params(model) / 1e6:.2f}M), seed {seed}, with its tokenizer")
+    n = count_params(model)
+    print(f"wrote {path}: a tiny {family} model, preset {preset}, {n:,} parameters ({n / 1e6:.2f}M), seed {seed}, "
+          f"with its tokenizer")
     return path

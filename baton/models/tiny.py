@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
 
-from baton.models.presets import PRESETS  # noqa: E402  (the shapes; re-exported)
+from baton.models.presets import PRESETS  # the shapes (re-exported)
 
 _FAMILIES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 

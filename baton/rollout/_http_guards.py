@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 PUBLIC_PATHS = frozenset({"/health"})
 OFF_LOOP_BYTES = 1 << 16  # bodies above this are parsed off the event loop
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # the OpenAI routes: text (a 128k-token conversation is < 1 MiB)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
                415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",

@@ -13,6 +13,8 @@ requests on a LoRA adapter answer 400 for k > 1, naming why.
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 import torch
@@ -37,11 +39,14 @@ def top_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int], temp
         return [[] for _ in ids]
     device = next(model.parameters()).device
     x = torch.tensor([prompt + ids], device=device)  # [1, P+C]
-    logits = model(input_ids=x).logits[0, len(prompt) - 1:len(prompt) - 1 + len(ids)].float()  # [C, V]
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:  # only the last C+1 positions' logits
+        logits = model(input_ids=x, logits_to_keep=len(ids) + 1).logits[0, :len(ids)].float()  # [C, V]
+    else:
+        logits = model(input_ids=x).logits[0, len(prompt) - 1:len(prompt) - 1 + len(ids)].float()  # [C, V]
     if temperature > 0:
         logits = logits / temperature
     values, index = torch.log_softmax(logits, -1).topk(min(k, logits.shape[-1]), -1)  # [C, k]
-    return [list(zip(i.tolist(), v.tolist())) for i, v in zip(index.cpu(), values.cpu())]
+    return [list(zip(i, v)) for i, v in zip(index.tolist(), values.tolist())]
 
 
 async def alternatives(srv: Any, prompts: list[list[int]], comps: list[Any], temperature: float,

@@ -32,14 +32,15 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
     @app.post("/v1/completions", responses=responses)
     async def completions(req: CompletionRequest, request: Request) -> Any:
         srv.check_model(req.model)
-        _reject_unsupported(req, can_score(srv.engine, srv.lora_for(req.model)))
+        lora = srv.lora_for(req.model)
+        _reject_unsupported(req, can_score(srv.engine, lora))
         prompts = await _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
         max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
         params = _params(n=req.n, max_new_tokens=max_new,
                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                          stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos,
-                         lora=srv.lora_for(req.model))
+                         lora=lora)
         comps = await srv.generate(request, prompts, params)
         top = await alternatives(srv, prompts, comps, req.temperature, req.logprobs) if (req.logprobs or 0) > 1 \
             else None
@@ -72,7 +73,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
     @app.post("/v1/chat/completions", responses=responses)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         srv.check_model(req.model)
-        _reject_unsupported(req, can_score(srv.engine, srv.lora_for(req.model)))
+        lora = srv.lora_for(req.model)
+        _reject_unsupported(req, can_score(srv.engine, lora))
         tok = srv.need_tokenizer()
         tools = check_tools(req.tools, req.tool_choice)
         opening = forced_opening(req.tool_choice) if tools else ""
@@ -89,7 +91,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
                          top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
-                         seed=req.seed, ignore_eos=req.ignore_eos, lora=srv.lora_for(req.model))
+                         seed=req.seed, ignore_eos=req.ignore_eos, lora=lora)
         comps = await srv.generate(request, [prompt], params)
         k = req.top_logprobs or 0
         top = await alternatives(srv, [prompt], comps, req.temperature, k) if req.logprobs and k > 1 else None

@@ -14,14 +14,13 @@ from typing import Any, Sequence
 from fastapi import HTTPException, Request
 
 from baton.rollout._server_batcher import Batcher, EngineRunner
-from baton.rollout._http_guards import APIError, BearerAuth, OffLoop, check_model
+from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, APIError, BearerAuth, OffLoop, check_model  # noqa: F401  (the default re-exported for server.py)
 from baton.rollout._server_guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
 
 DEFAULT_MAX_REQUEST_TOKENS = 65536
 DEFAULT_WEDGED_AFTER_S = 300.0
-DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # the OpenAI routes: text (a 128k-token conversation is < 1 MiB)
 DEFAULT_MAX_GENERATE_BODY_BYTES = 32 * 2**20  # /generate: token-id batches from a trainer (~8 bytes an id)
 
 
@@ -84,7 +83,10 @@ class _Server:
 
     def check_model(self, name: Any) -> None:
         """404 for a `model` that is neither the served model (or an alias) nor a LoRA adapter."""
-        check_model(name, self.aliases + sorted(getattr(self.engine, "adapters", {})))
+        adapters = getattr(self.engine, "adapters", {})
+        if name is None or name in self.aliases or name in adapters:  # the common case: no list built
+            return
+        check_model(name, self.aliases + sorted(adapters))
 
     def default_tokens(self, prompts: list[list[int]]) -> int:
         """max_tokens for a client that gave none: the default, shortened to fit the context."""

@@ -164,7 +164,8 @@ _RENDERS_TOOLS: dict[str, bool] = {}  # chat template text -> whether it writes 
 def renders_tools(tok: Any) -> bool:
     """Whether `tok`'s chat template writes the definitions of the tools it is given
     (rendered once per template with a probe tool whose name cannot occur otherwise)."""
-    key = repr(getattr(tok, "chat_template", None))
+    template = getattr(tok, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)  # a str's hash is cached; a dict of templates: its repr
     if key not in _RENDERS_TOOLS:
         probe = {"type": "function", "function": {"name": PROBE_TOOL_NAME, "description": "probe",
                                                   "parameters": {"type": "object", "properties": {}}}}

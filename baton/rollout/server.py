@@ -351,14 +351,14 @@ def serve_main(argv: list[str] | None = None) -> None:
     import torch
 
     from baton.models.load import load_model, load_tokenizer
+    from baton.models.precision import pick_device, resolve_bf16
     from baton.rollout.engines import DEFAULT_ENGINE, build_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
-    model = load_model(str(model_dir), dtype=getattr(torch, args.dtype), device=device)
+    device = pick_device(args.device)
+    dtype = args.dtype if args.dtype != "auto" else "bfloat16" if resolve_bf16(None, device) else "float32"
+    model = load_model(str(model_dir), dtype=getattr(torch, dtype), device=device)
     tokenizer = load_tokenizer(str(model_dir))
     engine = build_engine(DEFAULT_ENGINE, model, tokenizer, max_batch_tokens=args.max_batch_tokens)
     name = args.model_name or model_dir.name
@@ -371,7 +371,7 @@ def serve_main(argv: list[str] | None = None) -> None:
                     log_requests=args.log_requests, slice_steps=args.slice_steps,
                     max_running=args.max_running)
     sock = socket.create_server((args.host, args.port))
-    print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {args.dtype})", flush=True)
+    print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {dtype})", flush=True)
     print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "
           f"admin endpoints {'on' if admin else 'off'}; weights from {', '.join(map(str, weights_dirs))}", flush=True)
     if admin and not api_key and not _is_loopback(args.host):

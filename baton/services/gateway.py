@@ -67,10 +67,10 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.rollout._http_guards import (APIError, OffLoop, check_model, install_guards, quiet_clients_left_open,
-                                        run_uvicorn)
+from baton.data.turns import assistant_close, boundary_after  # whatever ended the turn (EOS, stop, length)
+from baton.rollout._http_guards import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
+                                        quiet_clients_left_open, run_uvicorn)
 from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
-from baton.rollout._server_state import DEFAULT_MAX_BODY_BYTES
 from baton.rollout._server_stream import chat_chunks, include_usage, sse
 from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
@@ -253,8 +253,6 @@ class Gateway:
         if not closed.startswith(before) or not full.startswith(closed):
             raise HTTPException(400, f"session {s.id}: the chat template does not render this conversation "
                                      f"as a prefix of the next (it rewrites history): cannot keep one trajectory")
-        from baton.data.turns import assistant_close, boundary_after  # whatever ended the turn (EOS, stop, length)
-
         boundary = boundary_after(self.tok, s.last_sampled, assistant_close(self.tok))  # the template's close
         sampled = self.tok.decode(s.last_sampled, skip_special_tokens=False)
         s.boundary_mismatches += int(closed[len(before):] != sampled + boundary)  # the template writes it otherwise
@@ -348,13 +346,12 @@ class Gateway:
 
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI):
-            previous, gw.tok_thread = gw.tok_thread, OffLoop("baton-gateway-tokenize")
+            gw.tok_thread = mine = OffLoop("baton-gateway-tokenize")
             quiet_clients_left_open()  # an in-process agent's clients may be finalized on this loop
-            mine = gw.tok_thread
             yield
             mine.close()
-            if gw.tok_thread is mine:  # another app of this gateway may have started meanwhile
-                gw.tok_thread = previous
+            if gw.tok_thread is mine:  # never hand back a closed thread
+                gw.tok_thread = None
 
         app = FastAPI(title="baton gateway", lifespan=lifespan)
         install_guards(app, api_key=api_key, max_body_bytes=max_body_bytes)  # before any route: strict JSON

@@ -27,17 +27,17 @@ from baton.sources.base import Prompts, RowSource, SourceSpec, apart
 SOURCES: Registry = Registry("row source")
 SCORED = dict(scored=True, reads=("data", "rollout", "trainer"))
 SOURCES.add("rollout", SourceSpec("rollout", "baton.sources.colocated:build", draws_more=True, greedy_baseline=True))
-SOURCES.add("generator", SourceSpec("rollout", "baton.sources.ahead:build", generator=True, runs_ahead=True,
+SOURCES.add("generator", SourceSpec("rollout", "baton.sources.ahead:build", generator=True,
                                     reads=("data", "rollout", "trainer", "reward")))
 SOURCES.add("api", SourceSpec("api", "baton.sources.api:build", bounds_age=True, own_sampling="environments",
                               sync_only=True, launched=True, **SCORED))
 SOURCES.add("agent", SourceSpec("agent", "baton.sources.episodes:build_episodes", section="agent", **SCORED))
 SOURCES.add("agent_generator", SourceSpec("agent", "baton.sources.episodes:build_episode_generator", section="agent",
-                                          generator=True, runs_ahead=True, **SCORED))
+                                          generator=True, **SCORED))
 SOURCES.add("gateway", SourceSpec("gateway", "baton.sources.episodes:build_sessions", section="gateway",
                                   own_sampling="agent", **SCORED))
 SOURCES.add("gateway_generator", SourceSpec("gateway", "baton.sources.episodes:build_session_generator",
-                                            section="gateway", own_sampling="agent", generator=True, runs_ahead=True,
+                                            section="gateway", own_sampling="agent", generator=True,
                                             **SCORED))
 
 

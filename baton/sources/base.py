@@ -45,6 +45,9 @@ class RowSource(Protocol):
     def close(self) -> None: ...
 
 
+REDRAW = 1_000_000  # a step's k-th extra draw samples with the seeds of step s + k * REDRAW
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     """A row source and what it can do, declared once where it is registered.
@@ -55,8 +58,6 @@ class SourceSpec:
                     placement puts it apart from the actor, or trainer.mode overlaps)
     draws_more      can draw more rows for a step on demand (DAPO's dynamic sampling)
     greedy_baseline can add one greedy response per prompt (ReMax's baseline)
-    runs_ahead      samples ahead of the trainer, as far as `trainer.mode` /
-                    `trainer.max_staleness` allow
     bounds_age      reads `trainer.max_staleness` as the oldest rows it serves (in sync mode)
     scored          its rows arrive scored (environments, agents): no reward role, and the
                     `reward:` section is not read
@@ -72,7 +73,6 @@ class SourceSpec:
     generator: bool = False
     draws_more: bool = False
     greedy_baseline: bool = False
-    runs_ahead: bool = False
     bounds_age: bool = False
     scored: bool = False
     own_sampling: str = ""

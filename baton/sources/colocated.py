@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.batch import Batch
-from baton.sources.base import Prompts
+from baton.sources.base import REDRAW, Prompts
 
 class RolloutSource:
     """Rows from this run's rollout role, on prompts drawn by the run's sampler."""
@@ -24,7 +24,7 @@ class RolloutSource:
     def rows(self, step: int, draw: int = 0) -> Batch:
         """The rows of `step`; `draw` > 0: more rows for the same step, on new prompts with
         sampling seeds of their own (DAPO's dynamic sampling)."""
-        return self.rollout.generate(self.state.next_prompts(self.prompts_per_step), step + 1_000_000 * draw,
+        return self.rollout.generate(self.state.next_prompts(self.prompts_per_step), step + REDRAW * draw,
                                      greedy_baseline=self.greedy_baseline)
 
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:

@@ -42,11 +42,10 @@ from baton.agents.dispatch import STATS, merge_stats
 from baton.batch import Batch
 from baton.controller import Future
 from baton.sources.ahead import GeneratorSource, generator_args
-from baton.sources.base import Prompts
+from baton.sources.base import REDRAW, Prompts
 from baton.sources.colocated import RolloutSource
 
 
-REDRAW = 1_000_000  # a redraw of step s samples with the seeds of step s + k * REDRAW
 CAUSES = {"tool_error": "raised", "env_error": "raised", "agent_error": "raised", "tool_timeout": "timed out",
           "env_timeout": "timed out", "trajectory_timeout": "timed out", "deadline": "timed out",
           "no_turns": "never sampled", "no_reward": "returned no reward", "budget": "out of tokens or turns",

@@ -44,10 +44,8 @@ def register_transport(name: str, *placements: str) -> Callable[[Any], Any]:
 
     def deco(cls: Any) -> Any:
         for p in placements:
-            if (name, p) in TRANSPORTS and TRANSPORTS[name, p] is not cls:
-                raise ValueError(f"weight sync {name!r} for {p} is already registered "
-                                 f"({TRANSPORTS[name, p].__qualname__})")
-            TRANSPORTS.setdefault((name, p), cls)
+            if TRANSPORTS.get((name, p)) is not cls:  # a module imported twice registers the same class again
+                TRANSPORTS.add((name, p), cls)
         return cls
     return deco
 

@@ -99,6 +99,8 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     view = view_from_config(cfg, explicit_keys(merged))
     choice = choose(*detect_machine(), count_model_params(cfg.model.path), view, memory_bytes=detect_memory())
     print(choice.line(), file=say, flush=True)
+    if not choice.overrides():  # every key was set: the config validated above is the placed one
+        return cfg
     return load_config(cls, data=merge_recipe(None, choice.overrides(), data=as_given))
 
 
@@ -128,10 +130,10 @@ def _saved_placement(cfg: Any, merged: dict[str, Any]) -> list[str] | None:
     if not saved_path.is_file():
         return None
     saved = yaml.safe_load(saved_path.read_text()) or {}
-    out = []
+    given, out = explicit_keys(merged), []
     for key in _resume_keys():
         section, field = key.split(".")
-        if key in explicit_keys(merged) or field not in (saved.get(section) or {}):
+        if key in given or field not in (saved.get(section) or {}):
             continue
         out.append(f"{key}={saved[section][field]}")
     return out

@@ -30,6 +30,7 @@ class EvalPlan:
 def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
     """What `--recipe` evaluates: the recipe's task, held-out rows and generation length."""
     from baton.config import load_config, merge_recipe
+    from baton.envs import get_task
     from baton.trainers.algorithms import DEFAULT, config_class
     from baton.trainers.run_config import DataConfig
     from baton.trainers.run_state import task_rows
@@ -47,7 +48,10 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
     if getattr(cfg, "gateway", None) is not None:
         raise ConfigError("a data.source=gateway recipe's agent is evaluated by its training run (eval/* in "
                           "metrics.jsonl): baton eval runs tasks and data.source=agent recipes")
-    rows = task_rows(data)[1] if isinstance(data, DataConfig) else sft_rows(data)[1]
+    if not data.path:  # the task's held-out rows (no training split built just to be dropped)
+        rows = get_task(data.task).eval_rows(data.eval_size)
+    else:
+        rows = task_rows(data)[1] if isinstance(data, DataConfig) else sft_rows(data)[1]
     rollout = getattr(cfg, "rollout", None)
     return EvalPlan(task=data.task, rows=rows, max_new_tokens=rollout.max_new_tokens if rollout else 16,
                     agent=getattr(cfg, "agent", None))

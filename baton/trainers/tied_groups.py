@@ -14,7 +14,6 @@ reward functions, when a step's share is above one half, and counts such steps a
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from baton.algos.advantages import group_inverse
+from baton.runs.metrics_log import METRICS_FILE, read_metrics
 
 log = logging.getLogger("baton")
 
@@ -29,41 +29,36 @@ MOST = 0.5  # warn when more than this share of a step's groups tie
 TOL = 1e-6  # rewards closer than this are equal
 
 
+def _group_range(rewards: torch.Tensor, group_index: torch.Tensor, tol: float) -> tuple[torch.Tensor, ...]:
+    """Per group (rows with the same `group_index`): (highest reward, lowest reward, tied:
+    spread <= tol) [G] each. rewards [B], group_index [B]."""
+    inverse, n_groups = group_inverse(len(rewards), group_index)  # [B], G
+    r = rewards.float()
+    hi = torch.full((n_groups,), -torch.inf).scatter_reduce(0, inverse, r, "amax")  # [G]
+    lo = torch.full((n_groups,), torch.inf).scatter_reduce(0, inverse, r, "amin")  # [G]
+    return hi, lo, (hi - lo) <= tol
+
+
 def tied_group_frac(rewards: torch.Tensor, group_index: torch.Tensor, tol: float = TOL) -> float:
     """Share of groups (rows with the same `group_index`) whose rewards span at most `tol`:
     their group-relative advantage is zero. rewards [B], group_index [B]; a group of one row
     is tied (nothing to compare it with)."""
-    inverse, n_groups = group_inverse(len(rewards), group_index)  # [B], G
-    hi = torch.full((n_groups,), -torch.inf).scatter_reduce(0, inverse, rewards.float(), "amax")  # [G]
-    lo = torch.full((n_groups,), torch.inf).scatter_reduce(0, inverse, rewards.float(), "amin")  # [G]
-    return ((hi - lo) <= tol).float().mean().item()
+    return _group_range(rewards, group_index, tol)[2].float().mean().item()
 
 
 def tied_at(rewards: torch.Tensor, group_index: torch.Tensor, tol: float = TOL) -> tuple[float, float]:
     """(share of groups tied at the step's highest reward, share tied at its lowest): every
     sample right (nothing left to learn there) vs every sample wrong (no sample to learn from).
     rewards [B], group_index [B]."""
-    inverse, n_groups = group_inverse(len(rewards), group_index)  # [B], G
-    r = rewards.float()
-    hi = torch.full((n_groups,), -torch.inf).scatter_reduce(0, inverse, r, "amax")  # [G]
-    lo = torch.full((n_groups,), torch.inf).scatter_reduce(0, inverse, r, "amin")  # [G]
-    tied = (hi - lo) <= tol  # [G]
-    top, bottom = (tied & (hi >= r.max() - tol)), (tied & (lo <= r.min() + tol))  # [G]
+    hi, lo, tied = _group_range(rewards, group_index, tol)  # [G] each
+    top, bottom = (tied & (hi >= rewards.max() - tol)), (tied & (lo <= rewards.min() + tol))  # [G]
     return top.float().mean().item(), (bottom & ~top).float().mean().item()
 
 
 def tied_steps_logged(path: Path, before: int) -> int:
     """Steps before `before` that metrics.jsonl records as mostly tied (0 without a log)."""
-    if not path.is_file():
-        return 0
-    count = 0
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        count += rec.get("step", before) < before and rec.get("reward/tied_group_frac", 0) > MOST
-    return count
+    return sum(rec.get("step", before) < before and rec.get("reward/tied_group_frac", 0) > MOST
+               for rec in read_metrics(path))
 
 
 def reward_names(cfg: Any) -> list[str]:
@@ -82,7 +77,7 @@ class TiedGroups:
 
         self.names = reward_names(cfg)
         self.group_relative = estimator_needs(cfg.algo.advantage).groups  # it compares a prompt's samples
-        self.metrics_path = Path(cfg.trainer.run_dir) / "metrics.jsonl"
+        self.metrics_path = Path(cfg.trainer.run_dir) / METRICS_FILE
         self.steps: int | None = None  # steps in which most groups tied (read at the first check)
         self.warned = False
 

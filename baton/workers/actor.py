@@ -30,7 +30,7 @@ from baton import fields as F
 from baton.algos import actor_loss
 from baton.algos.off_policy import mismatch_kl_sums
 from baton.algos.config import AlgoConfig
-from baton.batch import Batch
+from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
@@ -219,12 +219,12 @@ class ActorWorker(Worker):
     @staticmethod
     def _mask_padding(batch: Batch) -> Batch:
         """Dispatch padding rows (copies of real rows) must not count in the loss."""
-        pad = batch.padding_mask()  # [B]
-        if not pad.any():
+        if not batch.meta.get(PAD_KEY, 0):  # no padding rows (read from meta: no device sync)
             return batch
+        pad = batch.padding_mask()  # [B], on the batch's device
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
         mask = batch[F.RESPONSE_MASK]
-        batch[F.RESPONSE_MASK] = mask * ~pad.to(mask.device)[:, None]
+        batch[F.RESPONSE_MASK] = mask * ~pad[:, None]
         return batch
 
     # --- checkpoints -------------------------------------------------------------------

@@ -186,7 +186,7 @@ class CriticWorker(Worker):
         out = []
         with torch.no_grad(), autocast(self.device, self.bf16):
             for micro in batch.minibatches(max(1, self.cfg.micro_batch_size), shuffle=False):
-                out.append(prefix_values(self.model, micro, self.share_prompts).cpu())
+                out.append(prefix_values(self.model, micro, self.share_prompts))  # moved once, at the boundary
         return Batch({F.VALUES: torch.cat(out)})
 
     # --- training ----------------------------------------------------------------------
@@ -204,7 +204,7 @@ class CriticWorker(Worker):
         """
         c = self.cfg
         pad = batch.padding_mask()  # [B] dispatch padding must not count
-        mask_all = batch[F.RESPONSE_MASK].float() * ~pad.to(self.device)[:, None]  # [B, R]
+        mask_all = batch[F.RESPONSE_MASK].float() * ~pad[:, None]  # [B, R]
         batch = Batch(dict(batch.tensors), {}, {})
         batch[F.RESPONSE_MASK] = mask_all
         rows_global = len(batch) * self.dp_size

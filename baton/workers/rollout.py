@@ -41,10 +41,11 @@ from baton.data.rows import prompt_ids
 from baton.envs import get_task
 from baton.envs.evaluate import evaluate
 from baton.models.load import build_like
+from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
-from baton.rollout.engines import build_engine, check_engine_name, engine_class
+from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 from baton.sync.registry import check_weight_sync_name
 from baton.workers.policy import Policy
@@ -61,7 +62,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 16
-    engine: str = "embedded"  # embedded | vllm (baton.rollout.engines)
+    engine: str = DEFAULT_ENGINE  # embedded | vllm (baton.rollout.engines)
     # how the engines get the trainer's weights (baton.sync.registry): auto = inplace / copy
     # when colocated, object_store for a generator on its own pool, broadcast for data.servers
     weight_sync: str = "auto"
@@ -141,7 +142,7 @@ class RolloutWorker(Worker):
         read in place) or an explicit `inplace` sync asks for the module itself."""
         want = policy.compute_dtype
         have = next(policy.module.parameters()).dtype
-        lora = hasattr(policy.module, "peft_config")
+        lora = is_peft(policy.module)
         if want is None or want == have or lora or weight_sync not in ("auto", "copy"):
             return None
         return want

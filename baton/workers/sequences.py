@@ -216,9 +216,9 @@ def batched_logprobs(model: torch.nn.Module, batch: Batch, micro_batch_size: int
     logps, ents = [], []
     for micro in batch.minibatches(max(1, micro_batch_size), shuffle=False):
         logp, ent = response_logprobs(model, micro, temperature, with_entropy)
-        logps.append(logp.cpu())
+        logps.append(logp)  # on the worker's device: the call's boundary moves the result once
         if ent is not None:
-            ents.append(ent.cpu())
+            ents.append(ent)
     out = {"logprobs": torch.cat(logps)}
     if ents:
         out[F.ENTROPY] = torch.cat(ents)
