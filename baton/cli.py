@@ -83,7 +83,7 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from baton.trainers.samples import print_last_samples
+    from baton.trainers.report.samples import print_last_samples
 
     table = Table(title="held-out accuracy")
     table.add_column("model")
@@ -97,7 +97,7 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
                                   for k in ("accuracy_greedy", *extra)))
     console = Console()
     console.print(table)
-    print_last_samples(run_dir, console)  # baton/trainers/samples.py: what the policy wrote, and its reward
+    print_last_samples(run_dir, console)  # baton/trainers/report/samples.py: what the policy wrote, and its reward
     console.print(f"run dir: {run_dir} (metrics.jsonl, samples.jsonl, report.png, checkpoints/)")
 
 
@@ -142,7 +142,10 @@ def _launch(args: argparse.Namespace) -> int:
 
     cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
     if not cfg.source.launched:  # the row source says whether its rows come from services to start
-        raise ValueError(f"baton launch starts the services a data.source=api recipe reads; data.source="
+        from baton.sources import SOURCES
+
+        launched = "/".join(dict.fromkeys(spec.data_source for spec in SOURCES.values() if spec.launched))
+        raise ValueError(f"baton launch starts the services a data.source={launched} recipe reads; data.source="
                          f"{cfg.data.source} needs none (the embedded path is just `baton train`)")
     return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
 
@@ -316,7 +319,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.rundir import RunDirError, RunFinished
-    from baton.trainers.run import Preempted, RewardFailureError
+    from baton.trainers.session.run import Preempted, RewardFailureError
 
     one_line = (RunDirError, FloatingPointError, RewardFailureError, DiskFullError)  # busy/finished run dir; bad training; disk full
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure

@@ -106,8 +106,8 @@ def run(case: str, mode: str, args: argparse.Namespace, root: Path) -> dict:
 def push_costs(args: argparse.Namespace, root: Path) -> None:
     from baton.models.make import make_tiny_checkpoint
     from baton.sources import row_source
-    from baton.trainers.placement import build_roles
-    from baton.trainers.run_state import RunState
+    from baton.trainers.placement.roles import build_roles
+    from baton.trainers.session.state import RunState
 
     models = {"demo 0.82M": str(ROOT / "checkpoints/arith-sft"),
               "25M": str(make_tiny_checkpoint(root / "m25", preset="25m", seed=0))}

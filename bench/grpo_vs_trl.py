@@ -131,7 +131,7 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Resolve the model, load baton's config, and draw the prompts of every step."""
     from _common import load_rl_config, random_model_dir
 
-    from baton.trainers.run_state import RunState
+    from baton.trainers.session.state import RunState
 
     if a.model is None:
         if a.shape == "demo" and (DEFAULT_MODEL / "config.json").exists():

@@ -12,7 +12,7 @@ every step updates both), one torch thread per worker:
 
 Prints per run the median step time and update time over steps 2..N, each update's median
 duration, and the measured overlap of the two updates (from the run's timeline.jsonl: the
-fraction of the shorter update that ran while the other did; see baton.trainers.timeline).
+fraction of the shorter update that ran while the other did; see baton.trainers.session.timeline).
 On a shared 2-core machine the split run can only be as fast as the free cores allow.
 """
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from baton.metrics import read_metrics
-from baton.trainers import timeline
+from baton.trainers.session import timeline
 from _common import SMOKE_PPO, add_smoke, driver, load_rl_config  # bench/_common.py (run from bench/)
 
 PLACEMENTS = {

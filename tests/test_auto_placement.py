@@ -1,4 +1,4 @@
-"""`placement: auto` (baton.trainers.auto_placement.choose): hand-worked cases. Auto picks
+"""`placement: auto` (baton.trainers.placement.auto.choose): hand-worked cases. Auto picks
 devices, ranks and threads; it never changes trainer.mode (the recipe's)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from baton.trainers.auto_placement import AUTO_KEYS, MIN_DP_PARAMS, AutoView, choose, view_from_config
+from baton.trainers.placement.auto import AUTO_KEYS, MIN_DP_PARAMS, AutoView, choose, view_from_config
 
 DEMO = AutoView(prompts_per_step=64)  # the demo recipe: 64 prompts, nothing placed by hand
-AHEAD = AutoView(prompts_per_step=64, mode="one_step_off")  # a recipe that generates ahead
+AHEAD = AutoView(prompts_per_step=64, mode="one_step_off", generator=True)  # a recipe that generates ahead
 P = 25_000_000  # above MIN_DP_PARAMS (4M): data parallel on every core
 SMALL = 820_000  # the demo model's parameters
 
@@ -103,12 +103,15 @@ def test_deterministic():
 
 def test_view_from_a_validated_config():
     cfg = SimpleNamespace(placement=SimpleNamespace(backend="local", world_size=2, threads_per_worker=0,
-                                                    gpus_per_worker=0),
-                          trainer=SimpleNamespace(mode="one_step_off"), data=SimpleNamespace(prompts_per_step=8),
+                                                    gpus_per_worker=0,
+                                                    pool_of=lambda role: "gen" if role == "rollout" else "main"),
+                          trainer=SimpleNamespace(mode="one_step_off"),
+                          data=SimpleNamespace(prompts_per_step=8, source="rollout"),
                           actor=SimpleNamespace(mini_batch_size=16))
     v = view_from_config(cfg, {"placement.world_size", "data.prompts_per_step"})
     assert (v.world_size, v.backend, v.threads_per_worker, v.gpus_per_worker, v.mode, v.prompts_per_step,
             v.rows_per_update, v.has_pools) == (2, None, None, None, "one_step_off", 8, 16, False)
+    assert v.generator  # the registry's "generator" source: a process of its own
     assert view_from_config(cfg, {"placement.roles"}).has_pools
     assert set(AUTO_KEYS) == {"placement.backend", "placement.world_size", "placement.threads_per_worker",
                               "placement.gpus_per_worker"}
@@ -122,7 +125,7 @@ def test_bad_machine():
 def test_machine_and_model_size_probes():
     from pathlib import Path
 
-    from baton.trainers.auto_placement import count_model_params, detect_machine
+    from baton.trainers.placement.auto import count_model_params, detect_machine
     from baton.models.load import load_model
 
     cores, gpus = detect_machine()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from baton.config import ConfigError, load_config, save_config
-from baton.trainers.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+from baton.trainers.placement.auto import (choose, count_model_params, detect_machine, detect_memory,
                                              view_from_config)
 from baton.trainers.algorithms import explicit_keys
 from baton.trainers.algorithms import load_recipe

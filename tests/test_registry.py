@@ -35,3 +35,30 @@ def test_every_family_is_one_registry():
 
     for family in (ADVANTAGES, TASKS, ENGINES, SOURCES, TRANSPORTS, ALGORITHMS):
         assert isinstance(family, Registry), family
+
+
+def test_what_row_sources_declare_they_read_is_a_real_section_or_key():
+    """`SourceSpec.reads` drives the refusal of keys the chosen source does not read: a name
+    there that is no config section or key would refuse nothing."""
+    from dataclasses import fields
+
+    from baton.sources import SOURCES
+    from baton.trainers.ppo_config import PPOConfig
+    from baton.trainers.session.config import DataConfig
+
+    sections = {f.name for f in fields(PPOConfig)}
+    data_keys = {f"data.{f.name}" for f in fields(DataConfig)}
+    for name, spec in SOURCES.items():
+        for key in spec.read_keys:
+            assert key in sections | data_keys, f"{name} reads {key!r}: no such section or data key"
+        if spec.section:
+            assert spec.section in spec.reads, f"{name} runs `{spec.section}:` but does not declare reading it"
+
+
+def test_keys_read_only_by_other_sources_are_named_with_their_readers():
+    from baton.sources import unread_keys
+
+    set_keys = {"data.servers", "agent", "reward"}
+    assert unread_keys("rollout", set_keys.__contains__) == [("data.servers", ["api"]), ("agent", ["agent"])]
+    assert unread_keys("api", set_keys.__contains__) == [("reward", ["rollout"]), ("agent", ["agent"])]
+    assert unread_keys("agent", set_keys.__contains__) == [("reward", ["rollout"]), ("data.servers", ["api"])]

@@ -38,7 +38,7 @@ from baton.agents.config import AgentConfig
 from baton.agents.episode import AssistantTurn, Observation
 from baton.agents.envs import AGENT_ENVS
 from baton.agents.tokens import OBS, Trajectory
-from baton.agents.tools import AgentFault, parse_tool_calls
+from baton.agents.tools import AgentFault, note_fault, parse_tool_calls
 from baton.agents.watchdog import Watch, run_watched
 from baton.batch import Batch
 from baton.padding import pad_left, pad_right
@@ -244,8 +244,10 @@ def _run_all(rows: list[dict], indices: list[int], cfg: AgentConfig, tokenizer: 
                 episode = _episode(row, res, cfg, tokenizer, template, batcher, watch, ctx, eos, key)
                 return await asyncio.wait_for(episode, cfg.trajectory_timeout_s)
             except asyncio.TimeoutError:
+                note_fault("trajectory_timeout", f"a trajectory ran past {cfg.trajectory_timeout_s}s")
                 return Result(i, fault="trajectory_timeout", cut=res.cut)
             except AgentFault as e:
+                note_fault(e.kind, e.message)
                 return Result(i, fault=e.kind, cut=res.cut)
             finally:
                 if watch.claim():

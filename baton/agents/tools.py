@@ -74,12 +74,12 @@ def note_fault(kind: str, message: str) -> None:
 
 
 class AgentFault(RuntimeError):
-    """A fault that drops its trajectory from the group; `kind` is what the rollout counts."""
+    """A fault that drops its trajectory from the group; `kind` is what the rollout counts.
+    Logged (`note_fault`) where it is counted, as every drop is, not where it is raised."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        note_fault(kind, message)
+        self.kind, self.message = kind, message
 
 
 # parse statuses of one assistant turn

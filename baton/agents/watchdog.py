@@ -35,6 +35,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import torch
 
+from baton.agents.tools import note_fault
 from baton.rollout._http_guards import quiet_clients_left_open
 
 GRACE_S = 0.5
@@ -43,14 +44,25 @@ POLL_S = 0.1  # how often the watchdog looks at the phases the jobs entered mean
 
 class Watch:
     """One job's state as the watchdog sees it. `claim()` is True for whoever ends the job
-    first (the job itself, or the watchdog giving up on it): only that one may retire it."""
+    first (the job itself, or the watchdog giving up on it): only that one may retire it.
+    `deadline` is the watchdog's whole deadline (one clock for both sides): a job that claims
+    after it is `late`, and the watchdog counts it a timeout, so a job with side effects (a
+    gateway session's reward) decides by `late` after its claim, never by a clock of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float = float("inf")) -> None:
+        self.deadline = deadline  # monotonic time by which the whole job must have ended
         self.phase_deadline: float | None = None  # monotonic time by which the current phase ends
         self.phase_kind = ""
         self.finished_at: float | None = None
+        self.claimed_at: float | None = None
         self._claimed = False
         self._lock = threading.Lock()
+
+    @property
+    def late(self) -> bool:
+        """Whether the job ended (claimed, else finished) after the whole deadline."""
+        end = self.claimed_at if self.claimed_at is not None else self.finished_at
+        return end is not None and end > self.deadline
 
     @contextmanager
     def phase(self, timeout_s: float, kind: str) -> Iterator[None]:
@@ -64,6 +76,8 @@ class Watch:
     def claim(self) -> bool:
         with self._lock:
             first, self._claimed = not self._claimed, True
+            if first:
+                self.claimed_at = time.monotonic()
             return first
 
 
@@ -91,7 +105,7 @@ def run_watched(jobs: list[Callable[[Watch], Awaitable[Any]]], deadline_s: float
     A job's exception is re-raised here (jobs catch their agent's faults themselves)."""
     start = time.monotonic()
     deadline = start + deadline_s
-    watches = [Watch() for _ in jobs]
+    watches = [Watch(deadline) for _ in jobs]
     futures = [Future() for _ in jobs]
     for i, job in enumerate(jobs):
         threading.Thread(target=_thread, args=(job, watches[i], futures[i], torch.get_num_threads()), name=f"{name}-{i}",
@@ -106,7 +120,8 @@ def run_watched(jobs: list[Callable[[Watch], Awaitable[Any]]], deadline_s: float
             if f.done():
                 pending.discard(i)
                 results[i] = f.result()
-                if w.finished_at is not None and w.finished_at > deadline:  # late: a timeout
+                if w.late:  # ended after the deadline (as the job itself saw it): a timeout
+                    note_fault(kind, "finished after its deadline")
                     results[i] = give_up(i, kind)
                 continue
             over = now > deadline + grace_s
@@ -115,7 +130,10 @@ def run_watched(jobs: list[Callable[[Watch], Awaitable[Any]]], deadline_s: float
                 pending.discard(i)
                 abandoned += 1
                 release(i)
-                results[i] = give_up(i, kind if over else w.phase_kind)
+                why = kind if over else w.phase_kind
+                note_fault(why, f"its code still ran {grace_s}s past its deadline (it blocks its event loop?): "
+                                f"abandoned, its thread left running")
+                results[i] = give_up(i, why)
         if not pending:
             break
         wakes = [deadline + grace_s] + [w.phase_deadline + grace_s for i in pending

@@ -1,6 +1,6 @@
 """The `placement:` section of a recipe: backend, pools of slots, and which role runs where.
 
-`auto: true` lets `baton.trainers.auto_placement.choose` pick devices, ranks and threads the recipe leaves
+`auto: true` lets `baton.trainers.placement.auto.choose` pick devices, ranks and threads the recipe leaves
 unset (applied when the recipe is loaded: `baton.trainers.algorithms.load_recipe`, which
 `baton train` uses); never what is computed (trainer.mode is the recipe's).
 Roles default to the pool "main" (`world_size` slots); `pools` adds named pools and `roles`
@@ -21,7 +21,7 @@ from typing import Literal
 
 @dataclass
 class PlacementConfig:
-    # auto: true (baton.trainers.auto_placement.choose) fills backend, world_size,
+    # auto: true (baton.trainers.placement.auto.choose) fills backend, world_size,
     # threads_per_worker and gpus_per_worker from the machine where the recipe leaves them
     # unset, when the recipe is loaded (baton.trainers.algorithms.load_recipe); never trainer.mode.
     # A config built in Python (load_config) is placed as given.

@@ -85,7 +85,7 @@ def _apart_from_the_run_s_signals():
 
     - ray.init replaces the driver's SIGTERM handler with `sys.exit(15)`, and its core
       worker's C++ handler prints a stack trace on SIGTERM before passing it on: a run that had
-      its own handler (finish the step, save it, exit 143: `baton.trainers.run.RunSession`)
+      its own handler (finish the step, save it, exit 143: `baton.trainers.session.run.RunSession`)
       died with a trace, exit 15, no checkpoint. A Python handler set before ray.init is set
       again after it (which also takes the C++ handler off); default ones are left to Ray.
     - Ray's own processes (GCS, raylet and the agents it starts; its workers already have a

@@ -1,4 +1,4 @@
-"""The HTTP guards `baton serve` (`baton/rollout/server.py`) and the OpenAI gateway
+"""The HTTP guards `baton serve` (`baton/rollout/server/`) and the OpenAI gateway
 (`baton/services/gateway.py`) share: one module, so both refuse the same requests the same way.
 
   install_guards(app, api_key=..., max_body_bytes=..., body_limits={path: (bytes, flag)})
@@ -100,10 +100,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 # --- authentication ------------------------------------------------------------------------
 class BearerAuth:
     """Pure ASGI (not BaseHTTPMiddleware): `receive` reaches the app untouched, so the
-    server still sees a client disconnect while its request waits for the engine."""
+    server still sees a client disconnect while its request waits for the engine. A 401
+    says why, in the OpenAI error shape, or (`detail=True`, the trajectory API's shape, which
+    `baton.services.client` reads) as {"detail": reason}."""
 
-    def __init__(self, app: ASGIApp, api_key: str, public: frozenset[str] = PUBLIC_PATHS):
-        self.app, self.public = app, public
+    def __init__(self, app: ASGIApp, api_key: str, public: frozenset[str] = PUBLIC_PATHS, *,
+                 detail: bool = False, realm: str = "baton"):
+        self.app, self.public, self.detail, self.realm = app, public, detail, realm
         self._key = api_key.encode()
 
     def authorized(self, headers: Sequence[tuple[bytes, bytes]]) -> str | None:
@@ -126,7 +129,14 @@ class BearerAuth:
         if reason is None:
             await self.app(scope, receive, send)
             return
-        await _send_error(send, 401, reason, "invalid_api_key", [(b"www-authenticate", b'Bearer realm="baton"')])
+        challenge = [(b"www-authenticate", f'Bearer realm="{self.realm}"'.encode())]
+        if not self.detail:
+            await _send_error(send, 401, reason, "invalid_api_key", challenge)
+            return
+        body = json.dumps({"detail": reason}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *challenge]})
+        await send({"type": "http.response.body", "body": body})
 
 
 # --- body size -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@
     engine.generate([[1, 2, 3]], SamplingParams(n=4, max_new_tokens=32))
 
 Dialects (what is sent where):
-  baton   POST /generate (token ids in and out; baton's server, see `server.py`)
+  baton   POST /generate (token ids in and out; baton's server, see `baton.rollout.server`)
   sglang  POST /generate with SGLang's names (`sampling_seed`, `top_k=-1` off); the
           weight-update endpoints are the same as baton's. SGLang reports `weight_version`
           as a string; a non-integer one falls back to this client's `version`.

@@ -1,10 +1,10 @@
-"""HTTP plumbing of the trajectory API: the bearer-token middleware, JSON bodies read with
+"""HTTP plumbing of the trajectory API: JSON bodies read with
 a cap on their plain and decompressed size (gzip), parsed into the request shapes with 422s
-naming the field."""
+naming the field. Its bearer token is `baton.rollout._http_guards.BearerAuth` (`detail=True`:
+the 401 in FastAPI's {"detail": reason} shape, as every error here)."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import zlib
 from typing import Any
@@ -14,30 +14,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 MAX_BODY_BYTES = 64 * 2**20  # plain and decompressed (--max-body-mb); a gzip bomb stops here, while streaming
-
-
-class BearerAuth:
-    """ASGI middleware: `Authorization: Bearer <token>` on every path but /health (constant-time
-    compare; 401 with the reason). Its own small copy, not baton.rollout's: that module
-    imports torch, and the API process should start in a second."""
-
-    def __init__(self, app, token: str):
-        self.app, self._token = app, token.encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("path") == "/health":
-            return await self.app(scope, receive, send)
-        values = [v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"]
-        scheme, _, given = (values[0].strip() if values else b"").partition(b" ")
-        if scheme.lower() == b"bearer" and given and hmac.compare_digest(given.strip(), self._token):
-            return await self.app(scope, receive, send)
-        reason = "missing or invalid 'Authorization: Bearer <token>' header" if values else \
-            "missing 'Authorization: Bearer <token>' header"
-        body = json.dumps({"detail": reason}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b'Bearer realm="baton api"')]})
-        await send({"type": "http.response.body", "body": body})
 
 
 def _json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -71,7 +71,8 @@ from typing import Any, Optional
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from baton.services._api_http import MAX_BODY_BYTES, BearerAuth, _json_response, _parse, _read_json
+from baton.rollout._http_guards import BearerAuth
+from baton.services._api_http import MAX_BODY_BYTES, _json_response, _parse, _read_json
 from baton.services._api_schemas import (FIXED_SETTINGS, SCORED_KEYS, EnvIdentifier, RegisterEnv, Registration,
                                          ScoredData, check_against, check_encodable, check_env_group, check_group,
                                          encode_json, group_version)
@@ -145,7 +146,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
     app = FastAPI(title="baton api")
     app.state.api = api
     if token is not None:
-        app.add_middleware(BearerAuth, token=token)
+        app.add_middleware(BearerAuth, api_key=token, detail=True, realm="baton api")
     store = api.store
 
     async def read(request: Request, required: bool = True) -> Any:

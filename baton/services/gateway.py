@@ -9,7 +9,7 @@ trajectories for training.
     POST /sessions/<id>/reward {"reward": 1.0}        -> the session is finished
     POST /sessions/<id>/abort {"reason": "tool"}      -> the session is dropped (never a row)
     GET  /sessions/<id>                               -> its trajectory (ids, mask, logprobs, turns)
-    source = GatewaySource(gw, group_size=4)          # rows(step) -> Batch (baton.services.gateway_source)
+    source = GatewayRows(gw, group_size=4)          # rows(step) -> Batch (baton.services.gateway_rows)
 
 A session is one trajectory. Its first request is rendered with the tokenizer's chat
 template (tools included) and tokenized: the prompt. Each turn the engine is called with
@@ -31,7 +31,7 @@ marker, and `Session.boundary_mismatches` counts it. A request whose history dif
 the session's (other roles, edited non-assistant messages, other tools) is a 400: start a
 new session.
 
-Finished sessions (a reward reported) become rows (`baton.services.gateway_source`) through
+Finished sessions (a reward reported) become rows (`baton.services.gateway_rows`) through
 `baton.services.groups.groups_to_batch` (Atropos' ScoredData shape: tokens, masks with
 -100 on untrained tokens, inference_logprobs, scores): prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
@@ -40,7 +40,7 @@ sampled any of its turns), finish_reason (of the last turn), completion text and
 group_index (rows of one group share it; the advantage estimator groups by it).
 
 Faults: an agent that gives up calls `POST /sessions/<id>/abort {"reason"?}`; a session
-idle longer than `GatewaySource(session_idle_s=...)` is dropped as "deadline". A dropped
+idle longer than `GatewayRows(session_idle_s=...)` is dropped as "deadline". A dropped
 session never becomes a row (it is not scored 0); its group completes with the sessions
 that finished, and `dropped` counts sessions by reason.
 
@@ -70,9 +70,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from baton.data.turns import assistant_close, boundary_after  # whatever ended the turn (EOS, stop, length)
 from baton.rollout._http_guards import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
                                         quiet_clients_left_open, run_uvicorn)
-from baton.rollout._server_schemas import ChatCompletionRequest, stop_list, unsupported
-from baton.rollout._server_stream import chat_chunks, include_usage, sse
-from baton.rollout._server_tools import assistant_message, check_tools, message_dicts, render, template_message
+from baton.rollout.server.schemas import ChatCompletionRequest, stop_list, unsupported
+from baton.rollout.server.stream import chat_chunks, include_usage, sse
+from baton.rollout.server.tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
 from baton.services.gateway_engines import HttpEngine
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from fastapi import HTTPException
 
-from baton.rollout._server_batcher import Batcher, EngineRunner
+from baton.rollout.server.batcher import Batcher, EngineRunner
 from baton.rollout.protocol import SamplingParams
 
 

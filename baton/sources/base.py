@@ -17,7 +17,7 @@ from baton.batch import Batch
 
 
 class Prompts(Protocol):
-    """What a source reads of the run's state (`baton.trainers.run_state.RunState`): the
+    """What a source reads of the run's state (`baton.trainers.session.state.RunState`): the
     prompt sampler and the step the run starts from."""
     step: int
 
@@ -52,24 +52,33 @@ REDRAW = 1_000_000  # a step's k-th extra draw samples with the seeds of step s 
 class SourceSpec:
     """A row source and what it can do, declared once where it is registered.
 
-    data_source     the `data.source` value that selects it
+    data_source     the `data.source` value that selects it ("" = chosen by its driver alone)
     build           "module:attr" of `build(cfg, roles, state) -> RowSource`, imported on use
+    evaluate        "module:attr" of `evaluate(cfg, roles, eval_rows) -> metrics`: held-out
+                    evaluation the way this source generates (episodes, sessions, or the
+                    rollout's greedy and sampled accuracy)
+    drivers         the drivers that read rows from it (`baton.trainers.algorithms`): "ppo"
+                    (grpo / ppo), "online_dpo", "dpo"
     generator       needs a generator process: the rollout on a pool of its own (chosen when
                     placement puts it apart from the actor, or trainer.mode overlaps)
     draws_more      can draw more rows for a step on demand (DAPO's dynamic sampling)
     greedy_baseline can add one greedy response per prompt (ReMax's baseline)
     bounds_age      reads `trainer.max_staleness` as the oldest rows it serves (in sync mode)
-    scored          its rows arrive scored (environments, agents): no reward role, and the
-                    `reward:` section is not read
+    scored          its rows arrive scored (environments, agents): no reward role
     own_sampling    who samples with settings of their own ("" = this run's rollout, which
                     reads rollout.top_p / top_k)
     section         the config section it runs (`agent:`, `gateway:`), given iff chosen
     sync_only       refuses an overlapping trainer.mode (its rows come from elsewhere)
     launched        its rows come from services `baton launch` starts (API, servers, environments)
-    reads           the config sections it reads
+    reads           the config sections and keys only some sources read ("agent",
+                    "data.api_url", ...) that this one does; with "reward" for a source whose
+                    rows are not `scored` (`read_keys`): one that some source reads and the
+                    chosen one does not is refused when a recipe sets it (`unread_keys`)
     """
     data_source: str
     build: str
+    evaluate: str = "baton.sources.colocated:evaluate"
+    drivers: tuple[str, ...] = ("ppo",)
     generator: bool = False
     draws_more: bool = False
     greedy_baseline: bool = False
@@ -79,7 +88,12 @@ class SourceSpec:
     section: str | None = None
     sync_only: bool = False
     launched: bool = False
-    reads: tuple[str, ...] = ("data", "rollout")
+    reads: tuple[str, ...] = ()
+
+    @property
+    def read_keys(self) -> tuple[str, ...]:
+        """`reads`, and the `reward:` section unless the rows arrive scored."""
+        return self.reads if self.scored else ("reward", *self.reads)
 
 
 def apart(cfg: Any) -> bool:

@@ -43,6 +43,18 @@ class RolloutSource:
         pass
 
 
+def evaluate_rollout(rollout: Any, eval_rows: list[dict]) -> dict[str, float]:
+    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
+    return {f"eval/accuracy_{mode}": rollout.evaluate(eval_rows, mode == "greedy")
+            for mode in ("greedy", "sampled")}
+
+
+def evaluate(cfg: Any, roles: dict[str, Any], eval_rows: list[dict]) -> dict[str, float]:
+    """The registered evaluation of the rollout's sources (colocated, ahead, the API): the
+    rollout role's held-out accuracy (`evaluate_rollout`)."""
+    return evaluate_rollout(roles["rollout"], eval_rows)
+
+
 def build(cfg: Any, roles: dict[str, Any], state: Prompts) -> RolloutSource:
     """The colocated rollout of `cfg` (ReMax: also one greedy response per prompt)."""
     return RolloutSource(roles["rollout"], state, cfg.data.prompts_per_step, greedy_baseline=getattr(cfg, "remax", False))

@@ -1,5 +1,6 @@
 """`EpisodeSource`: the row source of `data.source: agent` (registered as "agent" in
-`baton.sources.SOURCES`; "agent_generator", "gateway" and "gateway_generator" below).
+`baton.sources.SOURCES`; "agent_generator" below; the gateway's sessions, which draw the same
+way, are baton.sources.gateway).
 
     source = EpisodeSource(AgentConfig(**recipe["agent"]), rollout, state, prompts_per_step)
     rows = source.rows(step)      # multi-turn rows, fields below
@@ -24,8 +25,7 @@ says, in one line, how many failed by cause (raised, timed out, never sampled, .
 `EpisodeGeneratorSource`: the same episodes from a generator on a pool of its own
 (`trainer.mode` one_step_off | async, or a rollout placed apart): `GeneratorSource`'s
 admission and staleness schedule, its generator running `generate_episodes` instead of
-`generate`; rows keep their masks, behaviour logprobs and the version that sampled them
-(`SessionGeneratorSource`: the same for data.source: gateway, `generate_sessions`).
+`generate`; rows keep their masks, behaviour logprobs and the version that sampled them.
 """
 
 from __future__ import annotations
@@ -155,54 +155,6 @@ class EpisodeGeneratorSource(GeneratorSource):
         return stats_metrics(self.last_stats)
 
 
-class SessionGeneratorSource(EpisodeGeneratorSource):
-    """`data.source: gateway` on a generator of its own: `SessionSource`'s sessions under
-    `GeneratorSource`'s staleness schedule (groups made step-unique as the rows arrive)."""
-
-    def __init__(self, cfg: GatewayAgentConfig, **kwargs: Any) -> None:
-        super().__init__(cfg, **kwargs)  # type: ignore[arg-type]  (check / asdict: any config)
-
-    def _generate(self, prompts: Batch, step: int) -> Future:
-        return self.rollout.submit("generate_sessions", prompts, step, asdict(self.cfg))
-
-    def rows(self, step: int) -> Batch:
-        rows = super().rows(step)
-        if len(rows):  # groups numbered by the gateway per call: step-unique here
-            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
-        return rows
-
-
-class SessionSource(EpisodeSource):
-    """`data.source: gateway`: rows are sessions of an OpenAI-speaking agent through a gateway
-    on the rollout role's engine (`RolloutWorker.generate_sessions`, baton.agents.gateway_run);
-    group_index as EpisodeSource, metrics agent/* (sessions, drops by kind)."""
-
-    def __init__(self, cfg: GatewayAgentConfig, rollout: Any, state: Prompts, prompts_per_step: int) -> None:
-        cfg.check()
-        RolloutSource.__init__(self, rollout, state, prompts_per_step)
-        self.cfg = cfg
-        self.last_stats = {}
-
-    def _draw(self, step: int) -> Callable[[int], Batch]:
-        def draw(k: int) -> Batch:
-            rows = self.rollout.generate_sessions(self.state.next_prompts(self.prompts_per_step), step + REDRAW * k,
-                                                  asdict(self.cfg))
-            if len(rows):  # groups numbered by the gateway per call: step-unique here
-                rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
-            return rows
-        return draw
-
-
-def evaluate_sessions(rollout: Any, cfg: GatewayAgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Held-out sessions, one per prompt at temperature 0: the agent's mean reward (a dropped
-    session counting 0) as eval/accuracy_greedy."""
-    from baton.batch import collate
-
-    rows = rollout.generate_sessions(collate(eval_rows), 0, asdict(cfg), True)
-    total = rows[F.REWARDS].sum().item() if len(rows) else 0.0
-    return {"eval/accuracy_greedy": total / max(len(eval_rows), 1)}
-
-
 def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:
     """Held-out episodes, greedy, one per prompt: accuracy (mean trajectory reward, a dropped
     trajectory counting 0; per-turn rewards included), and for an env with tools the rate of
@@ -229,9 +181,6 @@ def build_episode_generator(cfg: Any, roles: dict[str, Any], state: Prompts) -> 
     return EpisodeGeneratorSource(cfg.agent, **generator_args(cfg, roles, state))
 
 
-def build_sessions(cfg: Any, roles: dict[str, Any], state: Prompts) -> SessionSource:
-    return SessionSource(cfg.gateway, roles["rollout"], state, cfg.data.prompts_per_step)
-
-
-def build_session_generator(cfg: Any, roles: dict[str, Any], state: Prompts) -> SessionGeneratorSource:
-    return SessionGeneratorSource(cfg.gateway, **generator_args(cfg, roles, state))
+def evaluate(cfg: Any, roles: dict[str, Any], eval_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The registered evaluation of the agent sources: `evaluate_episodes` on the rollout role."""
+    return evaluate_episodes(roles["rollout"], cfg.agent, eval_rows)

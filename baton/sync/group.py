@@ -40,7 +40,8 @@ def parse_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback (localhost, 127.x, ::1)."""
     if host == "localhost":
         return True
     try:
@@ -87,7 +88,7 @@ class WeightUpdateGroup:
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             # Loopback groups (tests, one machine) must not depend on hostname resolution.
-            dev = (dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if _is_loopback(master_address)
+            dev = (dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if is_loopback(master_address)
                    else dist.ProcessGroupGloo.create_default_device())
             opts._devices = [dev]
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)

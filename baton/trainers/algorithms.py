@@ -49,7 +49,7 @@ AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe 
 def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
-    unset (`baton.trainers.auto_placement`), printed in one line; what it decided becomes
+    unset (`baton.trainers.placement.auto`), printed in one line; what it decided becomes
     explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
     Auto never changes `trainer.mode` or anything else the update computes.
 
@@ -90,10 +90,10 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     if kept is not None:
         print(f"placement auto: kept from the resumed run's config.yaml: {' '.join(kept)}", file=say, flush=True)
         return load_config(cls, data=merge_recipe(None, kept, data=as_given))
-    from baton.trainers.run import check_inputs
+    from baton.trainers.session.run import check_inputs
 
     check_inputs(cfg)  # the model dir exists before its size is read
-    from baton.trainers.auto_placement import (choose, count_model_params, detect_machine, detect_memory,
+    from baton.trainers.placement.auto import (choose, count_model_params, detect_machine, detect_memory,
                                                  view_from_config)
 
     view = view_from_config(cfg, explicit_keys(merged))
@@ -111,7 +111,7 @@ def explicit_keys(merged: dict[str, Any]) -> set[str]:
 
 def _resume_keys() -> tuple[str, ...]:
     """What a resumed run keeps from its config.yaml: what auto decided, and the run's mode."""
-    from baton.trainers.auto_placement import AUTO_KEYS
+    from baton.trainers.placement.auto import AUTO_KEYS
 
     return (*AUTO_KEYS, "trainer.mode")
 

@@ -32,8 +32,8 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
     from baton.config import load_config, merge_recipe
     from baton.envs import get_task
     from baton.trainers.algorithms import DEFAULT, config_class
-    from baton.trainers.run_config import DataConfig
-    from baton.trainers.run_state import task_rows
+    from baton.trainers.session.config import DataConfig
+    from baton.trainers.session.state import task_rows
     from baton.trainers.sft import SFTDataConfig, sft_rows
 
     merged = merge_recipe(recipe, [*overrides, *([f"data.eval_size={n}"] if n else [])])
@@ -60,8 +60,8 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
 def flags_plan(task: str, data: str, eval_data: str, n: int) -> EvalPlan:
     """What `--task` / `--data` / `--eval-data` evaluate."""
     from baton.envs import get_task
-    from baton.trainers.run_config import DataConfig
-    from baton.trainers.run_state import task_rows
+    from baton.trainers.session.config import DataConfig
+    from baton.trainers.session.state import task_rows
 
     try:
         rows = (task_rows(DataConfig(task=task, path=data, eval_path=eval_data, eval_size=n))[1]

@@ -2,7 +2,7 @@
 configure (as `PPOConfig` is):
 
     model      baton.models.config.ModelConfig           actor, reference
-    data       baton.trainers.run_config.DataConfig      online: the prompt sampler
+    data       baton.trainers.session.config.DataConfig      online: the prompt sampler
                PairDataConfig (below)                    offline: the jsonl of pairs
     rollout    baton.workers.rollout.RolloutConfig       online: the sample generator
                                                          offline: held-out evaluation only
@@ -11,7 +11,7 @@ configure (as `PPOConfig` is):
                                                          reference refresh (drivers)
     actor      baton.workers.actor.ActorConfig           actor
     placement  baton.controller.placement.PlacementConfig
-    trainer    baton.trainers.run_config.TrainerConfig
+    trainer    baton.trainers.session.config.TrainerConfig
 
 `__post_init__` checks every name against its registry and every range, so a bad recipe is
 one line and exit code 2 before anything loads. Sizes: `actor.mini_batch_size` and
@@ -31,7 +31,8 @@ from baton.algos.dpo_config import DPOLossConfig
 from baton.controller.placement import PlacementConfig
 from baton.envs import TASKS
 from baton.models.config import ModelConfig
-from baton.trainers.run_config import DataConfig, RolloutTrainerConfig, TrainerConfig
+from baton.sources import data_sources
+from baton.trainers.session.config import DataConfig, RolloutTrainerConfig, TrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.reward import RewardConfig
 from baton.workers.rollout import RolloutConfig
@@ -70,8 +71,10 @@ class DPOConfig:
     def __post_init__(self) -> None:
         for section in (self.data, self.rollout, self.reward, self.dpo, self.actor, self.trainer):
             section.check()
-        if self.data.source != "rollout":
-            raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source=rollout)")
+        readable = data_sources("online_dpo")  # the row sources that declare this driver
+        if self.data.source not in readable:
+            raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source="
+                             f"{'/'.join(readable)})")
         if self.rollout.n < 2:
             raise ValueError(f"online DPO pairs the samples of a prompt: rollout.n={self.rollout.n} "
                              f"makes no pair (use rollout.n >= 2)")

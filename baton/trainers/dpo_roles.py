@@ -1,7 +1,7 @@
-"""What the online and offline DPO drivers share beyond `trainers/run.py`: placing their
+"""What the online and offline DPO drivers share beyond `trainers/session/run.py`: placing their
 roles, reference logprobs for a pair batch, and the reference refresh (with its resume).
 
-Placement as for GRPO (`baton/trainers/placement.py`): every role on the pool "main" unless
+Placement as for GRPO (`baton/trainers/placement/roles.py`): every role on the pool "main" unless
 `placement.roles` moves the reference (or, online, the reward) to a pool of its own; the
 actor and a rollout engine share a pool (the engine reads the actor's weights in place).
 Each role gets only its own sections: `DPOActorWorker(model, actor, dpo, ...)`,

@@ -9,7 +9,8 @@ by EOS (a sampled completion that stops ends with EOS too), so a model trained o
 online sees the same sequences.
 
 One step, top to bottom:
-    pairs (next data.pairs_per_step rows of the seeded, resumable sampler) --encode_pairs-->
+    pairs (next data.pairs_per_step rows of the seeded, resumable sampler; the row source
+    "pairs", baton.sources.pairs) --encode_pairs-->
     pair-major rows --reference.compute_ref_logprobs--> reference logprobs
                     --actor.update_dpo--> new weights, rewards/*, logps/*, dpo/kl
 Evaluation (trainer.eval_every, and at the start and the end): the same metrics on
@@ -23,86 +24,18 @@ available here too.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
-import torch
-
-from baton import fields as F
-from baton.batch import Batch, collate
+from baton.batch import collate
 from baton.data.prompts import PromptSampler
 from baton.envs import get_task
 from baton.models.load import load_tokenizer
+from baton.sources import row_source
+from baton.sources.colocated import evaluate_rollout
+from baton.sources.pairs import encode_pairs, load_pairs
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
-from baton.trainers.run import RunSession, evaluate, save_checkpoint
-from baton.trainers.run_state import RunState
-from baton.workers.dpo_actor import pair_rows
-from baton.workers.rollout import pad_left, pad_right
-
-PAIR_KEYS = ("prompt", "chosen", "rejected")
-
-
-def load_pairs(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a jsonl of preference pairs; a row without a string prompt/chosen/rejected is
-    an error naming the file and line."""
-    rows = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        bad = [k for k in PAIR_KEYS if not isinstance(row.get(k), str)]
-        if bad:
-            raise ValueError(f"{path}:{lineno}: a pair needs string fields {list(PAIR_KEYS)}; "
-                             f"missing or not a string: {bad}")
-        rows.append({k: row[k] for k in PAIR_KEYS})
-    if not rows:
-        raise ValueError(f"{path} holds no pairs")
-    return rows
-
-
-def encode_pairs(tokenizer: Any, pairs: Batch, multiple: int = 1) -> Batch:
-    """Pair-major model rows (chosen, rejected, chosen, ...) of text pairs, padded to a
-    multiple of `multiple` pairs (see `baton.workers.dpo_actor.pair_rows`)."""
-    prompts = [tokenizer(str(p)).input_ids for p in pairs["prompt"]]  # as RolloutWorker.generate
-    eos = tokenizer.eos_token_id
-    completions = [tokenizer(str(text), add_special_tokens=False).input_ids + [eos]
-                   for c, r in zip(pairs["chosen"], pairs["rejected"]) for text in (c, r)]
-    p_ids, p_mask = pad_left([p for p in prompts for _ in range(2)], tokenizer.pad_token_id)  # [2P, Pl]
-    r_ids, r_mask = pad_right(completions, tokenizer.pad_token_id, torch.long)  # [2P, R]
-    rows = Batch({F.PROMPT_IDS: p_ids, F.PROMPT_MASK: p_mask, F.RESPONSE_IDS: r_ids, F.RESPONSE_MASK: r_mask})
-    n = len(prompts)
-    return pair_rows(rows, torch.arange(0, 2 * n, 2), torch.arange(1, 2 * n, 2), multiple)
-
-
-class PairFileSource:
-    """The row source of offline DPO: the next `data.pairs_per_step` pairs of the file (the
-    run's seeded, resumable sampler), encoded pair-major. A colocated rollout engine (held-out
-    generation accuracy) is told each new version."""
-
-    def __init__(self, cfg: OfflineDPOConfig, tokenizer: Any, state: RunState, rollout: Any) -> None:
-        self.cfg, self.tokenizer, self.state, self.rollout = cfg, tokenizer, state, rollout
-
-    def rows(self, step: int) -> Batch:
-        return encode_pairs(self.tokenizer, self.state.next_prompts(self.cfg.data.pairs_per_step),
-                            multiple=self.cfg.placement.world_size)
-
-    def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
-        if self.rollout is not None:  # colocated: tags the engine with the new version
-            return self.rollout.sync_weights(version, check=check)
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # the sampler's position is saved by RunState
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
+from baton.trainers.session.run import RunSession, save_checkpoint
+from baton.trainers.session.state import RunState
 
 def train(cfg: OfflineDPOConfig) -> dict[str, float]:
     d = cfg.dpo
@@ -117,10 +50,10 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
             cfg, temperature=1.0, task=cfg.data.task,
             probe_prompt=task_rows[0]["prompt"] if task_rows else train_pairs[0]["prompt"])
         actor, ref, rollout = roles["actor"], roles.get("reference"), roles.get("rollout")
-        source = PairFileSource(cfg, tokenizer, state, rollout)
+        source = row_source(cfg, roles, state, name="pairs")
 
         def evaluation() -> dict[str, float]:
-            out = evaluate(rollout, state.eval_rows) if rollout is not None else {}
+            out = evaluate_rollout(rollout, state.eval_rows) if rollout is not None else {}
             if eval_pairs is not None:
                 out.update(actor.evaluate_dpo(with_ref_logprobs(ref, eval_pairs))[0])
             return out

@@ -32,10 +32,10 @@ from baton.algos.pairs import PreferencePairs, preference_pairs
 from baton.trainers.dpo_config import DPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
-from baton.trainers.run import RunSession, evaluate, save_checkpoint
-from baton.trainers.run_state import RunState
-from baton.sources import row_source
-from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
+from baton.trainers.session.run import RunSession, save_checkpoint
+from baton.trainers.session.state import RunState
+from baton.sources import evaluation, row_source
+from baton.trainers.report.step_metrics import check_sync, step_metrics, sync_tolerance
 from baton.workers.dpo_actor import pair_rows
 
 
@@ -64,7 +64,7 @@ def train(cfg: DPOConfig) -> dict[str, float]:
             restore_reference(roles, saved)
             source.weights_updated(state.step)
 
-        run.start(state, restore=restore, evaluate=lambda: evaluate(roles["rollout"], state.eval_rows))
+        run.start(state, restore=restore, evaluate=lambda: evaluation(cfg, roles, state.eval_rows))
         for step, timed in run.steps():
             with timed("rollout"):
                 rows = source.rows(step)

@@ -54,15 +54,14 @@ from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
-from baton.sources import row_source
-from baton.sources.episodes import evaluate_episodes, evaluate_sessions
-from baton.trainers.placement import build_roles
+from baton.sources import evaluation, row_source
+from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
-from baton.trainers.run import NonFiniteGuard, RunSession, evaluate, save_checkpoint
-from baton.trainers.run_state import RunState
-from baton.trainers.step_metrics import check_sync, step_metrics, sync_tolerance
-from baton.trainers.signal_watch import StepSignal
-from baton.trainers.timeline import TIMELINE_FILE, Timeline
+from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
+from baton.trainers.session.state import RunState
+from baton.trainers.report.step_metrics import check_sync, step_metrics, sync_tolerance
+from baton.trainers.report.signal_watch import StepSignal
+from baton.trainers.session.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
 from baton.workers.rollout import BASELINE_COMPLETION
 
@@ -223,9 +222,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             save(roles, run, step, driver)
 
         run.start(state, restore=restore, guard=CriticAwareGuard(t.max_nonfinite_steps),
-                  evaluate=(lambda: evaluate_episodes(roles["rollout"], cfg.agent, state.eval_rows)) if cfg.agent
-                  else (lambda: evaluate_sessions(roles["rollout"], cfg.gateway, state.eval_rows)) if cfg.gateway
-                  else lambda: evaluate(roles["rollout"], state.eval_rows))
+                  evaluate=lambda: evaluation(cfg, roles, state.eval_rows))  # as the source generates
         for step, timed in run.steps():
             with timed("rollout"):
                 batch, metrics = sample(cfg, roles, source, step)

@@ -5,7 +5,7 @@ next to what they configure:
     algorithm     grpo | ppo: the family's name (`baton train` picks this driver for both);
                   it only sets the default `algo.advantage` (grpo -> grpo, ppo -> gae)
     model         baton.models.config.ModelConfig            actor, reference (critic default path)
-    data          baton.trainers.run_config.DataConfig       where rows come from (data.source)
+    data          baton.trainers.session.config.DataConfig       where rows come from (data.source)
     rollout       baton.workers.rollout.RolloutConfig        rollout / generator
     reward        baton.workers.reward.RewardConfig          reward (functions: {} = none)
     reward_model  baton.workers.reward_model.RewardModelConfig | null   reward_model
@@ -47,8 +47,8 @@ from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_de
                                 check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
-from baton.sources import SOURCES, SourceSpec, source_spec
-from baton.trainers.run_config import DataConfig, RolloutTrainerConfig
+from baton.sources import SourceSpec, source_spec, unread_keys
+from baton.trainers.session.config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
 from baton.workers.reward import RewardConfig
@@ -191,20 +191,21 @@ class PPOConfig:
         if self.remax and not spec.greedy_baseline:
             raise ValueError(f"algo.advantage={a.advantage!r} needs a greedy response per prompt from this "
                              f"run's colocated rollout; {where} does not sample one")
-        for source, section in sorted({(s.data_source, s.section) for s in SOURCES.values() if s.section}):
-            if (d.source == source) != (getattr(self, section) is not None):
-                raise ValueError(f"data.source={source} runs what its `{section}:` section describes: "
-                                 f"give both or neither")
+        if spec.section and getattr(self, spec.section) is None:
+            raise ValueError(f"data.source={d.source} runs what its `{spec.section}:` section describes: "
+                             f"give both or neither")
+        for key, readers in unread_keys(d.source, self._is_set):  # no section accepted and ignored
+            if key == "reward":
+                set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
+                raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (its rows arrive "
+                                 f"scored); remove the reward section (a reward_model still adds its score)")
+            raise ValueError(f"data.source={'/'.join(readers)} runs what its `{key}:` section describes "
+                             f"(this run reads data.source={d.source}): give both or neither")
         if spec.own_sampling:  # keys that rest: the environments / the agent sample with their own settings
             for key in ("top_p", "top_k"):
                 if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                     raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
                                      f"{spec.own_sampling} sample(s) with their own settings; remove it")
-        if spec.scored:
-            set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
-            if set_keys:
-                raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (the environments score "
-                                 f"the rows); remove the reward section (a reward_model still adds its score)")
         for entry in d.envs:  # what `baton launch` starts: a group size of its own would never fill a batch
             words = shlex.split(entry)
             for flag in ("--group-size", "--group_size"):
@@ -220,11 +221,17 @@ class PPOConfig:
             raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} bounds a generator running ahead "
                              f"(trainer.mode=async) or the trajectory API (data.source=api); this run has neither")
 
+    def _is_set(self, key: str) -> bool:
+        """Whether the recipe sets section `key` (one only some row sources read)."""
+        if key == "reward":
+            return vars(self.reward) != vars(RewardConfig())
+        return not key.startswith("data.") and getattr(self, key) is not None  # data.*: DataConfig.check
+
     def _place_generator(self) -> None:
         """The overlapping modes need the rollout apart from the actor: put it (and the
         reward, unless placed) on the pool "gen" when the recipe does not place it."""
         p, mode = self.placement, self.trainer.mode
-        if mode == "sync":
+        if not self.source.generator or mode == "sync":  # the registry: the source runs no generator ahead
             return
         if self.trainer.staleness >= 2 and self.algo.off_policy == "none":
             warnings.warn(f"trainer.mode={mode} with max_staleness {self.trainer.staleness} and algo.off_policy=none: "
@@ -245,9 +252,8 @@ class PPOConfig:
     def _check_weight_sync(self) -> None:
         """rollout.weight_sync must reach where the engine is: beside the actor, a generator
         on a pool of its own, or the servers of data.source=api (baton.sync.registry)."""
-        p = self.placement
-        where = ("servers" if self.data.source == "api" else
-                 "generator" if p.pool_of("rollout") != p.pool_of("actor") else "colocated")
+        p, spec = self.placement, self.source
+        where = "servers" if spec.launched else "generator" if spec.generator else "colocated"
         if where == "generator" and p.backend == "local" and self.trainer.mode == "sync" \
                 and self.rollout.weight_sync == "broadcast":
             raise ValueError("rollout.weight_sync=broadcast needs the generator in a process of its own: "

@@ -10,7 +10,7 @@ wrong one (the answer with one digit changed). The model starts from any local c
 same functions the reward-model role scores with). Loss: -log sigmoid(r_chosen - r_rejected),
 mean over pairs (Ouyang et al. 2022, one pair per prompt).
 
-The run is a run like any other (`baton.trainers.in_process.fit` inside a `RunSession`, as
+The run is a run like any other (`baton.trainers.session.in_process.fit` inside a `RunSession`, as
 SFT's): locked run dir, config.yaml, metrics.jsonl (rm/loss, rm/accuracy = P(r_chosen >
 r_rejected), rm/margin, grad norm, lr), held-out pair accuracy at the start and the end,
 atomic checkpoints `checkpoints/step_N` (HF sequence-classification dirs that
@@ -32,9 +32,9 @@ from torch.nn import functional
 from baton.data.prompts import PromptSampler
 from baton.envs import TASKS, get_task
 from baton.models import load_tokenizer
-from baton.trainers.in_process import InProcessTrainerConfig, fit, place
-from baton.trainers.run import RunSession
-from baton.trainers.run_state import RunState
+from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
+from baton.trainers.session.run import RunSession
+from baton.trainers.session.state import RunState
 from baton.workers.optim import build_optimizer
 from baton.workers.reward_model import encode_pair, load_reward_model, pad_right, sequence_scores
 

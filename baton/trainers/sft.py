@@ -5,7 +5,7 @@
 The loss is next-token cross-entropy on the completion tokens only (target + EOS); the
 prompt tokens are context, not targets. Batches come from the run's resumable
 `PromptSampler`, so the data order is a function of the seed. The run is a run like any
-other (`baton.trainers.in_process.fit` inside a `RunSession`): locked run dir, config.yaml,
+other (`baton.trainers.session.in_process.fit` inside a `RunSession`): locked run dir, config.yaml,
 metrics.jsonl, atomic HF checkpoints in `checkpoints/step_N` that `trainer.resume=auto`
 continues from exactly, and the held-out accuracy (greedy and sampled, through the embedded
 rollout engine) at the end. `trainer.save_path` also exports the final model (nothing is
@@ -35,10 +35,10 @@ from baton.envs import get_task
 from baton.envs.evaluate import evaluate_modes
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer
 from baton.padding import pad_right
-from baton.trainers.in_process import InProcessTrainerConfig, fit, place
-from baton.trainers.run import RunSession
-from baton.trainers.run_config import DataConfig, check_task
-from baton.trainers.run_state import RunState, task_rows
+from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
+from baton.trainers.session.run import RunSession
+from baton.trainers.session.config import DataConfig, check_task
+from baton.trainers.session.state import RunState, task_rows
 from baton.workers.optim import build_optimizer
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
@@ -110,7 +110,7 @@ def build_model_and_tokenizer(cfg: SFTModelConfig):
 
 def sft_rows(data: SFTDataConfig) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows): the task's (`num_examples` seeded rows), or the file's
-    (`data.path`, split as `baton train` splits it: `baton.trainers.run_state.task_rows`)."""
+    (`data.path`, split as `baton train` splits it: `baton.trainers.session.state.task_rows`)."""
     task = get_task(data.task)
     if not data.path:
         return task.train_rows(data.num_examples, seed=data.seed), task.eval_rows(data.eval_size)

@@ -4,7 +4,7 @@ Consumes rows with `prompt`, `completion` and the task's fields (e.g. `answer`);
 `rewards` [B] (the weighted sum), one `reward/<name>` column per function, and per-row
 failure counts (`reward_errors`, `reward_timeouts`, `reward_nonfinite`, and `reward_calls`;
 logged summed as `reward/errors`, ...; a run stops after `reward.max_failed_steps` steps in a
-row where every call failed: `baton.trainers.run.RewardFailureGuard`). Calls run in worker processes with a deadline each: functions that
+row where every call failed: `baton.trainers.session.run.RewardFailureGuard`). Calls run in worker processes with a deadline each: functions that
 raise, exit, hang or return NaN/inf score 0 and are counted (see baton.rewards.runner)
 instead of ending or poisoning the run.
 """

@@ -15,7 +15,7 @@ import pytest
 
 from baton.agents.tokens import Trajectory, encode
 from baton.data.turns import assistant_close
-from baton.rollout._server_schemas import ChatCompletionRequest
+from baton.rollout.server.schemas import ChatCompletionRequest
 from baton.services.gateway import Gateway
 from baton.services.gateway_engines import Sampled
 

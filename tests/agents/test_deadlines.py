@@ -185,3 +185,49 @@ def test_an_episode_outgrowing_the_context_ends_there_counted(qwen_tok):
                                AgentConfig(max_tokens=400, turn_max_new_tokens=80, truncation="drop"),
                                SamplingParams())
     assert stats["dropped"] == {"context": 2} and len(rows) == 0
+
+
+def test_a_job_ending_after_the_deadline_is_judged_late_by_one_clock_on_both_sides():
+    """The job and the watchdog read the same deadline (`Watch.deadline`) at the same instant
+    (the claim): a job that claims late sees `late` and drops its work, and the watchdog
+    counts it a timeout; never kept by one side and dropped by the other (the gateway once
+    kept a session's reward yet counted it dropped)."""
+    import asyncio
+
+    from baton.agents.watchdog import run_watched
+
+    seen = {}
+
+    def job(sleep_s: float, name: str):
+        async def run(watch):
+            await asyncio.sleep(sleep_s)
+            if not watch.claim():
+                return "taken"
+            seen[name] = watch.late
+            return "late" if watch.late else "kept"
+        return run
+
+    # generous margins both ways: the outcome never depends on how busy the machine is
+    on_time = run_watched([job(0.0, "on_time")], 60.0, give_up=lambda i, kind: kind, grace_s=60.0)
+    late = run_watched([job(0.01, "late")], 0.0, give_up=lambda i, kind: kind, grace_s=60.0)
+    assert on_time == (["kept"], 0) and late == (["trajectory_timeout"], 0)
+    assert seen == {"on_time": False, "late": True}
+
+
+def test_a_job_the_watchdog_gives_up_on_is_logged_like_every_other_drop(monkeypatch, caplog):
+    """The step's error says the first fault of each kind is in the log: a job abandoned by
+    the watchdog (it blocked its loop past the deadline) is one of them."""
+    import logging
+
+    from baton.agents import tools
+    from baton.agents.watchdog import run_watched
+
+    monkeypatch.setattr(tools, "_NOTED", set())  # first-of-kind is per process
+
+    async def blocks(watch):
+        time.sleep(1.0)  # blocks its own loop: only the watchdog can end it
+
+    with caplog.at_level(logging.WARNING):
+        results, _ = run_watched([blocks], 0.0, give_up=lambda i, kind: kind, grace_s=0.05)
+    assert results == ["trajectory_timeout"]
+    assert "agent fault trajectory_timeout" in caplog.text

@@ -15,7 +15,7 @@ from baton.controller import ResourcePool, colocated_groups
 from baton.data.prompts import PromptSampler
 from baton.models.make import make_tiny_checkpoint
 from baton.trainers.ppo_config import PPOConfig
-from baton.trainers.run_state import RunState
+from baton.trainers.session.state import RunState
 from baton.workers.actor import ActorWorker
 from baton.workers.rollout import RolloutConfig, RolloutWorker
 

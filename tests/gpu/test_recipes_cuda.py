@@ -70,9 +70,9 @@ def _at_the_root(monkeypatch):
 @pytest.fixture
 def devices(monkeypatch) -> dict[str, set[str]]:
     """{role: device types of its module's parameters}, recorded as each role is built (and
-    for SFT / RM, whose model is placed by `baton.trainers.in_process.place`)."""
+    for SFT / RM, whose model is placed by `baton.trainers.session.in_process.place`)."""
     from baton.controller.worker import HostCore
-    from baton.trainers import in_process
+    from baton.trainers.session import in_process
 
     seen: dict[str, set[str]] = {}
     create, place = HostCore.create, in_process.place

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from baton.rollout._server_tools import parse_tool_calls
+from baton.rollout.server.tools import parse_tool_calls
 from baton.rollout.server import ServerThread, build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -159,7 +159,7 @@ def test_tools_need_a_template_that_renders_them():
     from tests.agents.conftest import templated_tokenizer
 
     from baton.models.tiny import build_tiny_model
-    from baton.rollout._server_tools import renders_tools
+    from baton.rollout.server.tools import renders_tools
     from baton.rollout.embedded import EmbeddedEngine
 
     assert renders_tools(templated_tokenizer("qwen2_5")) and not renders_tools(templated_tokenizer("llama3"))

@@ -31,7 +31,7 @@ import pytest
 from faults import FullDiskActor
 from runs_helpers import REPO, child_env
 
-import baton.trainers.placement as placement_module
+import baton.trainers.placement.roles as placement_module
 from baton.cli import main
 from baton.controller.ray_backend import STOPPED_GRACE_S, _proc_state
 from baton.metrics import read_metrics

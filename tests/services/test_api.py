@@ -225,9 +225,11 @@ def test_bearer_token(api):
     url = api(token="s3cret")
     assert httpx.get(f"{url}/health").status_code == 200
     r = httpx.get(f"{url}/info")
-    assert r.status_code == 401
+    assert r.status_code == 401 and "missing" in r.json()["detail"]  # the API's shape (client.py reads it)
+    assert r.headers["www-authenticate"] == 'Bearer realm="baton api"'
     assert httpx.get(f"{url}/info", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert httpx.get(f"{url}/info", headers={"Authorization": "Bearer nope"}).status_code == 401
+    r = httpx.get(f"{url}/info", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json() == {"detail": "invalid API key"}
 
 
 def _start_api_process(db: Path) -> tuple[subprocess.Popen, str]:

@@ -16,7 +16,7 @@ from baton import fields as F
 from baton.rollout.server import ServerThread
 from baton.services.gateway import Gateway
 from baton.services.gateway_engines import HttpEngine, InProcessEngine
-from baton.services.gateway_source import GatewaySource
+from baton.services.gateway_rows import GatewayRows
 
 from .gateway_fixtures import MULTIPLY_TOOL, ScriptedEngine, post_huge, tiny_model, tools_tokenizer
 
@@ -107,7 +107,7 @@ def test_agent_sessions_become_rows(gateway):
                 '<|im_start|>assistant\nThe answer is 42.<eos>\n<|im_start|>user\nthanks<eos>\n'
                 '<|im_start|>assistant\n') in text
     # the rows of the group
-    source = GatewaySource(gw, group_size=2, wait_s=10)
+    source = GatewayRows(gw, group_size=2, wait_s=10)
     rows = source.rows(1)
     assert rows[F.RESPONSE_IDS].shape[0] == 2
     matched = set()
@@ -188,7 +188,7 @@ def test_actor_update_ignores_inserted_tokens(gateway, tmp_path):
 
     gw, _, url = gateway
     _run_agents(url, 2, "upd", follow_up=False)
-    rows = GatewaySource(gw, group_size=2, wait_s=10).rows(1)
+    rows = GatewayRows(gw, group_size=2, wait_s=10).rows(1)
     mask = rows[F.RESPONSE_MASK]  # [B, R]
     B, R = mask.shape
     holes = (mask == 0) & (rows[F.RESPONSE_IDS] != gw.tok.pad_token_id)  # inserted tokens inside the response
@@ -235,7 +235,7 @@ def test_dropped_sessions_leave_their_group(gateway):
     assert client.post(f"/sessions/{sids[1]}/v1/chat/completions", json=body).status_code == 404
     assert client.post(f"/sessions/{sids[0]}/abort", json={}).status_code == 409  # finished
     gw.sessions[sids[2]].active -= 100  # idle for 100 s (no timer raced: the clock is set back)
-    source = GatewaySource(gw, group_size=3, groups_per_step=2, wait_s=5, session_idle_s=50)
+    source = GatewayRows(gw, group_size=3, groups_per_step=2, wait_s=5, session_idle_s=50)
     rows = source.rows(1)
     assert gw.dropped == {"tool": 1, "deadline": 1} and not gw.sessions
     assert len(rows) == 4 and rows[F.GROUP_INDEX].tolist() in ([0, 1, 1, 1], [0, 0, 0, 1])

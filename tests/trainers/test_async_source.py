@@ -9,7 +9,7 @@ from baton.batch import Batch
 from baton.controller import LocalFuture
 from baton.sources.ahead import GeneratorSource
 from baton.data.prompts import PromptSampler
-from baton.trainers.run_state import RunState
+from baton.trainers.session.state import RunState
 
 
 def run_state():

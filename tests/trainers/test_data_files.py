@@ -13,7 +13,7 @@ from baton.envs import ArithmeticTask
 from baton.metrics import read_metrics
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
-from baton.trainers.run_state import task_rows
+from baton.trainers.session.state import task_rows
 
 REPO = Path(__file__).resolve().parents[2]
 

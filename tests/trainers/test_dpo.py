@@ -147,7 +147,7 @@ def test_non_finite_training_stops_naming_the_step(tmp_path):
     """A beta that overflows float32 (1e39 = inf) makes every pair's loss non-finite: the
     actor skips those optimizer steps, and the K-th such step stops the run with an error
     naming it, after that step's metrics line (the weights stay the warm start's)."""
-    from baton.trainers.run import NonFiniteError
+    from baton.trainers.session.run import NonFiniteError
 
     sft = str(Path(__file__).resolve().parents[2] / "checkpoints/arith-sft")
     with pytest.raises(NonFiniteError, match=r"step \d+: non-finite"):

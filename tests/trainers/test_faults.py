@@ -20,7 +20,7 @@ from baton.models.make import make_tiny_checkpoint
 from baton.runs.rundir import RunDirError
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
-from baton.trainers.run import NonFiniteError
+from baton.trainers.session.run import NonFiniteError
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=4", "rollout.n=4", "rollout.max_new_tokens=6",
         "actor.micro_batch_size=8", "actor.mini_batch_size=8", "actor.lr=1e-3", "trainer.progress=false",

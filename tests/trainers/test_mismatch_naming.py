@@ -1,9 +1,9 @@
 """Metrics are named for what they measure: the update's KL between the rows' behaviour
 logprobs and the trainer's is the engine-vs-trainer mismatch only for on-policy rows; rows
 sampled by older weights (a generator ahead) add the policy's change since and are logged as
-`rollout/behaviour_kl` instead (baton.trainers.step_metrics.name_mismatch)."""
+`rollout/behaviour_kl` instead (baton.trainers.report.step_metrics.name_mismatch)."""
 
-from baton.trainers.step_metrics import BEHAVIOUR, MISMATCH, name_mismatch
+from baton.trainers.report.step_metrics import BEHAVIOUR, MISMATCH, name_mismatch
 
 
 def test_on_policy_rows_keep_the_mismatch_name():

@@ -12,7 +12,7 @@ from baton.cli import main
 from baton.config import ConfigError, load_config
 from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
-from baton.trainers import timeline
+from baton.trainers.session import timeline
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 from baton.workers.reward_model import load_reward_model

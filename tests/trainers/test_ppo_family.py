@@ -147,6 +147,10 @@ def test_combinations_that_cannot_run_are_refused_by_name(model_dir, tmp_path):
     # the row source's declared capabilities (baton.sources.SOURCES)
     assert "rollout.top_k" in error("data.source=api", "rollout.top_k=5")
     assert "give both or neither" in error("data.source=agent")
+    # sections and keys only some sources read (SourceSpec.reads): set under another, refused
+    assert "`agent:` section" in error("agent.env=calculator")  # data.source=rollout
+    assert "data.servers is read only with data.source=api" in error('data.servers=["http://127.0.0.1:9"]')
+    assert "reward.timeout_s" in error("data.source=api", "reward.timeout_s=3")  # rows arrive scored
     cfg = config("grpo_arithmetic.yaml", model_dir, tmp_path)
     assert cfg.algorithm == "grpo" and cfg.algo.advantage == "grpo"
     assert config("ppo_arithmetic.yaml", model_dir, tmp_path, *CRITIC, "algo.advantage=").algo.advantage == "gae"

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.trainers.samples import SampleLog, last_samples, pick_rows, print_last_samples
+from baton.trainers.report.samples import SampleLog, last_samples, pick_rows, print_last_samples
 
 
 def test_pick_rows_takes_the_first_rows_of_the_first_groups():

@@ -7,7 +7,7 @@ import torch
 
 from baton.config import load_config
 from baton.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
-from baton.trainers.in_process import InProcessTrainerConfig
+from baton.trainers.session.in_process import InProcessTrainerConfig
 from baton.trainers.sft import (
     IGNORE, SFTConfig, SFTDataConfig, SFTModelConfig, SFTOptimConfig, collate_examples, run_sft,
 )

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from baton.trainers.tied_groups import TiedGroups, tied_at, tied_group_frac
+from baton.trainers.report.tied_groups import TiedGroups, tied_at, tied_group_frac
 
 
 def test_tied_group_frac_by_hand():

@@ -3,7 +3,7 @@ the other did, each call's span taken over all its ranks."""
 
 import pytest
 
-from baton.trainers import timeline
+from baton.trainers.session import timeline
 
 
 def rec(role, method, rank, start, end):

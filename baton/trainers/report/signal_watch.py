@@ -14,8 +14,8 @@ import torch
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.trainers.samples import SampleLog
-from baton.trainers.tied_groups import TiedGroups
+from baton.trainers.report.samples import SampleLog
+from baton.trainers.report.tied_groups import TiedGroups
 
 
 class StepSignal:

@@ -1,6 +1,6 @@
 """`baton serve`'s admin endpoints: weight updates (from disk, by broadcast), the weight
 update group, LoRA adapters, sleep / wake. Off with --no-admin; JSON only, no cross-site
-requests (`server.py` adds the guard as `admin_route`'s dependency)."""
+requests (`app.py` adds the guard as `admin_route`'s dependency)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 
 from baton.rollout._http_guards import error_body
-from baton.rollout._server_guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
-from baton.rollout._server_schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
-                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
-                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
+from baton.rollout.server.guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
+from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
+                                          LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
+                                          UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
 
 
 def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
-    """`srv`: the server's shared state (`_server_state._Server`); `admin_route`: the
+    """`srv`: the server's shared state (`state._Server`); `admin_route`: the
     route options (guard dependency, error responses) every admin endpoint takes."""
     engine, model_name = srv.engine, srv.model_name
 

@@ -1,8 +1,8 @@
 """The generation endpoints of `baton serve`: /v1/completions, /v1/chat/completions, /generate.
 
-Request/response shapes are documented in `baton/rollout/server.py`. Every request is
+Request/response shapes are documented in `baton/rollout/server/app.py`. Every request is
 checked by `srv.check_request` (token ids, context length, token caps) before it is queued.
-Top-N logprobs: `_server_logprobs.py`; tools and tool_choice: `_server_tools.py`.
+Top-N logprobs: `logprobs.py`; tools and tool_choice: `tools.py`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
-from baton.rollout._server_logprobs import alternatives, can_score
-from baton.rollout._server_stream import chat_chunks, completion_chunks, include_usage, sse
-from baton.rollout._server_tools import (assistant_message, check_tools, forced_message, forced_opening,
-                                         message_dicts, render)
-from baton.rollout._server_schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
-                                           unsupported)
+from baton.rollout.server.logprobs import alternatives, can_score
+from baton.rollout.server.stream import chat_chunks, completion_chunks, include_usage, sse
+from baton.rollout.server.tools import (assistant_message, check_tools, forced_message, forced_opening,
+                                        message_dicts, render)
+from baton.rollout.server.schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
+                                          unsupported)
 from baton.rollout.protocol import Completion, SamplingParams
 
 
@@ -26,7 +26,7 @@ MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN token
 
 
 def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = None) -> None:
-    """`srv` is the server's shared state (`baton.rollout._server_state._Server`); `responses`
+    """`srv` is the server's shared state (`baton.rollout.server.state._Server`); `responses`
     documents the routes' error answers in the OpenAPI schema."""
 
     @app.post("/v1/completions", responses=responses)

@@ -86,6 +86,7 @@ class AutoView:
     threads_per_worker: int | None = None  # placement.threads_per_worker
     gpus_per_worker: int | None = None  # placement.gpus_per_worker
     mode: str = "sync"  # the recipe's trainer.mode: read, never changed
+    generator: bool = False  # the row source runs a generator process (baton.sources: SourceSpec.generator)
     prompts_per_step: int = 1
     rows_per_update: int = 0  # actor.mini_batch_size (0: the whole step's rows)
     has_pools: bool = False  # placement.pools / roles set: a hand-made placement, leave it alone
@@ -100,11 +101,7 @@ class Choice:
     mode: str  # the recipe's trainer.mode, as it is
     reason: str
     decided: tuple[str, ...] = ()  # the keys auto set (the others were explicit)
-
-    @property
-    def overlap(self) -> bool:
-        """Whether a generator runs ahead in a process of its own (the recipe's trainer.mode)."""
-        return self.mode != "sync"
+    overlap: bool = False  # a generator runs ahead in a process of its own (the row source's)
 
     def overrides(self) -> list[str]:
         """Dotted overrides for the keys auto decided (explicit keys are not repeated)."""
@@ -149,7 +146,7 @@ def _ranks_in_memory(model_params: int, memory_bytes: int | None, generator: boo
 
 def _cpu_ranks(cores: int, model_params: int, view: AutoView, memory_bytes: int | None) -> tuple[int, str]:
     """(ranks, why) on a CPU machine of `cores` >= 2 cores."""
-    overlap = view.mode != "sync"
+    overlap = view.generator
     fit = _ranks_in_memory(model_params, memory_bytes, generator=overlap)
     room = cores - 1 if overlap else cores  # a generator ahead gets a core of its own
     cap = room if fit is None else max(1, min(room, fit))
@@ -180,7 +177,7 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_byte
         why = "placement.auto=false" if not view.auto else "placement.pools/roles set by hand"
         return Choice(view.backend or "local", view.world_size or 1,
                       view.threads_per_worker if view.threads_per_worker is not None else 0,
-                      view.gpus_per_worker or 0, view.mode, why)
+                      view.gpus_per_worker or 0, view.mode, why, overlap=view.generator)
     gpw = view.gpus_per_worker if view.gpus_per_worker is not None else (1 if gpus else 0)
     if gpus >= 1 and gpw:
         ws = view.world_size or _ranks(max(1, gpus // gpw), view)
@@ -190,18 +187,20 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_byte
     else:
         ws, why = _cpu_ranks(cores, model_params, view, memory_bytes)
     backend = view.backend or ("ray" if ws > 1 else "local")
-    procs = ws + (1 if view.mode != "sync" else 0)  # the generator is a process of its own
+    procs = ws + (1 if view.generator else 0)  # the generator is a process of its own
     threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
     decided = tuple(k for k, v in (("placement.backend", view.backend), ("placement.world_size", view.world_size),
                                    ("placement.threads_per_worker", view.threads_per_worker),
                                    ("placement.gpus_per_worker", view.gpus_per_worker)) if v is None)
-    return Choice(backend, ws, threads, gpw, view.mode, why, decided)
+    return Choice(backend, ws, threads, gpw, view.mode, why, decided, overlap=view.generator)
 
 
 def view_from_config(cfg: Any, explicit: set[str]) -> AutoView:
     """An AutoView from a validated config (built with placement.auto=false) and the dotted
     keys the recipe or the command line set (`explicit`): a placement key not among them is
     auto's to decide."""
+    from baton.sources import source_spec
+
     p = cfg.placement
 
     def given(key: str) -> Any:
@@ -210,6 +209,7 @@ def view_from_config(cfg: Any, explicit: set[str]) -> AutoView:
     return AutoView(auto=True, backend=given("placement.backend"), world_size=given("placement.world_size"),
                     threads_per_worker=given("placement.threads_per_worker"),
                     gpus_per_worker=given("placement.gpus_per_worker"), mode=cfg.trainer.mode,
+                    generator=source_spec(cfg).generator,  # as the row source registry says
                     prompts_per_step=cfg.data.prompts_per_step, rows_per_update=cfg.actor.mini_batch_size,
                     has_pools=bool({"placement.pools", "placement.roles"} & explicit))
 

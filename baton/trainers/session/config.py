@@ -8,11 +8,10 @@ from typing import Literal
 
 from baton.envs import TASKS, get_task
 from baton.metrics import SINKS, check_sinks
-from baton.sources import data_sources
+from baton.sources import data_sources, unread_keys
 from baton.user_modules import is_spec
 
 
-API_ONLY = ("api_url", "servers", "sync_every", "weights_dir", "api_wait_s", "envs")  # data.source=api keys
 
 
 def check_task(name: str) -> None:
@@ -58,12 +57,11 @@ class DataConfig:
         if self.sync_every < 1 or self.api_wait_s < 0:
             raise ValueError(f"data.sync_every must be >= 1 and data.api_wait_s >= 0 "
                              f"(got {self.sync_every}, {self.api_wait_s})")
-        if self.source != "api":
-            defaults = DataConfig()
-            for key in API_ONLY:
-                if getattr(self, key) != getattr(defaults, key):
-                    raise ValueError(f"data.{key} is read only with data.source=api (this run's rows come from "
-                                     f"data.source={self.source}): remove it, or set data.source=api")
+        defaults = DataConfig()
+        for key, readers in unread_keys(self.source, lambda k: k.startswith("data.") and
+                                        getattr(self, k[5:]) != getattr(defaults, k[5:])):
+            raise ValueError(f"{key} is read only with data.source={'/'.join(readers)} (this run's rows come from "
+                             f"data.source={self.source}): remove it, or set data.source={readers[0]}")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
         if self.source == "api" and bad:
             raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")

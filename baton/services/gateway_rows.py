@@ -1,8 +1,10 @@
-"""Finished gateway sessions as training rows: `GatewaySource`, the row source a trainer
-pulls from when `data.source: gateway` (`baton.agents.gateway_run` serves the gateway and
-runs the agents).
+"""Finished gateway sessions as training rows: `GatewayRows`, what the rollout worker's
+`generate_sessions` (`baton.agents.gateway_run`: serves the gateway, runs the agents) takes
+each draw's rows from. The row source a trainer registers for `data.source: gateway` is
+`baton.sources.gateway` (it calls that worker method); this is the gateway's side of it,
+with the `RowSource` methods so a gateway can be read on its own (tests, a custom loop).
 
-    source = GatewaySource(gw, group_size=4)   # rows(step) -> Batch (baton.sources)
+    rows = GatewayRows(gw, group_size=4).rows(step)   # -> Batch
 
 Each step's rows are whole groups of finished (rewarded) sessions, group-major, in Atropos'
 ScoredData shape through `baton.services.groups.groups_to_batch` (see `baton.services.gateway`
@@ -38,8 +40,8 @@ def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) 
     return rows
 
 
-class GatewaySource:
-    """A row source (`baton.sources.RowSource`) over a gateway: each step's rows
+class GatewayRows:
+    """`baton.sources.RowSource`'s methods over a gateway: each step's rows
     are `groups_per_step` groups of `group_size` finished sessions (rows arrive scored).
     Weight updates are the engine owner's business (an in-process engine shares the
     actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""

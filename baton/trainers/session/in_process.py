@@ -30,8 +30,8 @@ from baton.models import save_pretrained
 from baton.controller.devices import enable_tf32
 from baton.models.precision import autocast, pick_device, resolve_bf16
 from baton.runs.checkpoints import CHECKPOINTS_DIR
-from baton.trainers.run import NonFiniteGuard, RunSession, prune_checkpoints
-from baton.trainers.run_config import TrainerConfig
+from baton.trainers.session.run import NonFiniteGuard, RunSession, prune_checkpoints
+from baton.trainers.session.config import TrainerConfig
 
 TRAINER_STATE = "trainer_state.pt"
 

@@ -40,7 +40,7 @@ from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
 from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
-from baton.trainers.run_config import TrainerConfig
+from baton.trainers.session.config import TrainerConfig
 
 log = logging.getLogger("baton")
 
@@ -90,12 +90,6 @@ def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int) -> Metri
     if start_step and run.metrics_path.exists():
         truncate_after(run.metrics_path, start_step)
     return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step)
-
-
-def evaluate(rollout: Any, eval_rows: list[dict]) -> dict[str, float]:
-    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
-    return {f"eval/accuracy_{mode}": rollout.evaluate(eval_rows, mode == "greedy")
-            for mode in ("greedy", "sampled")}
 
 
 def is_due(step: int, every: int, last: bool) -> bool:
@@ -236,7 +230,7 @@ class RunSession:
 
     `roles`: {role: WorkerGroup}, set by the driver once built; every group is shut down
     (and Ray, if the run started it) when the session closes. `closing`: objects whose
-    `close()` runs first (row sources). `timeline`: a `baton.trainers.timeline.Timeline`
+    `close()` runs first (row sources). `timeline`: a `baton.trainers.session.timeline.Timeline`
     the session feeds (the records of evaluation and saving are no step's)."""
 
     def __init__(self, cfg: Any) -> None:

@@ -15,7 +15,7 @@ from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
 from baton.envs import get_task
-from baton.trainers.run_config import DataConfig
+from baton.trainers.session.config import DataConfig
 
 
 @dataclass

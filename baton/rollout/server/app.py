@@ -17,8 +17,8 @@ Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requ
                                     (vLLM style); extras: top_k, min_p, stop_token_ids,
                                     ignore_eos, return_token_ids, return_tokens_as_token_ids
   POST /v1/chat/completions         OpenAI chat; the prompt is the tokenizer's chat template
-                                    (with `tools`; tool calls parsed: _server_tools.py)
-  stream=True on both /v1 routes:   server-sent events, OpenAI chunks (_server_stream.py)
+                                    (with `tools`; tool calls parsed: tools.py)
+  stream=True on both /v1 routes:   server-sent events, OpenAI chunks (stream.py)
   POST /generate                    token-in / token-out, SGLang's shape (below)
   GET  /get_model_info, /get_weight_version, /stats
 Admin endpoints (off with --no-admin: 403):
@@ -92,33 +92,32 @@ len(prompts) * n objects, prompt-major (the n samples of prompt 0 first):
         "output_token_logprobs": [[logprob, token_id, null], ...]}}   # if return_logprob
 Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen token);
 OpenAI `top_logprobs` (chat) and `logprobs` (completions) up to 20, as vLLM's server: the
-alternatives come from one teacher-forced forward pass (`_server_logprobs.py`; engines
+alternatives come from one teacher-forced forward pass (`logprobs.py`; engines
 without an in-process model and LoRA requests: a 400 above 1). `tool_choice` "required" or a
-named function prefills the Hermes call's opening (`_server_tools.py`). `response_format`
+named function prefills the Hermes call's opening (`tools.py`). `response_format`
 is a 400.
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one
-generation on the engine thread (see `_server_batcher.py`); generations take turns in
+generation on the engine thread (see `batcher.py`); generations take turns in
 slices of --slice-steps decode steps (default 16; up to --max-running at once, each with
 its own KV cache), so a short request never waits for a long one to end, and gets the
 tokens it would get alone; a client that disconnects while queued is dropped without
 delaying anyone, and a running generation whose clients have all gone is cancelled
 between decode steps. Weight updates and sleep let running generations finish first.
 
-Code: this file builds the app (health, models, stats), runs it (`ServerThread`,
-`serve_main`); `_server_state.py` holds the shared state and request checks,
-`_server_routes.py` the generation endpoints, `_server_admin.py` the admin endpoints,
-`_server_batcher.py` the scheduling, `_http_guards.py` the guards shared with the gateway
-(auth, body caps, strict JSON, OpenAI-shaped errors), `_server_guards.py` admin requests and
-checkpoint checks, `_server_schemas.py` the request shapes.
+Code (the modules of `baton.rollout.server`, listed in its `__init__.py`): this module
+builds the app (health, models, stats), runs it (`ServerThread`, `serve_main`); `state.py`
+holds the shared state and request checks, `routes.py` the generation endpoints, `admin.py`
+the admin endpoints, `batcher.py` the scheduling, `guards.py` admin requests and checkpoint
+checks, `schemas.py` the request shapes; `baton/rollout/_http_guards.py` the guards shared
+with the gateway (auth, body caps, strict JSON, OpenAI-shaped errors).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import os
 import socket
 import threading
@@ -130,24 +129,16 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from baton.rollout._server_admin import add_admin_routes
-from baton.rollout._server_batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
+from baton.rollout.server.admin import add_admin_routes
+from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
 from baton.rollout._http_guards import install_guards, run_uvicorn
-from baton.rollout._server_guards import check_admin_request
-from baton.rollout._server_log import RequestLog
-from baton.rollout._server_routes import add_generation_routes
-from baton.rollout._server_schemas import errors
-from baton.rollout._server_state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GENERATE_BODY_BYTES,
-                                         DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S, _Disconnected, _Server)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from baton.rollout.server.guards import check_admin_request
+from baton.rollout.server.log import RequestLog
+from baton.rollout.server.routes import add_generation_routes
+from baton.rollout.server.schemas import errors
+from baton.rollout.server.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GENERATE_BODY_BYTES,
+                                        DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S, _Disconnected, _Server)
+from baton.sync.group import is_loopback
 
 
 def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 2.0, max_batch_seqs: int = 256,
@@ -337,7 +328,7 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
         ap.error(f"--slice-steps must be >= 0 and --max-running >= 1 (got {args.slice_steps}, {args.max_running})")
     environ = os.environ if environ is None else environ
     args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
-    args.admin = _is_loopback(args.host) if args.admin is None else args.admin
+    args.admin = is_loopback(args.host) if args.admin is None else args.admin
     args.model_dir = Path(args.model_dir).resolve()
     args.weights_dirs = [Path(d).resolve() for d in (args.weight_dir_list or [args.model_dir])]
     return args
@@ -374,6 +365,6 @@ def serve_main(argv: list[str] | None = None) -> None:
     print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {dtype})", flush=True)
     print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "
           f"admin endpoints {'on' if admin else 'off'}; weights from {', '.join(map(str, weights_dirs))}", flush=True)
-    if admin and not api_key and not _is_loopback(args.host):
+    if admin and not api_key and not is_loopback(args.host):
         print("baton serve: WARNING: admin endpoints are on for a network address without --api-key", flush=True)
     run_uvicorn(app, sock, args.log_level)

@@ -112,7 +112,7 @@ class CompletionRequest(_SamplingExtras):
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # assistant: OpenAI tool calls (baton.rollout._server_tools)
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: OpenAI tool calls (baton.rollout.server.tools)
     tool_call_id: str | None = None  # tool: the call it answers
     name: str | None = None
 
@@ -142,7 +142,7 @@ class ChatCompletionRequest(_SamplingExtras):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...} (_server_tools.check_tools)
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...} (tools.check_tools)
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
     response_format: Any = None  # refused (400) until supported
 

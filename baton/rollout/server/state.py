@@ -1,6 +1,6 @@
 """Shared state of `baton serve`: `_Server` (engine, batcher, limits, health) and the
 helpers every endpoint uses (request checks, tokenizing off the event loop, a generate
-that withdraws the request when its client leaves). `server.py` builds the app on it."""
+that withdraws the request when its client leaves). `app.py` builds the app on it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 from fastapi import HTTPException, Request
 
-from baton.rollout._server_batcher import Batcher, EngineRunner
-from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, APIError, BearerAuth, OffLoop, check_model  # noqa: F401  (the default re-exported for server.py)
-from baton.rollout._server_guards import WeightsAllowList
+from baton.rollout.server.batcher import Batcher, EngineRunner
+from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, APIError, BearerAuth, OffLoop, check_model  # noqa: F401  (the default re-exported for app.py)
+from baton.rollout.server.guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
 
