@@ -34,7 +34,6 @@ _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
-
 def in_daemon_thread(fn: Callable[[], Any], name: str = "baton-tool") -> asyncio.Future:
     """`fn()` in a daemon thread of its own; a future of the running loop for its result.
     Not a pool, not asyncio's default executor: both are joined at interpreter exit, so a

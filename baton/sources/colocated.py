@@ -14,6 +14,7 @@ from typing import Any
 from baton.batch import Batch
 from baton.sources.base import REDRAW, Prompts
 
+
 class RolloutSource:
     """Rows from this run's rollout role, on prompts drawn by the run's sampler."""
 

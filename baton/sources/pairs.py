@@ -87,8 +87,6 @@ class PairFileSource:
         pass
 
 
-
-
 def build(cfg: Any, roles: dict[str, Any], state: Prompts) -> PairFileSource:
     """The pairs of `cfg.data` (an `OfflineDPOConfig`), told the colocated rollout (if any)."""
     return PairFileSource(cfg, load_tokenizer(cfg.model.path), state, roles.get("rollout"))

@@ -3,10 +3,8 @@ metrics and checkpoints as online DPO.
 
     baton train recipes/offline_dpo_arithmetic.yaml data.path=pairs.jsonl [k=v ...]
 
-Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
-is tokenized as the rollout engine tokenizes prompts, each completion as plain text followed
-by EOS (a sampled completion that stops ends with EOS too), so a model trained offline and
-online sees the same sequences.
+Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}, tokenized
+as the rollout engine tokenizes (baton.sources.pairs says how).
 
 One step, top to bottom:
     pairs (next data.pairs_per_step rows of the seeded, resumable sampler; the row source
@@ -36,6 +34,7 @@ from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, 
                                       restore_reference, with_ref_logprobs)
 from baton.trainers.session.run import RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
+
 
 def train(cfg: OfflineDPOConfig) -> dict[str, float]:
     d = cfg.dpo

@@ -62,7 +62,6 @@ def test_greedy_episodes_for_evaluation(roles):
     assert set(m) == {"accuracy", "tool_call_ok", "first_turn_call_ok"}
 
 
-
 def test_trainer_logprobs_match_the_engine_across_observations(tmp_path):
     """The trainer's logprobs of multi-turn rows equal the engine's behaviour logprobs on every
     policy token, with the shared-prompt forward and without: observation tokens (loss mask 0)

@@ -31,6 +31,7 @@ PAIR_METRICS = ("dpo/pairs", "dpo/unpaired_prompts", "dpo/score_margin", "reward
                 "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "dpo/kl",
                 "actor/loss", "actor/grad_norm", "timing/reference_s", "timing/update_s")
 
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=0))

@@ -12,8 +12,6 @@ from baton.sources import data_sources, unread_keys
 from baton.user_modules import is_spec
 
 
-
-
 def check_task(name: str) -> None:
     """`data.task` names a built-in task or a user's `module:Class` that imports as a Task
     (one-line ValueError otherwise): what every driver's `data.task` accepts."""

@@ -212,7 +212,6 @@ def close_run(run: PreparedRun, roles: dict[str, Any], backend: str) -> None:
         run.close()
 
 
-
 class Preempted(RuntimeError):
     """The run got SIGTERM (a preemptible node or SLURM giving notice) or SIGINT (Ctrl-C) and
     stopped after saving its last finished step. `signum`: which (the CLI exits 128 + it)."""
