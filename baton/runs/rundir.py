@@ -301,12 +301,13 @@ def last_step(run_dir: str | os.PathLike) -> int | None:
 
 
 # Keys a resume may change without trainer.resume_changes=allow: how the run is driven and
-# watched, not what it computes.
+# watched, and where its services listen (a relaunch may find its ports taken), not what it
+# computes.
 RESUMABLE_CHANGES = ("trainer.resume", "trainer.steps", "trainer.progress", "trainer.overwrite",
                      "trainer.resume_changes", "trainer.sinks", "trainer.run_dir", "trainer.save_every",
                      "trainer.eval_every", "trainer.keep_checkpoints", "trainer.max_nonfinite_steps",
                      "trainer.check_weight_sync", "placement.threads_per_worker", "placement.cpus_per_worker",
-                     "data.api_wait_s")
+                     "data.api_wait_s", "data.api_url", "data.servers", "data.weights_dir")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

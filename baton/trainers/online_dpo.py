@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from baton import fields as F
 from baton.algos.pairs import PreferencePairs, preference_pairs
 from baton.trainers.dpo_config import DPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
+from baton.trainers.report.samples import SampleLog
 from baton.trainers.session.run import RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
 from baton.sources import evaluation, row_source
@@ -57,6 +60,7 @@ def train(cfg: DPOConfig) -> dict[str, float]:
         actor, reward, ref = roles["actor"], roles["reward"], roles.get("reference")
         source = row_source(cfg, roles, state)
         run.closing.append(source)
+        samples = SampleLog(cfg.trainer.run_dir, cfg.trainer.eval_every, cfg.trainer.steps)
 
         def restore(path: str) -> None:
             saved = actor.load_checkpoint(path)[0]
@@ -70,6 +74,7 @@ def train(cfg: DPOConfig) -> dict[str, float]:
                 rows = source.rows(step)
             with timed("score"):
                 rows = rows.union(reward.compute_rewards(rows).get())
+            samples.write(step, rows, torch.arange(len(rows)) // cfg.rollout.n)  # samples.jsonl: a few, scored
             pairs = preference_pairs(rows[F.REWARDS], cfg.rollout.n, d.pairing, d.min_margin)
             update: list[dict[str, float]] = [{"dpo/skipped_update": 1}]  # no pair: no step
             if len(pairs.chosen):

@@ -168,7 +168,8 @@ def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path, m
     (tmp_path / "config.yaml").write_text(
         "actor:\n  lr: 0.001\n  betas: [0.9, 0.99]\ntrainer:\n  steps: 10\n  resume: ''\n  progress: true\n")
     same = {"actor": {"lr": 0.001, "betas": (0.9, 0.99)},
-            "trainer": {"steps": 20, "resume": "auto", "progress": False}}  # may change on resume
+            "trainer": {"steps": 20, "resume": "auto", "progress": False},  # may change on resume
+            "data": {"api_url": "http://127.0.0.1:8123", "servers": ["http://127.0.0.1:8124"]}}  # addresses
     assert rundir.check_resume_changes(tmp_path, same, allow=False) == []
     changed = {"actor": {"lr": 0.01, "betas": (0.9, 0.99)}, "algo": {"kl_coef": 0.1},
                "trainer": {"steps": 10, "resume": "auto", "progress": True}}

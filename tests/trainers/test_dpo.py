@@ -68,6 +68,9 @@ def test_a_step_without_pairs_says_so_and_goes_on(model_dir, tmp_path):
     for step in steps_of(tmp_path):
         assert step["dpo/pairs"] == 0 and step["dpo/unpaired_prompts"] == 4
         assert step["dpo/skipped_update"] == 1 and "actor/loss" not in step and "dpo/score_margin" not in step
+    # and samples.jsonl shows why: the step's completions, each scored 0 (as in the PPO family)
+    lines = [json.loads(ln) for ln in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in lines} == {1, 2} and all(r["reward"] == 0 and "completion" in r for r in lines)
 
 
 def test_resume_gives_identical_next_step(model_dir, tmp_path):
