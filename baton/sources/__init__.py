@@ -53,11 +53,16 @@ def data_sources(driver: str = "ppo") -> list[str]:
                               if spec.data_source and driver in spec.drivers))
 
 
+def source_reads(data_source: str) -> set[str]:
+    """The sections and keys only some sources read that a `data.source=data_source` form reads."""
+    return {key for spec in SOURCES.values() if spec.data_source == data_source for key in spec.read_keys}
+
+
 def unread_keys(data_source: str, is_set: Callable[[str], bool]) -> list[tuple[str, list[str]]]:
     """The sections and keys some source reads (`SourceSpec.read_keys`) but no `data.source=`
     `data_source` form does, that `is_set` says a recipe set, each with the data.source values
     that read it: what the config checks refuse, so no key is accepted and ignored."""
-    mine = {key for spec in SOURCES.values() if spec.data_source == data_source for key in spec.read_keys}
+    mine = source_reads(data_source)
     readers: dict[str, list[str]] = {}
     for spec in SOURCES.values():
         for key in spec.read_keys:
@@ -100,4 +105,4 @@ def evaluation(cfg: Any, roles: dict[str, Any], eval_rows: list[dict[str, Any]])
 
 
 __all__ = ["SOURCES", "Prompts", "RowSource", "SourceSpec", "apart", "data_sources", "evaluation", "needs_generator",
-           "row_source", "source_name", "source_spec", "unread_keys"]
+           "row_source", "source_name", "source_reads", "source_spec", "unread_keys"]

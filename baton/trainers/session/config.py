@@ -8,7 +8,7 @@ from typing import Literal
 
 from baton.envs import TASKS, get_task
 from baton.metrics import SINKS, check_sinks
-from baton.sources import data_sources, unread_keys
+from baton.sources import data_sources, source_reads, unread_keys
 from baton.user_modules import is_spec
 
 
@@ -61,7 +61,7 @@ class DataConfig:
             raise ValueError(f"{key} is read only with data.source={'/'.join(readers)} (this run's rows come from "
                              f"data.source={self.source}): remove it, or set data.source={readers[0]}")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
-        if self.source == "api" and bad:
+        if bad and "data.api_url" in source_reads(self.source):
             raise ValueError(f"data.api_url / data.servers must be http(s) URLs, got {bad[0]!r}")
 
 
