@@ -62,3 +62,16 @@ def test_keys_read_only_by_other_sources_are_named_with_their_readers():
     assert unread_keys("rollout", set_keys.__contains__) == [("data.servers", ["api"]), ("agent", ["agent"])]
     assert unread_keys("api", set_keys.__contains__) == [("reward", ["rollout"]), ("agent", ["agent"])]
     assert unread_keys("agent", set_keys.__contains__) == [("reward", ["rollout"]), ("data.servers", ["api"])]
+
+
+def test_two_sources_answering_one_data_source_alike_are_refused_by_name(monkeypatch):
+    """A second registration for `data.source: rollout` (colocated) would run or not by import
+    order: choosing one says which two collide."""
+    import pytest
+
+    from baton.sources import SOURCES, SourceSpec, source_name
+
+    monkeypatch.setitem(SOURCES, "my_rollout", SourceSpec("rollout", "my_source:build"))
+    with pytest.raises(ValueError, match=r"\['rollout', 'my_rollout'\] alike"):
+        source_name("rollout", generator=False)
+    assert source_name("rollout", generator=True) == "generator"  # the generator form is still one

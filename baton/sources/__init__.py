@@ -78,6 +78,9 @@ def source_name(data_source: str, generator: bool) -> str:
     if not mine:
         raise ValueError(f"data.source={data_source!r}: none of the row sources reads it; known: {data_sources()}")
     exact = [name for name in mine if SOURCES[name].generator == generator]
+    if len(exact) > 1 or (not exact and len(mine) > 1):  # which one runs would depend on import order
+        raise ValueError(f"data.source={data_source!r} is answered by the row sources {exact or mine} alike "
+                         f"(generator={generator}): give each registered source a data.source of its own")
     return (exact or mine)[0]
 
 
