@@ -44,7 +44,10 @@ from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.rollout.sampling import sample
+from baton.rollout.generation import Generation
+from baton.rollout.live_lora import live_lora
 from baton.rollout.static_decode import STEPS, StaticDecoder
+from baton.rollout.stop_strings import StopStringMatcher
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
@@ -400,95 +403,3 @@ class EmbeddedEngine:
             self._missing = {id(p): name for name, p in self.model.named_parameters()}
             self._discarded = []
         self._asleep = False
-
-
-class Generation:
-    """One `generate` call, run a slice of steps at a time: `advance(k)` runs up to k
-    prefill / decode steps and returns True once it is done (`result` then holds the
-    completions). Between slices the runner's state (KV cache, packed weights, positions)
-    is put aside, so other generations (or `generate` calls) may run on the engine meanwhile:
-    the steps are the same ones `generate` runs, in the same order, so the tokens are the
-    same as when the call runs alone. Call it from one thread at a time (the engine is not
-    thread safe); `close()` drops a generation that will not be finished."""
-
-    def __init__(self, engine: EmbeddedEngine, steps):
-        self.engine, self._steps = engine, steps
-        self._state: dict[str, Any] | None = None  # the runner's attributes while paused
-        self.result: list[Completion] | None = None
-        self.done = False
-        self.steps = 0  # prefill and decode steps run so far
-
-    def advance(self, max_steps: int | None = None) -> bool:
-        if self.done:
-            return True
-        engine, runner = self.engine, self.engine.runner
-        if self._state is not None:
-            vars(runner).update(self._state)
-        was_training = engine.model.training
-        engine.model.eval()  # dropout off for the generic path
-        paused, ran = False, 0
-        try:
-            with torch.inference_mode():
-                while max_steps is None or ran < max_steps:
-                    next(self._steps)
-                    ran += 1
-                self.steps += ran
-                paused = True
-        except StopIteration as stop:
-            self.steps += ran
-            self.result = stop.value
-        finally:
-            engine.model.train(was_training)
-            self._state = vars(runner).copy() if paused else None
-            self.done = not paused
-            runner.release()
-        return self.done
-
-    def close(self) -> None:
-        self._steps.close()
-        self._state, self.done = None, True
-
-
-def live_lora(model: nn.Module) -> _llama.Lora | None:
-    """{module path: (A, B, scale)} of a peft model's active adapter: the live tensors (no
-    copy), so the engine samples from the adapters as trained so far. None when the
-    adapters are disabled (`with model.disable_adapter()`)."""
-    base = model.get_base_model()
-    out: _llama.Lora = {}
-    for name, m in base.named_modules():
-        if not hasattr(m, "lora_A") or not hasattr(m, "base_layer"):
-            continue
-        if getattr(m, "disable_adapters", False):
-            return None
-        if getattr(m, "merged", False):
-            raise RuntimeError(f"{name}: the adapter is merged into the base weights; the engine reads them "
-                               "unmerged (unmerge_adapter() first)")
-        for a in m.active_adapters:
-            if a in m.lora_A:
-                if name in out:
-                    raise ValueError("more than one active LoRA adapter per module is not supported")
-                out[name] = (m.lora_A[a].weight, m.lora_B[a].weight, float(m.scaling[a]))
-    return out
-
-
-class StopStringMatcher:
-    """Tracks each row's generated tokens and reports rows whose text now contains a stop
-    string. Only the tail is decoded (enough tokens to hold the longest stop string), so a
-    step costs O(rows * tail) whatever the length so far."""
-
-    def __init__(self, tokenizer: Any, stops: list[str], rows: int):
-        self.tokenizer = tokenizer
-        self.stops = [s for s in stops if s]
-        # a token is >= 1 character, or >= 1 byte (<= 4 per character) for byte-level
-        # vocabularies, so this many tokens always hold the longest stop string
-        self.tail = 4 * max((len(s) for s in self.stops), default=0) + 4
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-
-    def push(self, rows: list[int], new_tokens: list[int]) -> torch.Tensor:
-        hits = torch.zeros(len(rows), dtype=torch.bool)
-        for j, (r, tok) in enumerate(zip(rows, new_tokens)):
-            seq = self.tokens[r]
-            seq.append(tok)
-            text = self.tokenizer.decode(seq[-self.tail:])
-            hits[j] = any(s in text for s in self.stops)
-        return hits
