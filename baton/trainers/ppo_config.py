@@ -199,8 +199,8 @@ class PPOConfig:
                 set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
                 raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (its rows arrive "
                                  f"scored); remove the reward section (a reward_model still adds its score)")
-            raise ValueError(f"data.source={'/'.join(readers)} runs what its `{key}:` section describes "
-                             f"(this run reads data.source={d.source}): give both or neither")
+            raise ValueError(f"the `{key}:` section is read only with data.source={'/'.join(readers)} (this run's "
+                             f"rows come from data.source={d.source}): remove it, or set data.source={readers[0]}")
         if spec.own_sampling:  # keys that rest: the environments / the agent sample with their own settings
             for key in ("top_p", "top_k"):
                 if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
