@@ -225,7 +225,7 @@ class PPOConfig:
         """Whether the recipe sets section `key` (one only some row sources read)."""
         if key == "reward":
             return vars(self.reward) != vars(RewardConfig())
-        return not key.startswith("data.") and getattr(self, key) is not None  # data.*: DataConfig.check
+        return not key.startswith("data.") and getattr(self, key, None) is not None  # data.*: DataConfig.check
 
     def _place_generator(self) -> None:
         """The overlapping modes need the rollout apart from the actor: put it (and the
