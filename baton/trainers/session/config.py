@@ -57,7 +57,7 @@ class DataConfig:
                              f"(got {self.sync_every}, {self.api_wait_s})")
         defaults = DataConfig()
         for key, readers in unread_keys(self.source, lambda k: k.startswith("data.") and
-                                        getattr(self, k[5:]) != getattr(defaults, k[5:])):
+                                        getattr(self, k[5:], None) != getattr(defaults, k[5:], None)):
             raise ValueError(f"{key} is read only with data.source={'/'.join(readers)} (this run's rows come from "
                              f"data.source={self.source}): remove it, or set data.source={readers[0]}")
         bad = [u for u in [self.api_url, *self.servers] if not u.startswith(("http://", "https://"))]
