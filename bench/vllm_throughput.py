@@ -42,20 +42,6 @@ def timed(fn) -> tuple[float, int]:
     return time.perf_counter() - t0, tokens
 
 
-# Qwen2.5-0.5B's shape (config.json of Qwen/Qwen2.5-0.5B), random weights: 494M parameters
-QWEN_05B = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936)
-
-
-def build_shape(et, size: str) -> torch.nn.Module:
-    """A random model of the bench's shape `size` (engine_throughput's, or 0.5b)."""
-    if size != "0.5b":
-        return et.build(size)
-    from baton.models.tiny import build_tiny_model
-
-    kw = dict(QWEN_05B)
-    return build_tiny_model(None, vocab_size=kw.pop("vocab_size"), eos_token_id=None, max_position=512, **kw).eval()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="5m,25m")
@@ -72,16 +58,16 @@ def main() -> None:
     from baton.rollout.embedded import EmbeddedEngine
     from baton.rollout.vllm_engine import VLLMEngine
 
-    n_prompts, new_tokens, repeats = (8, 8, 1) if args.smoke else (et.N_PROMPTS, et.NEW_TOKENS, args.repeats)
+    n_prompts, new_tokens, repeats = (8, 8, 1) if args.smoke else (64, 64, args.repeats)
     default, shape_of = (n_prompts, new_tokens), {}
     sizes = ["5m"] if args.smoke else args.sizes.split(",")
     print(f"load average before: {load_avg()}  (threads {args.threads}; 2-core machine shared with other jobs)")
     rows = []
     for size in sizes:
-        model = build_shape(et, size)
+        model = et.build(size, "cpu", torch.float32)  # engine_throughput's shapes, 0.5b included
         n_prompts, new_tokens = shape_of[size] = (16, 32) if size == "0.5b" and not args.smoke else default
         vocab = model.config.vocab_size
-        prompts = et.make_prompts(vocab)[:n_prompts]
+        prompts = et.make_prompts(vocab, n_prompts)
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
         embedded = EmbeddedEngine(model)
         engine_v = VLLMEngine.build(model, None, max_model_len=512)

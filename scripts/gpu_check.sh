@@ -44,8 +44,9 @@ print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA")
 EOF
 cat "$LOGS/1_env.log"
 
+# addopts replaced: pyproject's `-n 2` needs pytest-xdist, which the GPU image lacks (one process there)
 step "pytest tests/gpu" 330 2_tests_gpu.log \
-  "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu --timeout 240 -rs
+  "$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu tests/gpu --timeout 240 -rs
 step "grpo vs trl (cuda, short)" 150 3_grpo_vs_trl.log \
   "$PY" bench/grpo_vs_trl.py --device cuda --shape 5m --steps 3 --prompts 8 --G 4 --max-new-tokens 32 \
   --runs baton@4,trl@4

@@ -76,12 +76,12 @@ def run_sessions(engine: Any, tokenizer: Any, prompts: Batch, n: int, cfg: Gatew
     def job(s: Session, row: dict):
         return lambda watch: _one(gw, s, fn, server.url, key, row, watch)
 
-    def give_up(i: int) -> None:  # the agent's code still runs (it blocks its loop): drop its session
+    def release(i: int) -> None:  # the agent's code still runs (it blocks its loop): drop its session
         gw.abort(work[i][0].id, "deadline")
 
-    with ServerThread(gw.app(api_key=key)) as server:
+    with ServerThread(gw.app(api_key=key)) as server:  # timeouts are counted (and logged) as "deadline"
         reasons, abandoned = run_watched([job(s, row) for s, row in work], cfg.session_timeout_s,
-                                         give_up=lambda i, kind: "deadline", release=give_up,
+                                         give_up=lambda i, kind: kind, release=release, kind="deadline",
                                          name="baton-session")
     groups = len({int(s.group) for s in gw.sessions.values() if s.reward is not None})
     stats: dict[str, Any] = {"trajectories": len(reasons), "dropped": dict(Counter(r for r in reasons if r))}

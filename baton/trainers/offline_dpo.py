@@ -25,7 +25,6 @@ from __future__ import annotations
 from baton.batch import collate
 from baton.data.prompts import PromptSampler
 from baton.envs import get_task
-from baton.models.load import load_tokenizer
 from baton.sources import row_source
 from baton.sources.colocated import evaluate_rollout
 from baton.sources.pairs import encode_pairs, load_pairs
@@ -39,17 +38,17 @@ from baton.trainers.session.state import RunState
 def train(cfg: OfflineDPOConfig) -> dict[str, float]:
     d = cfg.dpo
     with RunSession(cfg) as run:
-        tokenizer = load_tokenizer(cfg.model.path)
         train_pairs = load_pairs(cfg.data.path)
-        eval_pairs = (encode_pairs(tokenizer, collate(load_pairs(cfg.data.eval_path)), cfg.placement.world_size)
-                      if cfg.data.eval_path else None)
+        eval_text = collate(load_pairs(cfg.data.eval_path)) if cfg.data.eval_path else None  # a bad file fails here
         task_rows = get_task(cfg.data.task).eval_rows(cfg.data.eval_size) if cfg.data.task else []
         state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=task_rows)
         run.roles = roles = build_dpo_roles(
             cfg, temperature=1.0, task=cfg.data.task,
             probe_prompt=task_rows[0]["prompt"] if task_rows else train_pairs[0]["prompt"])
         actor, ref, rollout = roles["actor"], roles.get("reference"), roles.get("rollout")
-        source = row_source(cfg, roles, state, name="pairs")
+        source = row_source(cfg, roles, state, name="pairs")  # a PairFileSource: its tokenizer encodes eval pairs
+        eval_pairs = (encode_pairs(source.tokenizer, eval_text, cfg.placement.world_size)
+                      if eval_text is not None else None)
 
         def evaluation() -> dict[str, float]:
             out = evaluate_rollout(rollout, state.eval_rows) if rollout is not None else {}

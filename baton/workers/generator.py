@@ -84,8 +84,12 @@ class GeneratorWorker(RolloutWorker):
         # RolloutWorker.generate may consult `policy` (a plain module: read in place)
         self.policy = Policy(module, self.tokenizer)
         self.engine = build_engine(rollout.engine, module, self.tokenizer, model_path=model.path, fuse_weights=False)
-        self.own_weights = False  # keeps its weights between steps (RolloutWorker.generate: no sleep)
+        self.own_weights = False  # its weights are the engine's own module, kept between steps
         self.probe_ids = self.tokenizer(probe_prompt).input_ids
+
+    def _rest(self, generated: bool = True) -> None:
+        """Never asleep: no trainer shares this device (the KV cache is released after every
+        call by the engine itself), so emptying the CUDA cache would only cost the next call."""
 
     def sync_weights(self, version: int, check: bool = False) -> None:  # not driver-callable here
         raise RuntimeError("a generator on its own pool gets its weights through load_weights")
@@ -121,7 +125,6 @@ class GeneratorWorker(RolloutWorker):
     def probe(self) -> tuple[list[int], list[int], list[float]]:
         """The parity probe: (prompt ids, greedy token ids, the engine's logprobs of them)."""
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True)
-        self._wake()  # generate() leaves the engine asleep (its KV cache released)
         comp = self.engine.generate([list(self.probe_ids)], params)[0]
         return list(self.probe_ids), list(comp.token_ids), list(comp.logprobs)
 

@@ -153,9 +153,10 @@ class RolloutWorker(Worker):
         self.engine.wake()
 
     def _rest(self, generated: bool = True) -> None:
-        """After the engine ran: release its KV cache so that the actor's update has the
-        memory; after a generation also an own copy (it lives from a sync to the end of the
-        next generation: the sync refills it)."""
+        """After the engine ran (its KV cache is released by then): sleep, which gives the
+        cached CUDA memory back and, after a generation, frees an own copy of the weights (it
+        lives from a sync to the end of the next generation: the sync refills it), so the
+        actor's update has the memory."""
         if generated or not self.own_weights:
             self.engine.sleep()
 
