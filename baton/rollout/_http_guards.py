@@ -71,14 +71,19 @@ def error_response(status: int, message: Any, param: str | None = None, code: st
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=dict(headers or {}))
 
 
-async def _send_error(send: Send, status: int, message: str, code: str | None,
-                      headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    """An error answered from a pure ASGI middleware (before any route runs)."""
-    body = json.dumps(error_body(status, message, code=code)).encode()
+async def _send_json(send: Send, status: int, payload: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """A JSON answer from a pure ASGI middleware (before any route runs)."""
+    body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Send, status: int, message: str, code: str | None,
+                      headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """An error in OpenAI's shape, answered from a pure ASGI middleware."""
+    await _send_json(send, status, error_body(status, message, code=code), headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -130,13 +135,10 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         challenge = [(b"www-authenticate", f'Bearer realm="{self.realm}"'.encode())]
-        if not self.detail:
+        if self.detail:
+            await _send_json(send, 401, {"detail": reason}, challenge)
+        else:
             await _send_error(send, 401, reason, "invalid_api_key", challenge)
-            return
-        body = json.dumps({"detail": reason}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *challenge]})
-        await send({"type": "http.response.body", "body": body})
 
 
 # --- body size -----------------------------------------------------------------------------
@@ -281,7 +283,10 @@ class OffLoop:
                 result, error = fn(), None
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
                 result, error = None, exc
-            loop.call_soon_threadsafe(_settle, future, result, error)
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # its loop closed meanwhile (the server stopping): nobody awaits it
+                pass
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()

@@ -131,12 +131,12 @@ from fastapi.responses import JSONResponse, Response
 
 from baton.rollout.server.admin import add_admin_routes
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
-from baton.rollout._http_guards import install_guards, run_uvicorn
+from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
 from baton.rollout.server.routes import add_generation_routes
 from baton.rollout.server.schemas import errors
-from baton.rollout.server.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GENERATE_BODY_BYTES,
+from baton.rollout.server.state import (DEFAULT_MAX_GENERATE_BODY_BYTES,
                                         DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S, _Disconnected, _Server)
 from baton.sync.group import is_loopback
 

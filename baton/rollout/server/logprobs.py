@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's and vLLM's bound
 
 
 def can_score(engine: Any, lora: str | None) -> str | None:

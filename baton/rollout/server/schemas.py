@@ -33,6 +33,9 @@ def _version() -> Any:
     return Field(None, ge=0, le=I64_MAX)
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per position: OpenAI's and vLLM's bound
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -99,7 +102,7 @@ class CompletionRequest(_SamplingExtras):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1024)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     stop: Stop = None
     seed: int | None = _seed()
     echo: bool = False
@@ -136,7 +139,7 @@ class ChatCompletionRequest(_SamplingExtras):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1024)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     stop: Stop = None
     seed: int | None = _seed()
     add_generation_prompt: bool = True

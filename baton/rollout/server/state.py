@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from fastapi import HTTPException, Request
 
 from baton.rollout.server.batcher import Batcher, EngineRunner
-from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, APIError, BearerAuth, OffLoop, check_model  # noqa: F401  (the default re-exported for app.py)
+from baton.rollout._http_guards import APIError, BearerAuth, OffLoop, check_model
 from baton.rollout.server.guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
