@@ -319,9 +319,11 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.rundir import RunDirError, RunFinished
+    from baton.sources.episodes import AgentFailureError
     from baton.trainers.session.run import Preempted, RewardFailureError
 
-    one_line = (RunDirError, FloatingPointError, RewardFailureError, DiskFullError)  # busy/finished run dir; bad training; disk full
+    # busy/finished run dir; bad training; rewards or agents failing step after step; disk full
+    one_line = (RunDirError, FloatingPointError, RewardFailureError, AgentFailureError, DiskFullError)
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
         return f"baton: {e}", 0
     if isinstance(e, (ModelLoadError, ConfigError)):

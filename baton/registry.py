@@ -5,15 +5,17 @@ estimators, policy losses, KL estimators, algorithms, tasks, dispatch modes, ...
 `Registry`. Registering a name twice is an error (a silent overwrite would change an
 experiment without a trace), and looking up an unknown name lists the known ones:
 
-    ADVANTAGES = Registry("advantage estimator")
+    KL_ESTIMATORS = Registry("KL estimator")
 
-    @ADVANTAGES.register("my_adv")
-    def my_adv(*, scores, response_mask, ...): ...
+    @KL_ESTIMATORS.register("my_kl")
+    def my_kl(logprobs, ref_logprobs): ...
 
     ENGINES.lazy("vllm", "baton.rollout.vllm_engine:VLLMEngine")   # imported on first lookup
 
-    ADVANTAGES["my_adv"]     # the function
-    ADVANTAGES["my_avd"]     # UnknownName: unknown advantage estimator 'my_avd'; known: [...]
+    KL_ESTIMATORS["my_kl"]     # the function
+    KL_ESTIMATORS["my_lk"]     # UnknownName: unknown KL estimator 'my_lk'; known: [...]
+
+(An advantage estimator also declares what it reads: `baton.algos.register_advantage`.)
 
 A lazy entry is a "module:attr" string resolved (imported) the first time its name is looked
 up, so an optional dependency is imported only by the run that chooses it.

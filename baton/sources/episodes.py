@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from baton import fields as F
-from baton.agents.config import AgentConfig, GatewayAgentConfig
+from baton.agents.config import AgentConfig
 from baton.agents.dispatch import STATS, merge_stats
 from baton.batch import Batch
 from baton.controller import Future
@@ -54,10 +54,6 @@ CAUSES = {"tool_error": "raised", "env_error": "raised", "agent_error": "raised"
 
 class AgentFailureError(RuntimeError):
     """Draws in a row in which no trajectory or session finished: nothing to train on."""
-
-
-def _section(cfg: Any) -> str:
-    return "gateway" if isinstance(cfg, GatewayAgentConfig) else "agent"
 
 
 def draw_until_rows(draw: Callable[[int], Batch], step: int, limit: int, key: str) -> Batch:
@@ -105,6 +101,7 @@ def stats_metrics(stats: dict[str, Any]) -> dict[str, float]:
 
 class EpisodeSource(RolloutSource):
     """Weights, state and close as `RolloutSource` (the same rollout role); rows are episodes."""
+    SECTION = "agent"  # the config section it runs (its max_failed_steps, named in the error)
 
     def __init__(self, cfg: AgentConfig, rollout: Any, state: Prompts, prompts_per_step: int) -> None:
         cfg.check()
@@ -113,7 +110,7 @@ class EpisodeSource(RolloutSource):
         self.last_stats: dict[str, Any] = {}
 
     def rows(self, step: int) -> Batch:
-        rows = draw_until_rows(self._draw(step), step, self.cfg.max_failed_steps, _section(self.cfg))
+        rows = draw_until_rows(self._draw(step), step, self.cfg.max_failed_steps, self.SECTION)
         self.last_stats = rows.meta.get(STATS, {})
         return rows
 
@@ -130,6 +127,7 @@ class EpisodeSource(RolloutSource):
 class EpisodeGeneratorSource(GeneratorSource):
     """`EpisodeGeneratorSource(cfg, **generator_args(...))`: `GeneratorSource` whose generator
     runs episodes; metrics as `EpisodeSource` (of the step last handed to the trainer)."""
+    SECTION = "agent"
 
     def __init__(self, cfg: AgentConfig, **kwargs: Any) -> None:
         cfg.check()
@@ -147,7 +145,7 @@ class EpisodeGeneratorSource(GeneratorSource):
                 return GeneratorSource.rows(self, step)
             return self._generate(self.state.next_prompts(self.prompts_per_step), step + REDRAW * k).get()
 
-        rows = draw_until_rows(draw, step, self.cfg.max_failed_steps, _section(self.cfg))
+        rows = draw_until_rows(draw, step, self.cfg.max_failed_steps, self.SECTION)
         self.last_stats = rows.meta.get(STATS, {})
         return rows
 

@@ -20,7 +20,6 @@ from baton.batch import Batch
 from baton.controller import Future
 from baton.sources.ahead import generator_args
 from baton.sources.base import REDRAW, Prompts
-from baton.sources.colocated import RolloutSource
 from baton.sources.episodes import EpisodeGeneratorSource, EpisodeSource
 
 
@@ -29,11 +28,7 @@ class SessionSource(EpisodeSource):
     on the rollout role's engine (`RolloutWorker.generate_sessions`, baton.agents.gateway_run);
     group_index as EpisodeSource, metrics agent/* (sessions, drops by kind)."""
 
-    def __init__(self, cfg: GatewayAgentConfig, rollout: Any, state: Prompts, prompts_per_step: int) -> None:
-        cfg.check()
-        RolloutSource.__init__(self, rollout, state, prompts_per_step)
-        self.cfg = cfg
-        self.last_stats = {}
+    SECTION = "gateway"
 
     def _draw(self, step: int) -> Callable[[int], Batch]:
         def draw(k: int) -> Batch:
@@ -49,8 +44,7 @@ class SessionGeneratorSource(EpisodeGeneratorSource):
     """`data.source: gateway` on a generator of its own: `SessionSource`'s sessions under
     `GeneratorSource`'s staleness schedule (groups made step-unique as the rows arrive)."""
 
-    def __init__(self, cfg: GatewayAgentConfig, **kwargs: Any) -> None:
-        super().__init__(cfg, **kwargs)  # type: ignore[arg-type]  (check / asdict: any config)
+    SECTION = "gateway"
 
     def _generate(self, prompts: Batch, step: int) -> Future:
         return self.rollout.submit("generate_sessions", prompts, step, asdict(self.cfg))

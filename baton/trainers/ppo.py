@@ -253,9 +253,10 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                                 "kl_reward/paid": kl.item() * kl_ctl.value})
                 kl_ctl.update(kl.item(), n_steps=len(batch))
             batch[F.TOKEN_REWARDS] = token_rewards
+            groups = group_index(batch, n)
             batch[F.ADVANTAGES], batch[F.RETURNS] = compute_advantages(
                 algo.advantage, scores=batch[F.REWARDS], response_mask=mask, token_rewards=token_rewards,
-                group_index=group_index(batch, n), values=batch[F.VALUES] if critic is not None else None,
+                group_index=groups, values=batch[F.VALUES] if critic is not None else None,
                 baseline_scores=batch["baseline_scores"] if cfg.remax else None, **hyper)
             if proximal:  # mu (the engine; older when generated ahead) against the trainer's pi_prox
                 weights, stats = OFF_POLICY[algo.off_policy](batch[F.OLD_LOGPROBS], batch[F.ROLLOUT_LOGPROBS],
@@ -278,7 +279,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 parity = source.weights_updated(step, check=t.check_weight_sync)
             if t.check_weight_sync:
                 check_sync(parity, step, sync_tolerance(cfg))
-            metrics.update(watch.check(step, batch, group_index(batch, n)))
+            metrics.update(watch.check(step, batch, groups))
             run.end_step(step, {**metrics, **step_metrics(batch, update, version=step - 1)},
                          save=lambda: checkpoint(step))
     return run.result()

@@ -196,8 +196,7 @@ class PPOConfig:
                              f"give both or neither")
         for key, readers in unread_keys(d.source, self._is_set):  # no section accepted and ignored
             if key == "reward":
-                set_keys = [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(RewardConfig(), k)]
-                raise ValueError(f"{', '.join(set_keys)}: not read with data.source={d.source} (its rows arrive "
+                raise ValueError(f"{', '.join(self._reward_keys_set())}: not read with data.source={d.source} (its rows arrive "
                                  f"scored); remove the reward section (a reward_model still adds its score)")
             raise ValueError(f"the `{key}:` section is read only with data.source={'/'.join(readers)} (this run's "
                              f"rows come from data.source={d.source}): remove it, or set data.source={readers[0]}")
@@ -221,10 +220,15 @@ class PPOConfig:
             raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} bounds a generator running ahead "
                              f"(trainer.mode=async) or the trajectory API (data.source=api); this run has neither")
 
+    def _reward_keys_set(self) -> list[str]:
+        """The `reward.*` keys the recipe sets (away from their defaults)."""
+        defaults = RewardConfig()
+        return [f"reward.{k}" for k, v in vars(self.reward).items() if v != getattr(defaults, k)]
+
     def _is_set(self, key: str) -> bool:
         """Whether the recipe sets section `key` (one only some row sources read)."""
         if key == "reward":
-            return vars(self.reward) != vars(RewardConfig())
+            return bool(self._reward_keys_set())
         return not key.startswith("data.") and getattr(self, key, None) is not None  # data.*: DataConfig.check
 
     def _place_generator(self) -> None:
