@@ -33,15 +33,13 @@ def evaluate_agent(engine, tokenizer, rows: list[dict], cfg: AgentConfig) -> dic
 
 
 def main(argv: list[str]) -> int:
-    from transformers import AutoTokenizer
-
-    from baton.models.load import load_model
+    from baton.models.load import load_model, load_tokenizer
     from baton.rollout.engines import DEFAULT_ENGINE, build_engine
 
     if not argv:
         print("usage: python -m baton.agents.evaluate CHECKPOINT_DIR [N]", file=sys.stderr)
         return 2
-    tok = AutoTokenizer.from_pretrained(argv[0], local_files_only=True)
+    tok = load_tokenizer(argv[0])
     engine = build_engine(DEFAULT_ENGINE, load_model(argv[0]), tok, model_path=argv[0])
     rows = get_task("multiply").eval_rows(int(argv[1]) if len(argv) > 1 else 100)
     cfg = AgentConfig(env="calculator", max_turns=3, max_tokens=200, turn_max_new_tokens=80)

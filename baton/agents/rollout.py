@@ -43,6 +43,7 @@ from baton.agents.watchdog import Watch, run_watched
 from baton.batch import Batch
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
+from baton.rollout.engines import context_len
 
 
 @dataclass
@@ -147,14 +148,6 @@ def _settle(fut: Future, value: Any = None, error: BaseException | None = None) 
         fut.set_exception(error) if error is not None else fut.set_result(value)
     except InvalidStateError:  # its trajectory timed out meanwhile (cancelled) or was settled
         pass
-
-
-def context_len(engine: Any) -> int | None:
-    """The longest sequence the engine's model takes (prompt + generated), if it says."""
-    cfg = getattr(getattr(engine, "model", None), "config", None)
-    found = [x for x in (getattr(cfg, "max_position_embeddings", None), getattr(engine, "max_model_len", None))
-             if isinstance(x, int)]
-    return min(found) if found else None
 
 
 def cap_observation(obs: Observation, max_chars: int) -> int:

@@ -15,6 +15,7 @@ from fastapi import HTTPException, Request
 
 from baton.rollout.server.batcher import Batcher, EngineRunner
 from baton.rollout._http_guards import APIError, BearerAuth, OffLoop, check_model
+from baton.rollout.engines import context_len
 from baton.rollout.server.guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
@@ -55,8 +56,7 @@ class _Server:
         self.lora_paths: dict[str, str] = {}  # served LoRA adapters: name -> the path it came from
         cfg = getattr(getattr(engine, "model", None), "config", None)
         self.vocab_size = getattr(cfg, "vocab_size", None) or (len(tokenizer) if tokenizer is not None else None)
-        ctx = [x for x in (getattr(cfg, "max_position_embeddings", None), max_model_len) if isinstance(x, int)]
-        self.context_len = min(ctx) if ctx else None
+        self.context_len = context_len(engine, max_model_len)
         self.kv_budget = getattr(engine, "max_batch_tokens", None)
         # the names a request's `model` may give: the served name, the model's path and dir name
         self.aliases = [model_name] + sorted({x for x in (model_path, model_path and Path(model_path).name)
