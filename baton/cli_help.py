@@ -48,7 +48,8 @@ def _comments(cls: type) -> dict[str, str]:
         for line in source.splitlines():
             comment, field = _COMMENT.match(line), _FIELD.match(line)
             if comment:
-                above.append(comment.group(1))
+                if not re.match(r"^(-{3}|={3})", comment.group(1)):  # a section divider is not help
+                    above.append(comment.group(1))
                 continue
             if field and not line.lstrip().startswith(("def ", "class ", "return ", "@")):
                 note = field.group(2) or " ".join(a for a in above if a)

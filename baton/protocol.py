@@ -19,7 +19,7 @@ ratio of an unchanged policy is exactly 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: tasks and reward worker processes import this without torch
     import torch
@@ -72,3 +72,14 @@ class Engine(Protocol):
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
+
+
+class EngineClass(Protocol):
+    """What a class registered in `baton.rollout.engines.ENGINES` provides (the class object
+    itself: `build` is a classmethod). `shares_module`: True when the engine reads the
+    trainer's module (the colocated sync is `inplace`), False when it holds its own copy
+    that weights are pushed into (`copy`)."""
+
+    shares_module: bool
+
+    def build(self, module: Any, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> Engine: ...

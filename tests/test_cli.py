@@ -136,6 +136,8 @@ def test_help_lists_every_section_and_key(command, capsys):
     keys = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
     bare = [line.split(" = ")[0].strip() for line in keys if not line[48:].strip()]
     assert keys and not bare, f"keys without a line of help: {bare}"  # every key has one
+    dividers = [line.split(" = ")[0].strip() for line in keys if line[48:].lstrip().startswith(("---", "==="))]
+    assert not dividers, f"a section divider comment pasted into these keys' help: {dividers}"
 
 
 def test_config_prints_the_resolved_recipe(capsys):

@@ -74,6 +74,10 @@ class PlacementConfig:
             raise ValueError(f"placement: pool sizes must be >= 1 (world_size={self.world_size}, pools={self.pools})")
         if self.threads_per_worker < 0 or self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
             raise ValueError("placement: threads_per_worker, cpus_per_worker and gpus_per_worker must be >= 0")
+        if self.backend == "local" and self.cpus_per_worker != 1:
+            raise ValueError(f"placement.cpus_per_worker={self.cpus_per_worker} is read only with placement.backend=ray "
+                             f"(Ray's CPUs reserved per worker): remove it, or set placement.threads_per_worker "
+                             f"for the torch threads of a local run")
         if self.backend == "local" and any(n != 1 for n in self.pool_sizes().values()):
             raise ValueError(f"placement.backend=local runs one worker in the driver's process: use "
                              f"placement.backend=ray for pools larger than 1 (sizes {self.pool_sizes()})")

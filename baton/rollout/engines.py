@@ -8,16 +8,18 @@
     engine = build_engine("embedded", module, tokenizer, model_path=cfg.model.path, fuse_weights=False)
 
 Entries are lazy "module:attribute" entries of a `baton.registry.Registry`, imported on first
-lookup, so vLLM is imported only when asked for. Each engine class provides `build(module, tokenizer, *, model_path, **options)`
-and `shares_module` (True: the engine reads the trainer's module, so the colocated sync
-is `inplace`; False: it needs its weights pushed, `copy`). Adding an engine: its file and
-one line here.
+lookup, so vLLM is imported only when asked for. Each engine class is a
+`baton.protocol.EngineClass`: `build(module, tokenizer, *, model_path, **options)` and
+`shares_module` (True: the engine reads the trainer's module, so the colocated sync is
+`inplace`; False: it needs its weights pushed, `copy`). Adding an engine: its file and one
+line here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from baton.protocol import Engine, EngineClass
 from baton.registry import Registry
 
 ENGINES = Registry("rollout engine")
@@ -40,7 +42,7 @@ def check_engine_name(name: str) -> None:
         raise ValueError(f"rollout.engine={name!r} is not one of {sorted(ENGINES)}")
 
 
-def engine_class(name: str) -> Any:
+def engine_class(name: str) -> EngineClass:
     """The engine class registered as `name` (imports its module)."""
     check_engine_name(name)
     try:
@@ -50,7 +52,7 @@ def engine_class(name: str) -> Any:
                           f"see the README's install line for the {name!r} engine") from e
 
 
-def build_engine(name: str, module: Any, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> Any:
+def build_engine(name: str, module: Any, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> Engine:
     """An engine `name` for `module` (the trainer's, or a plain copy) and `tokenizer`.
 
     `model_path`: the model's directory (an engine that loads its own copy starts from it).

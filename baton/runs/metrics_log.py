@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from baton.runs.fsutil import fsync_dir, unused_sibling
+from baton.runs.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +91,7 @@ def truncate_after(path: str | os.PathLike, step: int) -> tuple[int, int]:
     dropped = len(entries) - len(keep)
     if data == p.read_bytes():
         return len(keep), 0
-    tmp = unused_sibling(p, "tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(p.parent)
+    atomic_write_bytes(p, data)
     if dropped:
         log.info("%s: dropped %d line(s) after step %d (resuming from it)", p, dropped, step)
     return len(keep), dropped

@@ -46,6 +46,7 @@ from typing import Any
 from baton import fields as F
 from baton.batch import Batch
 from baton.controller import colocated_groups
+from baton.runs.checkpoints import CHECKPOINTS_DIR
 from baton.services.client import APIClient
 from baton.services.groups import groups_to_batch
 from baton.sources.base import Prompts
@@ -90,7 +91,7 @@ class ApiSource:
         self.client.register(batch_size=self.batch_size, max_token_len=_model_limit(cfg.model.path,
                                                                                      "max_position_embeddings", 2048),
                              group_size=self.group_size, vocab_size=_model_limit(cfg.model.path, "vocab_size", None),
-                             checkpoint_dir=os.path.join(t.run_dir, "checkpoints"),
+                             checkpoint_dir=os.path.join(t.run_dir, CHECKPOINTS_DIR),
                              save_checkpoint_interval=t.save_every, starting_step=state.step, num_steps=t.steps,
                              wandb_group=os.path.basename(os.path.normpath(t.run_dir)), wandb_project="baton",
                              max_staleness=self.max_staleness)

@@ -86,3 +86,18 @@ def test_mismatch_kl_sees_an_engine_off_the_trainers_weights(tiny_ckpt, tmp_path
         self, ((n, t + 0.05 * torch.randn(t.shape, generator=gen) * (version > 0)) for n, t in named), version))
     kls = mismatch_per_step(tiny_ckpt, tmp_path, "rollout.weight_sync=copy")
     assert kls[0] < 1e-7 and kls[1] > 1e-4, kls
+
+
+def test_every_importable_engine_class_is_an_engine_class():
+    """What `baton.protocol.EngineClass` declares, on every engine whose package is installed."""
+    import inspect
+
+    from baton.rollout.engines import ENGINES, engine_class
+
+    for name in sorted(ENGINES):
+        try:
+            cls = engine_class(name)
+        except ImportError:  # vllm outside its CI job
+            continue
+        assert isinstance(cls.shares_module, bool), name
+        assert "model_path" in inspect.signature(cls.build).parameters, name

@@ -47,6 +47,8 @@ class DataConfig:
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
                              f"(got {self.prompts_per_step}, {self.eval_size})")
+        if self.eval_path and not self.path:
+            raise ValueError("data.eval_path is read only with data.path (a task's held-out rows are its own)")
         if self.task == "gsm8k" and not self.path:
             raise ValueError("data.task=gsm8k reads its rows from a local file: set data.path (GSM8K jsonl or "
                              "verl parquet)")

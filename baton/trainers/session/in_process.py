@@ -3,7 +3,8 @@ session as every other driver: lock, resume, metrics, evaluation, atomic checkpo
 
     with RunSession(cfg) as run:
         model, tokenizer = ...; optim, sched = build_optimizer(...)
-        result = fit(run, cfg, model, tokenizer, optim, sched, state, loss_fn, evaluate, prefix="sft")
+        result = fit(run, cfg.optim.grad_clip, model, tokenizer, optim, sched, state, loss_fn, evaluate,
+                     prefix="sft", evaluate_at_start=False)
 
 The model sits on `trainer.device` (`place`: auto = the GPU when there is one) and computes
 in bf16 autocast there (`trainer.bf16`, fp32 master weights; the CPU default is fp32).

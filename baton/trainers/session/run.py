@@ -37,7 +37,7 @@ from baton.config import save_config, to_dict
 from baton.controller import shutdown_ray
 from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
-from baton.runs.checkpoints import prune_checkpoints
+from baton.runs.checkpoints import CHECKPOINTS_DIR, prune_checkpoints
 from baton.runs.metrics_log import truncate_after
 from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
@@ -99,7 +99,7 @@ def is_due(step: int, every: int, last: bool) -> bool:
 def save_checkpoint(actor: Any, run: PreparedRun, t: TrainerConfig, step: int,
                     driver_state: dict[str, Any]) -> str:
     """`actor.save_checkpoint` into checkpoints/step_N (atomic), then keep the last K."""
-    path = actor.save_checkpoint(str(run.path / "checkpoints" / f"step_{step}"), driver_state)
+    path = actor.save_checkpoint(str(run.path / CHECKPOINTS_DIR / f"step_{step}"), driver_state)
     prune_checkpoints(run.path, t.keep_checkpoints)
     return path
 
