@@ -316,6 +316,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     for one whose traceback helps. The classes are imported here, when one is raised, so that
     `baton --help` imports nothing heavy."""
     from baton.controller import WorkerError
+    from baton.data.rows import DataError
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.rundir import RunDirError, RunFinished
@@ -326,6 +327,8 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     one_line = (RunDirError, FloatingPointError, RewardFailureError, AgentFailureError, DiskFullError)
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
         return f"baton: {e}", 0
+    if isinstance(e, DataError):  # a data file's row: named with its file, line and field
+        return f"baton: data error: {e}", 2
     if isinstance(e, (ModelLoadError, ConfigError)):
         return f"baton: config error: {e}", 2
     if isinstance(e, Preempted):  # SIGTERM / Ctrl-C: the last step saved, exit as a process ended by it does

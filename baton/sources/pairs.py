@@ -12,39 +12,17 @@ online sees the same sequences.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from baton import fields as F
 from baton.batch import Batch
+from baton.data.rows import PAIR_KEYS, load_pairs  # noqa: F401 (the pairs' loader: checked rows)
 from baton.models.load import load_tokenizer
 from baton.padding import pad_left, pad_right
 from baton.sources.base import Prompts
 from baton.workers.dpo_actor import pair_rows
-
-PAIR_KEYS = ("prompt", "chosen", "rejected")
-
-
-def load_pairs(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a jsonl of preference pairs; a row without a string prompt/chosen/rejected is
-    an error naming the file and line."""
-    rows = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        bad = [k for k in PAIR_KEYS if not isinstance(row.get(k), str)]
-        if bad:
-            raise ValueError(f"{path}:{lineno}: a pair needs string fields {list(PAIR_KEYS)}; "
-                             f"missing or not a string: {bad}")
-        rows.append({k: row[k] for k in PAIR_KEYS})
-    if not rows:
-        raise ValueError(f"{path} holds no pairs")
-    return rows
-
 
 def encode_pairs(tokenizer: Any, pairs: Batch, multiple: int = 1) -> Batch:
     """Pair-major model rows (chosen, rejected, chosen, ...) of text pairs, padded to a

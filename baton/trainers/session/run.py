@@ -41,6 +41,7 @@ from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
 from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
+from baton.trainers.session.inputs import check_data
 
 log = logging.getLogger("baton")
 
@@ -69,6 +70,7 @@ def open_run(cfg: Any) -> PreparedRun:
     already been validated by its dataclass, so nothing is written for a bad config."""
     t: TrainerConfig = cfg.trainer
     check_inputs(cfg)
+    check_data(cfg)  # every data file read and checked row by row: before the model loads, before the run dir
     run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
         if not run.fresh:

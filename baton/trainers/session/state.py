@@ -15,6 +15,7 @@ from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
 from baton.envs import get_task
+from baton.envs.base import row_fields
 from baton.trainers.session.config import DataConfig
 
 
@@ -45,19 +46,22 @@ class RunState:
         self.source = saved.get("source", {})
 
 
-def task_rows(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows) of `data.task`, or of the local file `data.path` (jsonl /
     parquet in baton's, GSM8K's or verl's shape, `baton.data.rows`; chat-message prompts are
     rendered with the tokenizer's template when sampled). A file-backed task (gsm8k) reads it
     with its own loader; any other task's verifier scores the file's rows. Held out:
-    `data.eval_path`'s rows, else every 10th row of the file (never trained on)."""
+    `data.eval_path`'s rows, else every 10th row of the file (never trained on). Each row
+    needs the fields the task scores against (`row_fields`: a one-line DataError naming the
+    row otherwise); `target_field` (SFT's "target") stands in for them in `data.path`'s rows."""
     task = get_task(data.task)
     if not data.path:
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
     if hasattr(task, "path") and hasattr(task, "eval_path"):
         task = dataclasses.replace(task, path=data.path, eval_path=data.eval_path)
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
-    rows = load_rows(data.path)
+    need = row_fields(task)
+    rows = load_rows(data.path, require=tuple(f"{f}|{target_field}" for f in need) if target_field else need)
     if data.eval_path:
-        return rows, load_rows(data.eval_path)[:data.eval_size]
+        return rows, load_rows(data.eval_path, require=need, key="data.eval_path")[:data.eval_size]
     return [r for i, r in enumerate(rows) if i % 10], rows[::10][:data.eval_size]
