@@ -335,6 +335,8 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
         return f"baton: {e}", 128 + e.signum
     if isinstance(e, one_line):
         return f"baton: error: {e}", 1
+    if isinstance(e, WorkerError) and isinstance(getattr(e, "original", None), ModelLoadError):
+        return f"baton: config error: {e.original}", 2  # a checkpoint a worker found damaged as it loaded
     if isinstance(e, WorkerError):  # one of those raised in a worker; a worker process that died or stopped
         line = _worker_failure(e, argv, one_line)
         return None if line is None else (line, 1)

@@ -31,6 +31,11 @@ def check_model_path(path: str, key: str = "model.path") -> None:
         raise ConfigError(f"{key}={path}: holds no config.json, so it is not a HF model directory{hint}")
     if not any((p / f).is_file() for f in WEIGHT_FILES):
         raise ConfigError(f"{key}={path}: holds a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
+    from baton.models.load import load_tokenizer
+    from baton.models.validate import check_checkpoint
+
+    check_checkpoint(p)  # whole files, the architecture's tensors and shapes (ModelLoadError, one line)
+    load_tokenizer(p)  # a tokenizer that encodes text (a tokenizer dir without tokenizer.json may not)
 
 
 def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:
