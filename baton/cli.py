@@ -319,6 +319,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     from baton.data.rows import DataError
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
+    from baton.runs.fsutil import YAMLFileError
     from baton.runs.rundir import RunDirError, RunFinished
     from baton.sources.episodes import AgentFailureError
     from baton.trainers.session.run import Preempted, RewardFailureError
@@ -327,6 +328,8 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     one_line = (RunDirError, FloatingPointError, RewardFailureError, AgentFailureError, DiskFullError)
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
         return f"baton: {e}", 0
+    if isinstance(e, YAMLFileError):  # a recipe or a run dir's config.yaml that does not parse
+        return f"baton: config error: {e}", 2
     if isinstance(e, DataError):  # a data file's row: named with its file, line and field
         return f"baton: data error: {e}", 2
     if isinstance(e, (ModelLoadError, ConfigError)):

@@ -49,7 +49,7 @@ from baton.runs.checkpoints import (
     CHECKPOINTS_DIR, DEFAULT_REQUIRED, Requirement, check_checkpoint, checkpoint_step,
     latest_complete_checkpoint, list_checkpoints, recover_checkpoints,
 )
-from baton.runs.fsutil import fsync_dir, unused_sibling
+from baton.runs.fsutil import fsync_dir, read_yaml, unused_sibling
 from baton.runs.metrics_log import METRICS_FILE
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ PREVIOUS = "previous_attempts"
 MARKERS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR)
 # What baton writes into a run dir: what overwrite removes. Anything else is left alone.
 ARTIFACTS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR, "report.png", "tb", "wandb", PREVIOUS)
+TORN_CONFIG = " (a torn write? it is the resumed run's config: restore it, or start over with trainer.overwrite=true)"
 _TRASH = re.compile(r"\.overwritten\.del\d+(-\d+)?")                            # overwrite, cut short
 _TMP_FILE = re.compile(rf"({re.escape(METRICS_FILE)}|{re.escape(CONFIG_FILE)})\.tmp\d+(-\d+)?")
 
@@ -339,7 +340,7 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
 
     path = Path(run_path) / CONFIG_FILE
     try:
-        old = yaml.safe_load(path.read_text()) or {}
+        old = read_yaml(path, TORN_CONFIG) or {}
     except FileNotFoundError:
         return []
     new = yaml.safe_load(yaml.safe_dump(new_config_dict, sort_keys=False))  # tuples -> lists, as saved

@@ -152,3 +152,58 @@ def test_baton_eval_checks_its_rows_before_the_model_loads(flags, tmp_path, caps
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{bad}:21: the row is 600,002 characters" in err, err
+
+
+@pytest.mark.parametrize("text, says", [("model: [unclosed\n", ":2:1: not valid YAML"),
+                                        ("data:\n  task: arithmetic\n   eval_size: 3\n", ":3:13: not valid YAML")])
+def test_a_recipe_that_is_not_yaml_is_one_line(text, says, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    assert main(["train", str(recipe), f"trainer.run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"baton: config error: {recipe}{says}" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_torn_run_dir_config_yaml_is_one_line(tmp_path, capsys):
+    from baton.runs.fsutil import YAMLFileError
+    from baton.runs.rundir import check_resume_changes
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("model:\n  path: checkpoints/arith-sft\ndata: {task: arith")
+    with pytest.raises(YAMLFileError, match="config.yaml:3:.*not valid YAML.*a torn write"):
+        check_resume_changes(run_dir, {}, allow=False)
+    argv = ["train", str(REPO / RECIPES["grpo"]), f"model.path={MODEL}", f"trainer.run_dir={run_dir}",
+            "trainer.resume=auto", "placement.auto=true"]  # auto keeps what the resumed run's config.yaml chose
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run_dir / 'config.yaml'}:3:" in err and "a torn write?" in err, err
+
+
+USER_MODULES = {
+    "raises": ("import os\nraise RuntimeError('no API key in the environment')\n",
+               "importing 'i38_raises' failed: RuntimeError: no API key in the environment ({path}:2)"),
+    "syntax": ("def score(prompt, completion, **kw):\n    return 1.0 +\n",
+               "importing 'i38_syntax' failed: SyntaxError: invalid syntax ({path}:2)"),
+    "missing_import": ("import i38_not_installed_anywhere\n",
+                       "importing 'i38_missing_import' failed: ModuleNotFoundError: No module named "
+                       "'i38_not_installed_anywhere' ({path}:1)"),
+}
+
+
+@pytest.mark.parametrize("kind", ["reward", "task"])
+@pytest.mark.parametrize("module", sorted(USER_MODULES))
+def test_a_user_module_that_fails_to_import_is_one_line_with_its_own_error(module, kind, tmp_path, capsys,
+                                                                          monkeypatch):
+    text, says = USER_MODULES[module]
+    name = f"i38_{module}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = ["reward.functions={" + f"'{name}:score'" + ": 1.0}"] if kind == "reward" else [f"data.task={name}:Task"]
+    argv = ["train", str(REPO / RECIPES["grpo"]), f"model.path={MODEL}", f"trainer.run_dir={tmp_path / 'run'}", *key]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says.format(path=path) in err, err
+    assert not (tmp_path / "run").exists()
