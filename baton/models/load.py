@@ -6,7 +6,7 @@ either the old checkpoint or the new one, never a half-written directory that a 
 would try to load.
 
 A LoRA run's checkpoint (a PEFT adapter dir: adapter_config.json + adapter_model.safetensors,
-no config.json) loads as its base model (the adapter config's `base_model_name_or_path`)
+no model weights; a run's checkpoint also holds the base's config.json and tokenizer) loads as its base model (the adapter config's `base_model_name_or_path`)
 with the adapter merged in, so `baton eval` and `baton serve` take it as they take a full
 checkpoint; if the base is not there, `ModelLoadError` says to merge it with `baton export`.
 """
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from baton.models.validate import ModelLoadError, check_checkpoint, check_finite, check_tokenizer
+from baton.models.validate import ModelLoadError, check_checkpoint, check_finite, check_tokenizer, is_adapter_dir
 from baton.runs.checkpoints import atomic_dir
 
 __all__ = ["ModelLoadError", "adapter_base", "build_like", "load_model", "load_tokenizer", "save_pretrained"]
@@ -35,11 +35,12 @@ def _check_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def adapter_base(path: str | os.PathLike) -> Path | None:
-    """The base model dir of a PEFT adapter dir (no config.json, an adapter_config.json), or
-    None if `path` is not an adapter dir. ModelLoadError if the base is not found; a relative
-    base path is tried from the working directory, then from the adapter dir."""
+    """The base model dir of a PEFT adapter dir (an adapter_config.json and no model weights;
+    a LoRA run's checkpoint also holds its base's config.json), or None if `path` is not an
+    adapter dir. ModelLoadError if the base is not found; a relative base path is tried from
+    the working directory, then from the adapter dir."""
     p = Path(path)
-    if (p / "config.json").is_file() or not (p / "adapter_config.json").is_file():
+    if not is_adapter_dir(p):
         return None
     base = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
     for cand in ([Path(base)] + ([p / base] if not Path(base).is_absolute() else [])) if base else []:

@@ -24,6 +24,14 @@ from pathlib import Path
 from typing import Any
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """A PEFT adapter dir: adapter_config.json and no model weights (a LoRA run's checkpoint
+    holds its base's config.json too, for tools that read the architecture)."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not any((p / f).is_file() for f in WEIGHT_FILES)
 
 
 class ModelLoadError(FileNotFoundError):
@@ -86,7 +94,7 @@ def weight_files(path: Path) -> list[Path]:
 def check_checkpoint(path: str | os.PathLike) -> None:
     """The static checks of the module docstring; nothing is loaded."""
     p = Path(path)
-    if not (p / "config.json").is_file() and (p / "adapter_config.json").is_file():
+    if is_adapter_dir(p):
         read_json(p / "adapter_config.json")
         if (p / "adapter_model.safetensors").is_file():
             safetensors_header(p / "adapter_model.safetensors")
