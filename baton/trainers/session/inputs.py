@@ -36,6 +36,12 @@ def _files(data: Any) -> dict[str, str]:
     return {key: getattr(data, key) for key in FILE_KEYS if getattr(data, key, "")}
 
 
+def data_files(cfg: Any) -> dict[str, str]:
+    """{"data.path": FILE, ...}: the data files `cfg` reads (what a resume fingerprints)."""
+    data = getattr(cfg, "data", None)
+    return {f"data.{key}": path for key, path in _files(data).items()} if data is not None else {}
+
+
 def check_data(cfg: Any) -> None:
     """Every data file `cfg.data` names, as its driver reads it (see the module docstring):
     pairs for a `data:` section that says `FILE_KIND = "pairs"`, prompt rows otherwise."""

@@ -39,9 +39,9 @@ from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import prune_checkpoints
 from baton.runs.metrics_log import truncate_after
-from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
+from baton.runs.rundir import PreparedRun, check_data_unchanged, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
-from baton.trainers.session.inputs import check_data
+from baton.trainers.session.inputs import check_data, data_files
 
 log = logging.getLogger("baton")
 
@@ -73,9 +73,12 @@ def open_run(cfg: Any) -> PreparedRun:
     check_data(cfg)  # every data file read and checked row by row: before the model loads, before the run dir
     run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
+        allow = t.resume_changes == "allow"
         if not run.fresh:
-            changes = check_resume_changes(run.path, to_dict(cfg), allow=t.resume_changes == "allow")
+            changes = check_resume_changes(run.path, to_dict(cfg), allow=allow)
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
+        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
+        run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         for notice in run.notices:
             log.warning("%s", notice)
             print(f"baton: {notice}")

@@ -16,6 +16,7 @@ from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
 from baton.envs import get_task
 from baton.envs.base import row_fields
+from baton.runs.rundir import RunDirError
 from baton.trainers.session.config import DataConfig
 
 
@@ -41,7 +42,12 @@ class RunState:
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.step = saved["step"]
-        self.sampler.load_state_dict(saved["sampler"])
+        try:
+            self.sampler.load_state_dict(saved["sampler"])
+        except ValueError:  # the data file has another number of rows than the checkpoint's sampler saw
+            raise RunDirError(f"cannot resume at step {self.step}: the data changed since the checkpoint (it drew "
+                              f"from {saved['sampler'].get('size')} training rows, there are {len(self.sampler)} now); "
+                              f"put the data file back, or start the run over (trainer.overwrite=true)") from None
         self.first_eval = saved.get("first_eval", {})
         self.source = saved.get("source", {})
 
