@@ -147,7 +147,8 @@ def _launch(args: argparse.Namespace) -> int:
         launched = "/".join(dict.fromkeys(spec.data_source for spec in SOURCES.values() if spec.launched))
         raise ValueError(f"baton launch starts the services a data.source={launched} recipe reads; data.source="
                          f"{cfg.data.source} needs none (the embedded path is just `baton train`)")
-    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
+    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run,
+                  trainer_grace_s=args.trainer_grace_s)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -250,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*", help="dotted.key=value")
     p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace period when stopping")
+    p.add_argument("--trainer-grace-s", type=float, default=600.0,
+                   help="on SIGTERM / Ctrl-C: how long the trainer may take to finish and save its step while the "
+                        "services still run (a second signal stops at once)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.set_defaults(fn=_launch)
     p = sub.add_parser("export", help="merge a LoRA checkpoint into its base model (HF format)")
