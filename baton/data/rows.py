@@ -34,16 +34,32 @@ class DataError(ConfigError):
     and the field (the CLI prints it and exits 2, before a run writes anything)."""
 
 
+_PARSED: dict[tuple, list[tuple[str, Any]]] = {}  # the last files parsed, by (path, size, mtime, key)
+
+
 def read_records(path: str | os.PathLike, key: str = "data.path") -> list[tuple[str, Any]]:
     """(where, raw row) of every row of a .jsonl / .json (a list) / .parquet file; `where` is
     "FILE:LINE" (jsonl, json) or "FILE row N" (parquet). DataError (one line) for a missing
     file, a directory, a file with no rows, bytes that are not UTF-8, a line that is not
-    JSON, or a bad parquet file. A UTF-8 byte-order mark is skipped."""
+    JSON, or a bad parquet file. A UTF-8 byte-order mark is skipped. The last two files read
+    are kept parsed (by path, size and mtime): the start checks and the driver read a file
+    once (the raw rows are never changed: `normalize_row` copies them)."""
     p = Path(path)
     if p.is_dir():
         raise DataError(f"{key}={p}: is a directory, not a data file (a .jsonl, .json or .parquet file)")
     if not p.is_file():
         raise DataError(f"{key}={p}: no such file")
+    st = p.stat()
+    cache_key = (str(p.resolve()), st.st_size, st.st_mtime_ns, key)
+    if cache_key not in _PARSED:
+        records = _parse(p, key)
+        while len(_PARSED) >= 2:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[cache_key] = records
+    return list(_PARSED[cache_key])
+
+
+def _parse(p: Path, key: str) -> list[tuple[str, Any]]:
     if p.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
