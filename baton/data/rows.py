@@ -168,6 +168,13 @@ def load_rows(path: str | os.PathLike, limit: int | None = None, require: tuple[
 PAIR_KEYS = ("prompt", "chosen", "rejected")
 
 
+def identical_pairs(path: str | os.PathLike, key: str = "data.path") -> list[str]:
+    """Where (FILE:LINE) the pairs of `path` with chosen == rejected are (left out by
+    `located_pairs`; offline DPO counts them in `data/identical_pairs`)."""
+    return [where for where, raw in read_records(path, key)
+            if isinstance(raw.get("chosen"), str) and raw.get("chosen") == raw.get("rejected")]
+
+
 def located_pairs(path: str | os.PathLike, key: str = "data.path") -> list[tuple[str, dict[str, str]]]:
     """(where, pair) of a jsonl of preference pairs, {"prompt", "chosen", "rejected"} strings
     each (`read_records`; DataError naming the line and the field otherwise). Pairs whose
