@@ -1,7 +1,7 @@
 """`PairFileSource`: offline DPO's rows, preference pairs from a jsonl file (registered as
 "pairs" in `baton.sources.SOURCES`, read by the `dpo` driver, baton/trainers/offline_dpo.py).
 
-    pairs = load_pairs("pairs.jsonl")            # [{"prompt", "chosen", "rejected"}, ...]
+    pairs = load_pairs("pairs.jsonl")            # baton.data.rows: [{"prompt", "chosen", "rejected"}, ...]
     rows = encode_pairs(tokenizer, collate(pairs), multiple=world_size)   # pair-major rows
 
 Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
@@ -18,7 +18,6 @@ import torch
 
 from baton import fields as F
 from baton.batch import Batch
-from baton.data.rows import PAIR_KEYS, load_pairs  # noqa: F401 (the pairs' loader: checked rows)
 from baton.models.load import load_tokenizer
 from baton.padding import pad_left, pad_right
 from baton.sources.base import Prompts

@@ -27,8 +27,8 @@ from baton.data.prompts import PromptSampler
 from baton.envs import get_task
 from baton.sources import row_source
 from baton.sources.colocated import evaluate_rollout
-from baton.data.rows import identical_pairs
-from baton.sources.pairs import encode_pairs, load_pairs
+from baton.data.rows import identical_pairs, load_pairs
+from baton.sources.pairs import encode_pairs
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
