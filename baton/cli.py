@@ -140,7 +140,12 @@ def _launch(args: argparse.Namespace) -> int:
     from baton.services.launch import launch
     from baton.trainers.ppo_config import PPOConfig
 
+    from baton.trainers.session.inputs import check_data
+    from baton.trainers.session.run import check_inputs
+
     cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    check_inputs(cfg)  # a damaged checkpoint: one line before the servers would load it
+    check_data(cfg)
     if not cfg.source.launched:  # the row source says whether its rows come from services to start
         from baton.sources import SOURCES
 

@@ -127,3 +127,13 @@ def test_the_shipped_checkpoint_passes():
     from baton.models.validate import check_checkpoint
 
     check_checkpoint(SHIPPED)  # tied lm_head: not in the file, and not missing
+
+
+def test_launch_refuses_a_damaged_checkpoint_before_starting_anything(tmp_path, capsys):
+    d = damaged(tmp_path, truncate)
+    capsys.readouterr()
+    run_dir = tmp_path / "run"
+    assert main(["launch", str(REPO / "recipes/grpo_arithmetic_api.yaml"), f"model.path={d}",
+                 f"trainer.run_dir={run_dir}"]) == 2
+    assert f"{d}/model.safetensors: is " in one_line(capsys)
+    assert not run_dir.exists()  # no API queue, no process started
