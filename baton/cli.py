@@ -140,14 +140,20 @@ def _launch(args: argparse.Namespace) -> int:
     from baton.services.launch import launch
     from baton.trainers.ppo_config import PPOConfig
 
+    from baton.trainers.session.inputs import check_data
+    from baton.trainers.session.run import check_inputs
+
     cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    check_inputs(cfg)  # a damaged checkpoint: one line before the servers would load it
+    check_data(cfg)
     if not cfg.source.launched:  # the row source says whether its rows come from services to start
         from baton.sources import SOURCES
 
         launched = "/".join(dict.fromkeys(spec.data_source for spec in SOURCES.values() if spec.launched))
         raise ValueError(f"baton launch starts the services a data.source={launched} recipe reads; data.source="
                          f"{cfg.data.source} needs none (the embedded path is just `baton train`)")
-    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run)
+    return launch(to_dict(cfg), args.recipe, args.overrides, grace_s=args.grace_s, dry_run=args.dry_run,
+                  trainer_grace_s=args.trainer_grace_s)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -250,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*", help="dotted.key=value")
     p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace period when stopping")
+    p.add_argument("--trainer-grace-s", type=float, default=600.0,
+                   help="on SIGTERM / Ctrl-C: how long the trainer may take to finish and save its step while the "
+                        "services still run (a second signal stops at once)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.set_defaults(fn=_launch)
     p = sub.add_parser("export", help="merge a LoRA checkpoint into its base model (HF format)")
@@ -316,8 +325,10 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     for one whose traceback helps. The classes are imported here, when one is raised, so that
     `baton --help` imports nothing heavy."""
     from baton.controller import WorkerError
+    from baton.data.rows import DataError
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
+    from baton.runs.fsutil import YAMLFileError
     from baton.runs.rundir import RunDirError, RunFinished
     from baton.sources.episodes import AgentFailureError
     from baton.trainers.session.run import Preempted, RewardFailureError
@@ -326,12 +337,18 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     one_line = (RunDirError, FloatingPointError, RewardFailureError, AgentFailureError, DiskFullError)
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
         return f"baton: {e}", 0
+    if isinstance(e, YAMLFileError):  # a recipe or a run dir's config.yaml that does not parse
+        return f"baton: config error: {e}", 2
+    if isinstance(e, DataError):  # a data file's row: named with its file, line and field
+        return f"baton: data error: {e}", 2
     if isinstance(e, (ModelLoadError, ConfigError)):
         return f"baton: config error: {e}", 2
     if isinstance(e, Preempted):  # SIGTERM / Ctrl-C: the last step saved, exit as a process ended by it does
         return f"baton: {e}", 128 + e.signum
     if isinstance(e, one_line):
         return f"baton: error: {e}", 1
+    if isinstance(e, WorkerError) and isinstance(getattr(e, "original", None), ModelLoadError):
+        return f"baton: config error: {e.original}", 2  # a checkpoint a worker found damaged as it loaded
     if isinstance(e, WorkerError):  # one of those raised in a worker; a worker process that died or stopped
         line = _worker_failure(e, argv, one_line)
         return None if line is None else (line, 1)

@@ -28,7 +28,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from baton.runs.fsutil import atomic_write_text
+from baton.runs.fsutil import atomic_write_text, read_yaml
 
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -118,7 +118,11 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like dotted.key=value")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                          f"quote it") from None
 
 
 def _set_dotted(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -149,7 +153,7 @@ def merge_recipe(path: str | Path | None = None, overrides: list[str] | None = N
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"recipe {str(p)!r} does not exist")
-        merged = yaml.safe_load(p.read_text()) or {}
+        merged = read_yaml(p) or {}  # a syntax error: one line naming the line and column
         if not isinstance(merged, dict):
             raise ConfigError(f"recipe {str(p)!r} must be a mapping at the top level")
         merged = resolve_recipe_paths(merged, p.parent)

@@ -59,6 +59,19 @@ def is_spec(name: str) -> bool:
     return bool(sep and module and attr) and "/" not in module
 
 
+def _own_error(e: BaseException) -> str:
+    """The module's own error in one line, with where it was raised (its file and line)."""
+    import traceback
+
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}:{e.lineno})"
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [f for f in frames if "importlib" not in f.filename] or frames
+    where = f" ({user[-1].filename}:{user[-1].lineno})" if user else ""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {text}{where}" if text else f"{type(e).__name__}{where}"
+
+
 def load_object(spec: str, what: str = "object") -> Any:
     """The attribute `attr` of module `pkg.mod` for `spec` = "pkg.mod:attr"."""
     module, _, attr = spec.partition(":")
@@ -69,7 +82,9 @@ def load_object(spec: str, what: str = "object") -> Any:
         if e.name and module.startswith(e.name):
             raise ValueError(f"{what} {spec!r}: no module {module!r} (looked in the working directory "
                              f"{os.getcwd()} and sys.path)") from None
-        raise
+        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {_own_error(e)}") from None
+    except Exception as e:  # noqa: BLE001 - a syntax error, or the module's own code raising at import
+        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {_own_error(e)}") from None
     obj = mod
     for part in attr.split("."):
         obj = getattr(obj, part, None)

@@ -74,17 +74,22 @@ def test_sigint_is_one_line_naming_the_step(model_dir, tmp_path):
 
 
 def test_the_corrected_rerun_of_a_run_that_failed_at_start_is_not_refused(model_dir, tmp_path, capsys):
-    """A model dir that passes the start checks but cannot load (0-byte weights) fails after
-    the run dir got its config.yaml; the corrected rerun into the same dir just runs."""
+    """A model dir that passes the start checks but cannot load (a NaN weight: found once
+    the weights are in memory; 0-byte weights are refused before the run dir) fails after the
+    run dir got its config.yaml; the corrected rerun into the same dir just runs."""
     import shutil
 
+    from safetensors.torch import load_file, save_file
+
+
     broken = tmp_path / "broken"
-    broken.mkdir()
-    shutil.copy(Path(model_dir) / "config.json", broken / "config.json")
-    (broken / "model.safetensors").write_bytes(b"")
+    shutil.copytree(model_dir, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    next(t for t in tensors.values() if t.is_floating_point()).view(-1)[0] = float("nan")
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     run = tmp_path / "run"
-    with pytest.raises(Exception):  # noqa: B017  (any failure to load an empty weights file will do)
-        train(str(broken), run, "trainer.steps=1")
+    assert train(str(broken), run, "trainer.steps=1") == 2  # ModelLoadError: one line
+    assert "NaN/inf value(s)" in capsys.readouterr().err
     assert (run / "config.yaml").exists()
     capsys.readouterr()
     assert train(model_dir, run, "trainer.steps=1") == 0

@@ -69,6 +69,13 @@ def get_task(name: str) -> Task:
     return TASKS.add(name, task) if name not in TASKS else TASKS[name]
 
 
+def row_fields(task: Task) -> tuple[str, ...]:
+    """The fields each of a task's rows needs besides its prompt, checked when a data file
+    loads: the task's own `row_fields`, else ("answer",) (what a verifier reads; a task that
+    scores rows by other fields says so with `row_fields = (...)`)."""
+    return tuple(getattr(task, "row_fields", ("answer",)))
+
+
 def row_kwargs(row: Row) -> Row:
     """The fields of a row that go to a reward function as **kwargs (all but the texts)."""
     return {k: v for k, v in row.items() if k not in ("prompt", "completion")}

@@ -50,11 +50,8 @@ class GSM8KTask:
         if not path:
             raise ValueError(f"task {self.name!r} reads its rows from a local file: give its path "
                              f"(data.path / --data: GSM8K jsonl or verl parquet)")
-        rows = load_rows(path)
+        rows = load_rows(path, require=("answer",), key="data.eval_path" if path == self.eval_path else "data.path")
         for r in rows:
-            if "answer" not in r:
-                raise ValueError(f"{path}: a {self.name} row needs an answer (GSM8K 'answer' or verl "
-                                 f"'reward_model.ground_truth'): {sorted(r)}")
             if isinstance(r["prompt"], str) and self.instruction and self.instruction.strip() not in r["prompt"]:
                 r["prompt"] = r["prompt"] + self.instruction
         return rows

@@ -12,8 +12,8 @@ from typing import Literal
 import torch
 
 from baton.models.lora import LoraAdapterConfig
+from baton.models.validate import WEIGHT_FILES
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}  # float64: exact numerics checks
 
 
@@ -30,7 +30,15 @@ def check_model_path(path: str, key: str = "model.path") -> None:
                 if (p / "adapter_config.json").is_file() else "")
         raise ConfigError(f"{key}={path}: holds no config.json, so it is not a HF model directory{hint}")
     if not any((p / f).is_file() for f in WEIGHT_FILES):
-        raise ConfigError(f"{key}={path}: holds a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
+        hint = (": a LoRA run's checkpoint (an adapter), not a model; give its base model, or merge it with "
+                "`baton export --merge`" if (p / "adapter_config.json").is_file() else "")
+        raise ConfigError(f"{key}={path}: holds a config.json but no weights (one of {', '.join(WEIGHT_FILES)})"
+                          f"{hint}")
+    from baton.models.load import load_tokenizer
+    from baton.models.validate import check_checkpoint
+
+    check_checkpoint(p)  # whole files, the architecture's tensors and shapes (ModelLoadError, one line)
+    load_tokenizer(p)  # a tokenizer that encodes text (a tokenizer dir without tokenizer.json may not)
 
 
 def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:

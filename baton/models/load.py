@@ -6,7 +6,7 @@ either the old checkpoint or the new one, never a half-written directory that a 
 would try to load.
 
 A LoRA run's checkpoint (a PEFT adapter dir: adapter_config.json + adapter_model.safetensors,
-no config.json) loads as its base model (the adapter config's `base_model_name_or_path`)
+no model weights; a run's checkpoint also holds the base's config.json and tokenizer) loads as its base model (the adapter config's `base_model_name_or_path`)
 with the adapter merged in, so `baton eval` and `baton serve` take it as they take a full
 checkpoint; if the base is not there, `ModelLoadError` says to merge it with `baton export`.
 """
@@ -21,11 +21,10 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from baton.models.validate import ModelLoadError, check_checkpoint, check_finite, check_tokenizer, is_adapter_dir
 from baton.runs.checkpoints import atomic_dir
 
-
-class ModelLoadError(FileNotFoundError):
-    """A model directory that cannot be loaded; the message says why and what to do."""
+__all__ = ["ModelLoadError", "adapter_base", "build_like", "load_model", "load_tokenizer", "save_pretrained"]
 
 
 def _check_dir(path: str | os.PathLike, what: str) -> Path:
@@ -36,11 +35,12 @@ def _check_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def adapter_base(path: str | os.PathLike) -> Path | None:
-    """The base model dir of a PEFT adapter dir (no config.json, an adapter_config.json), or
-    None if `path` is not an adapter dir. ModelLoadError if the base is not found; a relative
-    base path is tried from the working directory, then from the adapter dir."""
+    """The base model dir of a PEFT adapter dir (an adapter_config.json and no model weights;
+    a LoRA run's checkpoint also holds its base's config.json), or None if `path` is not an
+    adapter dir. ModelLoadError if the base is not found; a relative base path is tried from
+    the working directory, then from the adapter dir."""
     p = Path(path)
-    if (p / "config.json").is_file() or not (p / "adapter_config.json").is_file():
+    if not is_adapter_dir(p):
         return None
     base = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
     for cand in ([Path(base)] + ([p / base] if not Path(base).is_absolute() else [])) if base else []:
@@ -52,18 +52,25 @@ def adapter_base(path: str | os.PathLike) -> Path | None:
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local HF directory, in `dtype`, on `device`, in eval mode. A
-    LoRA adapter dir loads as its base with the adapter merged in (`adapter_base`)."""
+    LoRA adapter dir loads as its base with the adapter merged in (`adapter_base`). The
+    directory is checked first and the weights after (`baton.models.validate`: whole files,
+    the architecture's tensors and shapes, finite values): ModelLoadError, one line."""
     p = _check_dir(path, "model")
     base = adapter_base(p)
     if base is not None:
         from peft import PeftModel
 
+        check_checkpoint(p)
+        check_checkpoint(base)
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype, local_files_only=True)
         model = PeftModel.from_pretrained(model, str(p)).merge_and_unload()
+        check_finite(model, p)
         return model.to(device).eval()
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"{str(p)!r} holds no config.json: not a HF model directory")
+    check_checkpoint(p)
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+    check_finite(model, p)
     return model.to(device).eval()
 
 
@@ -79,11 +86,16 @@ def build_like(model: torch.nn.Module, device: str | torch.device = "cpu",
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """Load a tokenizer from a local HF directory; make sure it has a pad token."""
+    """Load a tokenizer from a local HF directory; make sure it has a pad token and that it
+    encodes text (ModelLoadError, one line, otherwise: `baton.models.validate.check_tokenizer`)."""
     p = _check_dir(path, "tokenizer")
     if not (p / "tokenizer_config.json").is_file() and (base := adapter_base(p)) is not None:
         p = base  # an adapter saved without its tokenizer: the base's
-    tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError, TypeError) as e:  # no tokenizer files, a torn tokenizer.json, ...
+        raise ModelLoadError(f"{p}: no tokenizer loads from it ({str(e).strip().splitlines()[0]})") from None
+    check_tokenizer(tok, p)
     if tok.pad_token_id is None:  # batching needs a pad id; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     return tok

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "fsync_file", "fsync_tree", "unused_sibling"]
+__all__ = ["YAMLFileError", "read_yaml", "atomic_write_bytes", "atomic_write_text", "fsync_dir", "fsync_file", "fsync_tree", "unused_sibling"]
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -76,3 +76,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
     """`atomic_write_bytes` for text (e.g. config.yaml)."""
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+class YAMLFileError(ValueError):
+    """A YAML file that does not parse (a typo in a recipe, a torn config.yaml): one line
+    naming the file, the line and the column (the CLI exits 2)."""
+
+
+def read_yaml(path: str | os.PathLike, hint: str = "") -> object:
+    """The YAML document in `path` (None for an empty file); YAMLFileError, one line, if it
+    does not parse (`hint`: what to do about it)."""
+    import yaml
+
+    text = Path(path).read_text()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise YAMLFileError(f"{path}{where}: not valid YAML ({problem}){hint}") from None

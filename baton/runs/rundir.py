@@ -49,14 +49,14 @@ from baton.runs.checkpoints import (
     CHECKPOINTS_DIR, DEFAULT_REQUIRED, Requirement, check_checkpoint, checkpoint_step,
     latest_complete_checkpoint, list_checkpoints, recover_checkpoints,
 )
-from baton.runs.fsutil import fsync_dir, unused_sibling
+from baton.runs.fsutil import fsync_dir, read_yaml, unused_sibling
 from baton.runs.metrics_log import METRICS_FILE
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ARTIFACTS", "LOCK_FILE", "MARKERS", "RESUMABLE_CHANGES", "PreparedRun", "RunDirBusy", "RunDirError",
-    "RunDirLock", "RunFinished", "check_resume_changes", "cleanup_interrupted", "last_step", "prepare_run_dir",
+    "RunDirLock", "RunFinished", "check_data_unchanged", "check_resume_changes", "cleanup_interrupted", "last_step", "prepare_run_dir",
 ]
 
 LOCK_FILE = ".lock"
@@ -65,7 +65,9 @@ PREVIOUS = "previous_attempts"
 # A run dir "holds a run" if it has one of these:
 MARKERS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR)
 # What baton writes into a run dir: what overwrite removes. Anything else is left alone.
-ARTIFACTS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR, "report.png", "tb", "wandb", PREVIOUS)
+DATA_FILES = "data_files.json"  # the size and sha256 of each data file the run reads (check_data_unchanged)
+ARTIFACTS = (METRICS_FILE, CONFIG_FILE, CHECKPOINTS_DIR, DATA_FILES, "report.png", "tb", "wandb", PREVIOUS)
+TORN_CONFIG = " (a torn write? it is the resumed run's config: restore it, or start over with trainer.overwrite=true)"
 _TRASH = re.compile(r"\.overwritten\.del\d+(-\d+)?")                            # overwrite, cut short
 _TMP_FILE = re.compile(rf"({re.escape(METRICS_FILE)}|{re.escape(CONFIG_FILE)})\.tmp\d+(-\d+)?")
 
@@ -339,7 +341,7 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
 
     path = Path(run_path) / CONFIG_FILE
     try:
-        old = yaml.safe_load(path.read_text()) or {}
+        old = read_yaml(path, TORN_CONFIG) or {}
     except FileNotFoundError:
         return []
     new = yaml.safe_load(yaml.safe_dump(new_config_dict, sort_keys=False))  # tuples -> lists, as saved
@@ -351,6 +353,49 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
         raise RunDirError(f"resuming {Path(run_path)} with a config that differs from its {CONFIG_FILE}: "
                           f"{'; '.join(changes)}. Set trainer.resume_changes=allow to resume with these "
                           f"changes, or put them back")
+    return changes
+
+
+def file_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """{"path", "size", "sha256"} of a file (read once, in 1 MiB blocks)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"path": str(path), "size": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fresh: bool, allow: bool) -> list[str]:
+    """Record (a fresh run) or compare (a resumed one) the fingerprints of the data files a
+    run reads (`files`: {config key: path}) in RUN/data_files.json. A resumed run whose file
+    under the same key and path changed (size or sha256: rewritten in place) is refused in one
+    RunDirError line naming it, unless `allow` (trainer.resume_changes=allow): then the
+    changes are returned as notices and the new fingerprints recorded. A key whose path
+    changed is a config change (`check_resume_changes`)."""
+    from baton.runs.fsutil import atomic_write_text
+
+    path = Path(run_path) / DATA_FILES
+    now = {key: file_fingerprint(p) for key, p in files.items() if os.path.isfile(p)}
+    changes = []
+    if not fresh and path.is_file():
+        try:
+            before = json.loads(path.read_text())
+        except ValueError:
+            before = {}  # torn: nothing to compare against (rewritten below)
+        for key, new in now.items():
+            old = before.get(key)
+            if old and old.get("path") == new["path"] and (old.get("size"), old.get("sha256")) != (
+                    new["size"], new["sha256"]):
+                changes.append(f"{key}={new['path']} changed since the run started ({old.get('size'):,} -> "
+                               f"{new['size']:,} bytes, sha256 {str(old.get('sha256'))[:12]} -> {new['sha256'][:12]})")
+    if changes and not allow:
+        raise RunDirError(f"resuming {Path(run_path)}: {'; '.join(changes)}: the resumed run would train on other "
+                          f"rows than its checkpoints saw. Put the file back, or set trainer.resume_changes=allow "
+                          f"to go on with it as it is now")
+    if fresh or changes or not path.is_file():
+        atomic_write_text(path, json.dumps(now, indent=1) + "\n")
     return changes
 
 
@@ -473,6 +518,10 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
                     f"{resume} is not one of its checkpoints: the two runs' metrics would mix. Set "
                     f"trainer.overwrite=true to discard it, or choose another trainer.run_dir.")
             run.resume_from, run.resume_step = ckpt_path, checkpoint_step(ckpt_path)
+        if run.resume_from is not None:  # which checkpoint a resumed run continues from, said first thing
+            run.notices.append(f"resuming {d} from checkpoint {Path(run.resume_from).name}"
+                               + (f" (step {run.resume_step} of {steps})" if run.resume_step is not None and steps
+                                  else ""))
         for note in run.notices:
             log.info("%s", note)
         return run

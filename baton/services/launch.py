@@ -22,8 +22,12 @@ group of its own, waiting for each service to answer /health before the next:
 Their output is streamed line by line with a `[name]` prefix. When the trainer exits, or
 any other process exits with an error (an environment that exits 0 on its own is let go),
 every process still running is sent SIGTERM (its whole process group), and SIGKILL after
-`--grace-s`. SIGINT / SIGTERM to `baton launch` does the same. The exit code is the
-trainer's, or 1 when something else failed first.
+`--grace-s`. SIGINT / SIGTERM to `baton launch` stops the trainer first, as `baton train`
+stops on it: the trainer gets the signal and finishes and saves its step while the API,
+servers and environments still feed it (up to `--trainer-grace-s`; a second SIGINT / SIGTERM
+stops at once), then the rest stop; launch exits with the trainer's code (143 / 130) and
+repeats its "baton: stopped by ..." line on stderr. The exit code is the trainer's, or 1
+when something else failed first.
 
 Nothing outlives the launcher: a watchdog process (`baton.services.watchdog`) holds the
 read end of a pipe and the children's process groups; if the launcher dies without saying
@@ -136,8 +140,12 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
 
 class Launcher:
     def __init__(self, specs: list[Spec], *, grace_s: float = 10.0, out: TextIO | None = None,
-                 ready_timeout_s: float = 300.0):
+                 ready_timeout_s: float = 300.0, trainer_grace_s: float = 600.0):
         self.specs, self.grace_s, self.ready_timeout_s = specs, grace_s, ready_timeout_s
+        self.trainer_grace_s = trainer_grace_s
+        self.signum: int | None = None  # the first SIGINT / SIGTERM launch got
+        self.hurry = threading.Event()  # a second one: stop everything at once
+        self.trainer_line = ""  # the trainer's last "baton: ..." line (repeated on stderr when it stopped)
         self.out = out or sys.stdout
         self.procs: dict[str, subprocess.Popen] = {}
         self._print_lock = threading.Lock()
@@ -181,7 +189,38 @@ class Launcher:
     def _stream(self, name: str, stream: Any) -> None:
         for line in iter(stream.readline, ""):
             self.say(name, line)
+            if name == "trainer" and line.startswith("baton: "):
+                self.trainer_line = line.rstrip()
         stream.close()
+
+    def interrupt(self, signum: int) -> None:
+        """SIGINT / SIGTERM to launch (a signal handler): the first stops the run trainer
+        first (`_stop_trainer`), a second stops everything at once."""
+        if self.signum is None:
+            self.signum = signum
+            self.stop.set()
+        else:
+            self.hurry.set()
+
+    def _stop_trainer(self) -> int | None:
+        """Send the trainer the signal launch got and wait (up to trainer_grace_s, or a second
+        signal) while everything else still runs, so that it can finish and save its step:
+        `baton train`'s own SIGTERM / Ctrl-C. Its exit code, or None if it did not exit."""
+        p = self.procs.get("trainer")
+        if p is None or p.poll() is not None:
+            return None if p is None else p.returncode
+        self.say("launch", f"stopping trainer first ({signal.Signals(self.signum).name}: it finishes and saves its "
+                           f"step while the services still run; a second signal stops everything at once)")
+        _signal_group(p, self.signum or signal.SIGTERM)
+        deadline = time.monotonic() + self.trainer_grace_s
+        while p.poll() is None and not self.hurry.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if p.poll() is None:
+            self.say("launch", "trainer still running: stopping everything at once")
+            _signal_group(p, self.signum or signal.SIGTERM)  # baton train's second signal: stop at once
+            return None
+        self.say("launch", f"trainer exited with {p.returncode}")
+        return p.returncode
 
     def start(self, spec: Spec) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
@@ -253,7 +292,6 @@ class Launcher:
             th.join(timeout=2)
 
     def run(self) -> int:
-        code = 1
         try:
             for spec in self.specs:
                 if self.stop.is_set():
@@ -261,7 +299,7 @@ class Launcher:
                 p = self.start(spec)
                 if spec.health and not self.wait_healthy(spec, p):
                     self.say("launch", f"failed: {self.reason or 'interrupted'}")
-                    return 1
+                    return 1 if self.signum is None else 128 + self.signum
             while not self.stop.wait(0.2):
                 for spec in self.specs:
                     p = self.procs.get(spec.name)
@@ -274,7 +312,8 @@ class Launcher:
                         self.say("launch", f"{spec.name} exited with {p.returncode}: stopping the run")
                         return 1
             self.say("launch", "interrupted: stopping the run")
-            return code
+            code = self._stop_trainer()
+            return code if code is not None else 128 + (self.signum or signal.SIGTERM)
         finally:
             self.stop_all()
             self._close_watchdog()
@@ -297,7 +336,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 
 def launch(cfg: dict[str, Any], recipe: str, overrides: list[str], *, grace_s: float = 10.0,
-           dry_run: bool = False) -> int:
+           dry_run: bool = False, trainer_grace_s: float = 600.0) -> int:
     specs = plan(cfg, recipe, overrides)
     if dry_run:
         for s in specs:
@@ -309,10 +348,14 @@ def launch(cfg: dict[str, Any], recipe: str, overrides: list[str], *, grace_s: f
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    launcher = Launcher(specs, grace_s=grace_s)
-    previous = {sig: signal.signal(sig, lambda *_: launcher.stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    launcher = Launcher(specs, grace_s=grace_s, trainer_grace_s=trainer_grace_s)
+    previous = {sig: signal.signal(sig, lambda signum, _: launcher.interrupt(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return launcher.run()
+        code = launcher.run()
+        if launcher.signum is not None and launcher.trainer_line.startswith("baton: stopped by"):
+            print(launcher.trainer_line, file=sys.stderr)  # as `baton train` ends on the signal
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,7 +1,7 @@
 """`PairFileSource`: offline DPO's rows, preference pairs from a jsonl file (registered as
 "pairs" in `baton.sources.SOURCES`, read by the `dpo` driver, baton/trainers/offline_dpo.py).
 
-    pairs = load_pairs("pairs.jsonl")            # [{"prompt", "chosen", "rejected"}, ...]
+    pairs = load_pairs("pairs.jsonl")            # baton.data.rows: [{"prompt", "chosen", "rejected"}, ...]
     rows = encode_pairs(tokenizer, collate(pairs), multiple=world_size)   # pair-major rows
 
 Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt
@@ -12,8 +12,6 @@ online sees the same sequences.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,27 +22,6 @@ from baton.models.load import load_tokenizer
 from baton.padding import pad_left, pad_right
 from baton.sources.base import Prompts
 from baton.workers.dpo_actor import pair_rows
-
-PAIR_KEYS = ("prompt", "chosen", "rejected")
-
-
-def load_pairs(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a jsonl of preference pairs; a row without a string prompt/chosen/rejected is
-    an error naming the file and line."""
-    rows = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        bad = [k for k in PAIR_KEYS if not isinstance(row.get(k), str)]
-        if bad:
-            raise ValueError(f"{path}:{lineno}: a pair needs string fields {list(PAIR_KEYS)}; "
-                             f"missing or not a string: {bad}")
-        rows.append({k: row[k] for k in PAIR_KEYS})
-    if not rows:
-        raise ValueError(f"{path} holds no pairs")
-    return rows
-
 
 def encode_pairs(tokenizer: Any, pairs: Batch, multiple: int = 1) -> Batch:
     """Pair-major model rows (chosen, rejected, chosen, ...) of text pairs, padded to a

@@ -122,14 +122,15 @@ def _saved_placement(cfg: Any, merged: dict[str, Any]) -> list[str] | None:
     recipe (`merged`) sets win."""
     from pathlib import Path
 
-    import yaml
+    from baton.runs.fsutil import read_yaml
+    from baton.runs.rundir import TORN_CONFIG
 
     if not cfg.trainer.resume or not cfg.trainer.run_dir:
         return None
     saved_path = Path(cfg.trainer.run_dir) / "config.yaml"
     if not saved_path.is_file():
         return None
-    saved = yaml.safe_load(saved_path.read_text()) or {}
+    saved = read_yaml(saved_path, TORN_CONFIG) or {}
     given, out = explicit_keys(merged), []
     for key in _resume_keys():
         section, field = key.split(".")

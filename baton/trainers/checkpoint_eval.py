@@ -25,6 +25,7 @@ class EvalPlan:
     rows: list[dict[str, Any]]
     max_new_tokens: int
     agent: Any = None  # an AgentConfig: evaluate episodes
+    data: Any = None  # the `data:` section whose files the rows come from (checked before the model loads)
 
 
 def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
@@ -54,21 +55,24 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
         rows = task_rows(data)[1] if isinstance(data, DataConfig) else sft_rows(data)[1]
     rollout = getattr(cfg, "rollout", None)
     return EvalPlan(task=data.task, rows=rows, max_new_tokens=rollout.max_new_tokens if rollout else 16,
-                    agent=getattr(cfg, "agent", None))
+                    agent=getattr(cfg, "agent", None), data=data)
 
 
 def flags_plan(task: str, data: str, eval_data: str, n: int) -> EvalPlan:
     """What `--task` / `--data` / `--eval-data` evaluate."""
     from baton.envs import get_task
+    from baton.data.rows import DataError
     from baton.trainers.session.config import DataConfig
     from baton.trainers.session.state import task_rows
 
+    section = DataConfig(task=task, path=data, eval_path=eval_data, eval_size=n)
     try:
-        rows = (task_rows(DataConfig(task=task, path=data, eval_path=eval_data, eval_size=n))[1]
-                if data or eval_data else get_task(task).eval_rows(n))
+        rows = task_rows(section)[1] if data or eval_data else get_task(task).eval_rows(n)
+    except DataError:
+        raise
     except (KeyError, ValueError, OSError) as e:  # unknown task, a file-backed task without --data
         raise ConfigError(str(e).replace("data.path / ", "")) from None
-    return EvalPlan(task=task, rows=rows, max_new_tokens=16)
+    return EvalPlan(task=task, rows=rows, max_new_tokens=16, data=section)
 
 
 def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
@@ -81,6 +85,10 @@ def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
     if not plan.rows:
         raise ConfigError("no held-out rows to evaluate on (data.eval_size / --n is 0?)")
     from baton.models.precision import pick_device
+    from baton.trainers.session.inputs import check_row_files
+
+    if plan.data is not None:  # rows within the model's context: refused before it loads
+        check_row_files(plan.data, model_dir, plan.max_new_tokens, split=False)
 
     # on the GPU when there is one (fp32 weights; the CPU as before otherwise)
     model, tokenizer = load_model(model_dir, device=pick_device("auto")), load_tokenizer(model_dir)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from baton.algos.dpo_config import DPOLossConfig
 from baton.controller.placement import PlacementConfig
@@ -93,6 +93,7 @@ class DPOConfig:
 @dataclass
 class PairDataConfig:
     """Offline DPO's `data:` section: a jsonl of {"prompt", "chosen", "rejected"} rows."""
+    FILE_KIND: ClassVar[str] = "pairs"  # how its files are checked (baton.trainers.session.inputs)
     path: str = ""  # training pairs
     eval_path: str = ""  # held-out pairs: eval/rewards/accuracies, ... at each evaluation ("" = none)
     pairs_per_step: int = 16

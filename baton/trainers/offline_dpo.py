@@ -27,7 +27,8 @@ from baton.data.prompts import PromptSampler
 from baton.envs import get_task
 from baton.sources import row_source
 from baton.sources.colocated import evaluate_rollout
-from baton.sources.pairs import encode_pairs, load_pairs
+from baton.data.rows import identical_pairs, load_pairs
+from baton.sources.pairs import encode_pairs
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,
                                       restore_reference, with_ref_logprobs)
@@ -38,7 +39,8 @@ from baton.trainers.session.state import RunState
 def train(cfg: OfflineDPOConfig) -> dict[str, float]:
     d = cfg.dpo
     with RunSession(cfg) as run:
-        train_pairs = load_pairs(cfg.data.path)
+        train_pairs = load_pairs(cfg.data.path)  # pairs with chosen == rejected left out, counted:
+        identical = len(identical_pairs(cfg.data.path))  # data/identical_pairs in each step's metrics
         eval_text = collate(load_pairs(cfg.data.eval_path)) if cfg.data.eval_path else None  # a bad file fails here
         task_rows = get_task(cfg.data.task).eval_rows(cfg.data.eval_size) if cfg.data.task else []
         state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=task_rows)
@@ -68,7 +70,8 @@ def train(cfg: OfflineDPOConfig) -> dict[str, float]:
             with timed("reference"):
                 batch = with_ref_logprobs(ref, batch)
             with timed("update"):  # skips optimizer steps whose loss/grad is not finite
-                metrics = {**actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step}
+                metrics = {**actor.update_dpo(batch)[0], "dpo/pairs": cfg.data.pairs_per_step,
+                           "data/identical_pairs": identical}
             source.weights_updated(step)
             metrics["dpo/ref_refreshed"] = int(maybe_refresh_reference(roles, d.ref_refresh_every, step))
             run.end_step(step, metrics, save=lambda: save_checkpoint(

@@ -20,16 +20,16 @@ atomic checkpoints `checkpoints/step_N` (HF sequence-classification dirs that
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch.nn import functional
 
 from baton.data.prompts import PromptSampler
+from baton.data.rows import load_pairs as read_pairs
 from baton.envs import TASKS, get_task
 from baton.models import load_tokenizer
 from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
@@ -47,6 +47,7 @@ class RMModelConfig:
 
 @dataclass
 class RMDataConfig:
+    FILE_KIND: ClassVar[str] = "pairs"  # how its file is checked (baton.trainers.session.inputs)
     path: str = ""  # jsonl of {prompt, chosen, rejected}; "" = pairs made from `task`
     task: str = "arithmetic"  # used when path is ""
     num_pairs: int = 4000  # pairs made from the task
@@ -108,12 +109,7 @@ def task_pairs(task_name: str, n: int, seed: int) -> list[dict[str, str]]:
 def load_pairs(data: RMDataConfig) -> list[dict[str, str]]:
     if not data.path:
         return task_pairs(data.task, data.num_pairs, data.seed)
-    pairs = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
-    for i, p in enumerate(pairs):
-        missing = {"prompt", "chosen", "rejected"} - set(p)
-        if missing:
-            raise ValueError(f"{data.path}: line {i + 1} lacks {sorted(missing)}")
-    return pairs
+    return read_pairs(data.path)  # checked rows (baton.data.rows): one line naming the line and field
 
 
 def pair_scores(model, tokenizer, pairs: list[dict[str, str]], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:

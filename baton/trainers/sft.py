@@ -24,7 +24,7 @@ evaluation scores with the task's verifier (`is_correct`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch.nn import functional
@@ -55,6 +55,7 @@ class SFTModelConfig:
 
 @dataclass
 class SFTDataConfig:
+    TARGET_FIELD: ClassVar[str] = "target"  # a training row's own completion (else the task's target of it)
     task: str = "arithmetic"  # a name in baton.envs.TASKS, or a user task module:Class
     path: str = ""  # rows from a local jsonl / parquet file instead of the task's (docs/OWN_DATA.md)
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
@@ -115,7 +116,7 @@ def sft_rows(data: SFTDataConfig) -> tuple[list[dict], list[dict]]:
     if not data.path:
         return task.train_rows(data.num_examples, seed=data.seed), task.eval_rows(data.eval_size)
     train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
-                                       eval_size=max(data.eval_size, 1), seed=data.seed))
+                                       eval_size=max(data.eval_size, 1), seed=data.seed), data.TARGET_FIELD)
     return train[:data.num_examples], held[:data.eval_size]
 
 

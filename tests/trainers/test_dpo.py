@@ -162,8 +162,12 @@ def test_non_finite_training_stops_naming_the_step(tmp_path):
 
 
 def test_offline_dpo_stops_on_non_finite_training_naming_the_step(model_dir, tmp_path, capsys):
+    """(Also: pairs with chosen == rejected are left out and counted in data/identical_pairs.)"""
     pairs = tmp_path / "pairs.jsonl"
     write_pairs(pairs, 32, seed=0)
+    with open(pairs, "a") as f:  # two pairs that teach nothing
+        f.write(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "2"}) + "\n" * 2)
+        f.write(json.dumps({"prompt": "2+2=", "chosen": "4", "rejected": "4"}) + "\n")
     code = main(["dpo", "recipes/offline_dpo_arithmetic.yaml", f"model.path={model_dir}", f"data.path={pairs}",
                  f"trainer.run_dir={tmp_path / 'run'}", "data.task=", "trainer.steps=12", "trainer.eval_every=0",
                  "data.pairs_per_step=16", "actor.micro_batch_size=32", "dpo.beta=1e39",
@@ -171,3 +175,4 @@ def test_offline_dpo_stops_on_non_finite_training_naming_the_step(model_dir, tmp
     assert code != 0 and "step 2: non-finite" in capsys.readouterr().err
     rows = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["trainer/nonfinite_steps"] == 2
+    assert rows[-1]["data/identical_pairs"] == 2

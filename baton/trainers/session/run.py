@@ -39,8 +39,9 @@ from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import CHECKPOINTS_DIR, prune_checkpoints
 from baton.runs.metrics_log import truncate_after
-from baton.runs.rundir import PreparedRun, check_resume_changes, prepare_run_dir
+from baton.runs.rundir import PreparedRun, check_data_unchanged, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
+from baton.trainers.session.inputs import check_data, data_files
 
 log = logging.getLogger("baton")
 
@@ -69,11 +70,15 @@ def open_run(cfg: Any) -> PreparedRun:
     already been validated by its dataclass, so nothing is written for a bad config."""
     t: TrainerConfig = cfg.trainer
     check_inputs(cfg)
+    check_data(cfg)  # every data file read and checked row by row: before the model loads, before the run dir
     run = prepare_run_dir(t.run_dir, resume=t.resume, overwrite=t.overwrite, steps=t.steps)
     try:
+        allow = t.resume_changes == "allow"
         if not run.fresh:
-            changes = check_resume_changes(run.path, to_dict(cfg), allow=t.resume_changes == "allow")
+            changes = check_resume_changes(run.path, to_dict(cfg), allow=allow)
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
+        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
+        run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         for notice in run.notices:
             log.warning("%s", notice)
             print(f"baton: {notice}")
@@ -243,6 +248,7 @@ class RunSession:
         self.log: MetricsLogger | None = None
         self.end: StepEnd | None = None
         self._term: int | None = None  # the signal number once SIGTERM / SIGINT arrived
+        self._in_step = False  # between `steps()` handing out a step and its `end_step`
         self._saved_step = self._unsaved = None  # the last step saved / the save of the last step
         self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -270,8 +276,15 @@ class RunSession:
             raise Preempted(f"stopped by {name} at once, without saving the step in progress"
                             if self._term is not None else f"stopped by {name} before the first step", signum)
         self._term = signum
-        log.warning("%s: finishing step %d, saving it, then stopping (%s again stops at once, without saving it)",
-                    name, self.state.step + 1, "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        if self._in_step:  # the step the loop is in; else the last one ended (its evaluation, its save)
+            log.warning("%s: finishing step %d, saving it, then stopping (%s again stops at once, without saving "
+                        "it)", name, self.state.step + 1, again)
+        elif self.state.step:
+            log.warning("%s: stopping after step %d, saved first (%s again stops at once)", name, self.state.step,
+                        again)
+        else:
+            log.warning("%s: stopping before step 1 (nothing to save yet)", name)
 
     def __exit__(self, kind, error, tb) -> None:
         for s, handler in self._old_handlers.items():
@@ -315,6 +328,7 @@ class RunSession:
         while self.state.step < self.t.steps:
             self._stop_if_preempted()
             self._timer, self._t0 = Timer(), time.perf_counter()
+            self._in_step = True
             yield self.state.step + 1, self._timer
         self._stop_if_preempted()
 
@@ -331,7 +345,7 @@ class RunSession:
     def end_step(self, step: int, metrics: dict[str, Any], save: Callable[[], None]) -> None:
         """The step is done: its timeline, then `StepEnd` (guard, evaluation, the line, the
         checkpoint when due: `save()`)."""
-        self.state.step = step
+        self.state.step, self._in_step = step, False
         if self.timeline is not None:
             metrics = {**metrics, **self.timeline.record(step)}
 

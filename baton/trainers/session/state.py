@@ -15,6 +15,8 @@ from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
 from baton.envs import get_task
+from baton.envs.base import row_fields
+from baton.runs.rundir import RunDirError
 from baton.trainers.session.config import DataConfig
 
 
@@ -40,24 +42,32 @@ class RunState:
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.step = saved["step"]
-        self.sampler.load_state_dict(saved["sampler"])
+        try:
+            self.sampler.load_state_dict(saved["sampler"])
+        except ValueError:  # the data file has another number of rows than the checkpoint's sampler saw
+            raise RunDirError(f"cannot resume at step {self.step}: the data changed since the checkpoint (it drew "
+                              f"from {saved['sampler'].get('size')} training rows, there are {len(self.sampler)} now); "
+                              f"put the data file back, or start the run over (trainer.overwrite=true)") from None
         self.first_eval = saved.get("first_eval", {})
         self.source = saved.get("source", {})
 
 
-def task_rows(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows) of `data.task`, or of the local file `data.path` (jsonl /
     parquet in baton's, GSM8K's or verl's shape, `baton.data.rows`; chat-message prompts are
     rendered with the tokenizer's template when sampled). A file-backed task (gsm8k) reads it
     with its own loader; any other task's verifier scores the file's rows. Held out:
-    `data.eval_path`'s rows, else every 10th row of the file (never trained on)."""
+    `data.eval_path`'s rows, else every 10th row of the file (never trained on). Each row
+    needs the fields the task scores against (`row_fields`: a one-line DataError naming the
+    row otherwise); `target_field` (SFT's "target") stands in for them in `data.path`'s rows."""
     task = get_task(data.task)
     if not data.path:
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
     if hasattr(task, "path") and hasattr(task, "eval_path"):
         task = dataclasses.replace(task, path=data.path, eval_path=data.eval_path)
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
-    rows = load_rows(data.path)
+    need = row_fields(task)
+    rows = load_rows(data.path, require=tuple(f"{f}|{target_field}" for f in need) if target_field else need)
     if data.eval_path:
-        return rows, load_rows(data.eval_path)[:data.eval_size]
+        return rows, load_rows(data.eval_path, require=need, key="data.eval_path")[:data.eval_size]
     return [r for i, r in enumerate(rows) if i % 10], rows[::10][:data.eval_size]

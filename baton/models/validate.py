@@ -1,0 +1,175 @@
+"""Checkpoints checked before they are used: a damaged or mismatched model directory is one
+`ModelLoadError` line naming the file and what is wrong, never a library traceback and never a
+model that loads with weights "newly initialized" or not finite.
+
+    check_checkpoint(path)     static, before anything loads (the drivers' config checks, and
+                               `load_model` for eval / serve / export): config.json is a JSON
+                               object, every safetensors file is whole (its header's sizes = the
+                               file's), and the tensors are exactly the ones the architecture
+                               config.json names has, with its shapes (built on the meta device)
+    check_finite(model, path)  after loading: every floating-point weight finite
+    check_tokenizer(tok, path) a tokenizer that encodes text to tokens
+    model_context(path)        the longest sequence the model takes (max_position_embeddings)
+
+A LoRA adapter dir (adapter_config.json, no config.json) is checked as an adapter: its
+adapter file whole; its base is checked where it loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """A PEFT adapter dir: adapter_config.json and no model weights (a LoRA run's checkpoint
+    holds its base's config.json too, for tools that read the architecture)."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not any((p / f).is_file() for f in WEIGHT_FILES)
+
+
+class ModelLoadError(FileNotFoundError):
+    """A model directory that cannot be loaded; the message says why and what to do."""
+
+
+def _error(message: str) -> Exception:
+    return ModelLoadError(message)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or ModelLoadError naming it (empty, torn, not an object)."""
+    text = path.read_bytes()
+    if not text.strip():
+        raise _error(f"{path}: is empty (a torn or interrupted write?)")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise _error(f"{path}: not valid JSON ({str(e).splitlines()[0]}): a torn or interrupted write?") from None
+    if not isinstance(data, dict):
+        raise _error(f"{path}: must hold a JSON object, got a {type(data).__name__}")
+    return data
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of a safetensors file, after checking
+    that the file is as long as its header says (ModelLoadError naming it otherwise)."""
+    size = path.stat().st_size
+    if size == 0:
+        raise _error(f"{path}: is empty (0 bytes): the weights were never written or were truncated")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise _error(f"{path}: not a safetensors file, or truncated ({size} bytes; the header needs {8 + n})")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            raise _error(f"{path}: its safetensors header is not valid JSON (a damaged file)") from None
+    header.pop("__metadata__", None)
+    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    if 8 + n + end != size:
+        raise _error(f"{path}: is {size:,} bytes, its header describes {8 + n + end:,}: the file is truncated "
+                     f"or damaged")
+    return header
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a HF model dir (sharded: the index's files)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(read_json(index).get("weight_map", {}).values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise _error(f"{index}: names {missing[0]}, which is not in {path}")
+        return [path / n for n in names]
+    return [path / "model.safetensors"] if (path / "model.safetensors").is_file() else []
+
+
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """The static checks of the module docstring; nothing is loaded."""
+    p = Path(path)
+    if is_adapter_dir(p):
+        read_json(p / "adapter_config.json")
+        if (p / "adapter_model.safetensors").is_file():
+            safetensors_header(p / "adapter_model.safetensors")
+        return
+    config = read_json(p / "config.json")
+    tensors: dict[str, Any] = {}
+    for file in weight_files(p):
+        tensors.update(safetensors_header(file))
+    if tensors:
+        _check_tensors(p, config, tensors)
+
+
+def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """The file's tensors against the architecture config.json names, built on the meta
+    device (no memory, no time): none missing (tied ones excepted), none unexpected, same
+    shapes."""
+    import torch
+    import transformers
+
+    arch = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, str(arch), None) if arch else None
+    if cls is None:
+        return  # an architecture transformers does not name: left to its loader
+    try:
+        hf_config = transformers.AutoConfig.for_model(**config)
+    except Exception as e:  # noqa: BLE001 - any library error is one line here
+        raise _error(f"{path / 'config.json'}: not a config transformers reads ({str(e).splitlines()[0]})") from None
+    try:
+        with torch.device("meta"):
+            model = cls(hf_config)
+    except Exception as e:  # noqa: BLE001
+        raise _error(f"{path / 'config.json'}: cannot build {arch} from it ({str(e).splitlines()[0]})") from None
+    groups: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), []).append(name)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = [names[0] for names in groups.values() if not any(n in tensors for n in names)]
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise _error(f"{path}: the weights lack {len(missing)} tensor(s) that {arch} (config.json) has, e.g. "
+                     f"{missing[0]!r}: weights of another architecture? (they would load as newly initialized)")
+    if unexpected:
+        raise _error(f"{path}: the weights hold {len(unexpected)} tensor(s) that {arch} (config.json) does not "
+                     f"have, e.g. {unexpected[0]!r}: weights of another architecture?")
+    for name, meta in tensors.items():
+        if tuple(meta["shape"]) != expected[name]:
+            raise _error(f"{path}: tensor {name!r} has shape {list(meta['shape'])}, {arch} as config.json "
+                         f"describes it needs {list(expected[name])}: weights of another size?")
+
+
+def check_finite(model: Any, path: str | os.PathLike) -> None:
+    """ModelLoadError naming the first weight that holds NaN or inf values."""
+    import torch
+
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise _error(f"{path}: weight {name!r} holds {bad} NaN/inf value(s): a diverged or damaged checkpoint")
+
+
+def check_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
+    """ModelLoadError unless the tokenizer turns text into tokens (a dir without its
+    tokenizer.json may load as a tokenizer that encodes everything to nothing)."""
+    if not tokenizer("hello world 123", add_special_tokens=False)["input_ids"]:
+        files = ", ".join(sorted(f.name for f in Path(path).iterdir() if "token" in f.name)) or "none"
+        raise _error(f"{path}: its tokenizer encodes text to no tokens (tokenizer files: {files}; is "
+                     f"tokenizer.json missing?)")
+
+
+def model_context(path: str | os.PathLike) -> int | None:
+    """The longest sequence the model in `path` takes, from its config.json; None if it does
+    not say (or has none: an adapter dir, whose base says)."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        return None
+    config = read_json(p / "config.json")
+    found = [config[k] for k in CONTEXT_KEYS if isinstance(config.get(k), int)]
+    return min(found) if found else None
