@@ -35,6 +35,7 @@ import torch
 
 from baton import fields as F
 from baton.config import load_config
+from baton.metrics import read_metrics
 from baton.models.make import make_tiny_checkpoint
 from baton.trainers import ppo
 from baton.trainers.ppo_config import PPOConfig
@@ -113,6 +114,11 @@ def test_dapo_keeps_groups_with_a_signal_and_pushes_them(model_dir, tmp_path, mo
                "algo.dynamic_sampling_max_rounds=3").actor
     r = u.batch[F.REWARDS].double()
     check_sequence_level(u, group_centred(r))
+    # tied groups were dropped and more drawn: a tied group is left only where the cap was hit
+    (step,) = [m for m in read_metrics(tmp_path) if m["step"] == 1]
+    tied = int((r.view(-1, N).std(-1) == 0).sum())
+    assert tied == step["dapo/groups_filled"], (tied, step)
+    assert step["dapo/groups_kept"] == 4 - tied
 
 
 def test_gspo_pushes_rewarded_rows_up(model_dir, tmp_path, monkeypatch):
