@@ -275,7 +275,7 @@ MUTANTS: list[Mutant] = [
       "the reward functions' weights ignored", "tests/rewards/test_runner.py"),
 ]
 
-SMOKE = ("ppo-gae-negated", "ppo-offpolicy-dropped")
+SMOKE = ("ppo-gae-negated", "ppo-offpolicy-dropped", "grpo-sign", "dpo-sigmoid-sign", "kl-reward-sign")
 
 
 def check(mutants: list[Mutant]) -> list[str]:
