@@ -53,6 +53,7 @@ DIRECTION_REMAX = (D + "test_remax_subtracts_the_greedy_reward",)
 DIRECTION_DPO = ("tests/direction/test_preference.py",)
 DIRECTION_SFT = ("tests/direction/test_supervised.py",)
 DIRECTION_MASK = ("tests/direction/test_observation_mask.py",)
+DIRECTION_CLIP = ("tests/direction/test_clip.py",)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ MUTANTS: list[Mutant] = [
       "sequence advantages broadcast onto padding too", *T_ADV, *DIRECTION_GRPO),
     # --- policy losses (baton/algos/policy_loss.py) -----------------------------------------
     M("clip-bounds-swapped", PL, "ratio.clamp(1 - clip_low, 1 + clip_high)",
-      "ratio.clamp(1 - clip_high, 1 + clip_low)", "PPO clip: clip_low and clip_high swapped", *T_PL),
+      "ratio.clamp(1 - clip_high, 1 + clip_low)", "PPO clip: clip_low and clip_high swapped", *T_PL,
+      *DIRECTION_CLIP),
     M("clip-min-for-max", PL, "    loss = torch.maximum(unclipped, clipped)  # [B, R] pessimistic bound",
       "    loss = torch.minimum(unclipped, clipped)  # [B, R] pessimistic bound",
       "PPO clip: the optimistic bound", *T_PL),
@@ -229,7 +231,7 @@ MUTANTS: list[Mutant] = [
     M("actor-clip-keys-swapped", "baton/workers/actor.py",
       'policy_loss_kwargs=({"clip_low": algo.clip_low, "clip_high": algo.clip_high,',
       'policy_loss_kwargs=({"clip_low": algo.clip_high, "clip_high": algo.clip_low,',
-      "the actor passes clip_low as clip_high", "tests/workers/test_actor_direction.py", *DIRECTION_GRPO),
+      "the actor passes clip_low as clip_high", *DIRECTION_CLIP),
     M("critic-fits-old-values", "baton/workers/critic.py", "returns=mc[F.RETURNS].to(values.device),",
       "returns=mc[F.VALUES].to(values.device),", "the critic's target is its own old values",
       "tests/workers/test_critic.py", *DIRECTION_GAE),
@@ -247,6 +249,16 @@ MUTANTS: list[Mutant] = [
     M("staleness-one-more", "baton/sources/ahead.py", "self.pushed + 1 + self.k):", "self.pushed + 2 + self.k):",
       "the generator runs one step further ahead than max_staleness allows",
       "tests/trainers/test_async.py::test_one_step_off_ages_and_resumes_exactly_with_its_staleness_state"),
+    # --- the observation mask of agent episodes and gateway sessions ------------------------------
+    M("episode-observations-trained", "baton/agents/tokens.py", "mask += [1 if s.kind == POLICY else 0] * len(s.ids)",
+      "mask += [1] * len(s.ids)", "agent episodes: observation tokens marked as the policy's", *DIRECTION_MASK),
+    M("gateway-observations-trained", "baton/services/gateway.py", "        s.mask += [0] * len(inserted)",
+      "        s.mask += [1] * len(inserted)", "gateway sessions: inserted tokens marked as the policy's",
+      *DIRECTION_MASK),
+    M("actor-loss-unmasked", "baton/workers/actor.py", "response_mask=micro[F.RESPONSE_MASK].float(),",
+      "response_mask=(micro[F.RESPONSE_MASK].cummax(-1).values * micro[F.RESPONSE_MASK].flip(-1).cummax(-1)"
+      ".values.flip(-1)).float(),", "the actor's loss fills the mask's holes (observations get a gradient)",
+      *DIRECTION_MASK),
     # --- DPO drivers, sources -------------------------------------------------------------------
     M("online-dpo-pairs-swapped", "baton/trainers/online_dpo.py",
       "batch = pair_rows(rows, pairs.chosen, pairs.rejected,", "batch = pair_rows(rows, pairs.rejected, pairs.chosen,",
