@@ -5,8 +5,11 @@ mask 0, and the actor's loss sends them no gradient; the policy's own tokens get
 Observed in the real update: a hook on the logprobs the actor's loss reads
 (ActorWorker._loss -> response_logprobs) records dLoss/dlogp_t [B, R]. Hand-worked: the
 loss is sum_t mask_t * l_t(logp_t) / N (token-mean), so dLoss/dlogp_t = mask_t * l'_t / N:
-exactly 0 where the mask is 0, and -A_t / N (ratio 1 at the first step) where it is 1. An
-off-by-one or dropped mask gives the holes a gradient.
+exactly 0 where the mask is 0, and -A_t / N (ratio 1 at the first step) where it is 1. With
+a k1 KL term in the loss (kl_coef c: l_t += c (logp_t - ref_t)) every policy token also gets
+c / N, so a loss that counted the holes would give them c / N too, even where their
+advantage is 0 (as the estimators leave it). An off-by-one or dropped mask gives the holes a
+gradient.
 """
 
 from __future__ import annotations
@@ -57,22 +60,25 @@ def holes(mask: torch.Tensor) -> torch.Tensor:
     return (mask == 0) & (pos < last)
 
 
+KL = ["algo.kl_coef=0.5", "algo.kl_estimator=k1"]
+KL_COEF = 0.5
+
+
 def check_no_gradient_on_observations(grads) -> None:
     (mask, adv, g), = grads  # one micro-batch (micro_batch_size covers the step's rows)
     h = holes(mask)
     assert h.any(), ("no episode had an observation inside it: nothing was checked", mask)
     assert (g[h] == 0).all(), "observation tokens got a gradient"
     assert (g[mask == 0] == 0).all()
-    live = (mask > 0) & (adv != 0)
-    assert live.any() and (g[live] != 0).all()
-    # dLoss/dlogp_t = -A_t / N on the policy's tokens (ratio 1, token-mean over N real tokens)
-    assert torch.allclose(g[live], -adv[live] / mask.sum(), rtol=1e-4, atol=1e-9)
+    live = mask > 0
+    # dLoss/dlogp_t = (-A_t + c) / N on the policy's tokens (ratio 1, token-mean over N real tokens)
+    assert torch.allclose(g[live], (-adv[live] + KL_COEF) / mask.sum(), rtol=1e-4, atol=1e-9)
 
 
 def test_agent_episode_observations_get_no_gradient(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the recipe's model path
     grads = grads_of_the_loss(monkeypatch)
-    ppo.train(load_config(PPOConfig, GUESS, [f"trainer.run_dir={tmp_path}", *SMALL]))
+    ppo.train(load_config(PPOConfig, GUESS, [f"trainer.run_dir={tmp_path}", *SMALL, *KL]))
     check_no_gradient_on_observations(grads)
 
 
@@ -81,5 +87,5 @@ def test_gateway_session_observations_get_no_gradient(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "tests" / "agents"))  # openai_agent
     monkeypatch.chdir(REPO)
     grads = grads_of_the_loss(monkeypatch)
-    ppo.train(load_config(PPOConfig, RECIPE, [f"trainer.run_dir={tmp_path}", *SMALL, *GATEWAY]))
+    ppo.train(load_config(PPOConfig, RECIPE, [f"trainer.run_dir={tmp_path}", *SMALL, *GATEWAY, *KL]))
     check_no_gradient_on_observations(grads)
