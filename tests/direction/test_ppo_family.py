@@ -137,10 +137,20 @@ def test_reinforce_pp_whitens_over_the_batch(model_dir, tmp_path, monkeypatch):
 
 
 def test_remax_subtracts_the_greedy_reward(model_dir, tmp_path, monkeypatch):
+    """A_i = r_i - r(greedy answer of row i's prompt), the baseline recomputed here from the
+    greedy texts the rollout returned (the reward is a parity of prompt + completion, so the
+    baselines differ from prompt to prompt: each must sit on its own prompt's rows)."""
+    from baton.workers.rollout import BASELINE_COMPLETION
+
     (u,) = run(model_dir, tmp_path, monkeypatch, "algo.advantage=remax", "data.prompts_per_step=8",
-               "actor.mini_batch_size=32", "actor.micro_batch_size=32").actor
+               "actor.mini_batch_size=32", "actor.micro_batch_size=32",
+               "reward.functions={direction/prompt_parity: 1.0}").actor
+    from direction_rewards import prompt_parity  # on sys.path from observe() on
     b = u.batch
-    oracle = b[F.REWARDS].double() - b["baseline_scores"].double()
+    prompts, greedy = list(b["prompt"]), list(b[BASELINE_COMPLETION])
+    baseline = torch.tensor([prompt_parity(p, g) for p, g in zip(prompts, greedy)], dtype=torch.float64)
+    assert len(set(baseline.view(-1, N)[:, 0].tolist())) == 2, "every prompt's greedy answer scored alike"
+    oracle = b[F.REWARDS].double() - baseline
     adv = check_sequence_level(u, oracle)
     assert torch.allclose(adv, oracle, atol=1e-6)
 
