@@ -12,6 +12,24 @@ The start-failure matrix: for each recipe family a missing model dir, a wrong ty
 unknown key and a missing user module are one line and exit 2, before anything is written,
 under both placements.
 
+Golden first steps: each row's first 3 steps' key metrics (loss, reward, KL, grad norm, the
+critic's returns and fit) from the run above, compared with tests/golden/first_steps/ROW.json
+(`_check_golden`; nothing is run for it). A change that moves them updates the files in the
+same commit, saying why: regenerate with
+
+    BATON_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -n 0 tests/test_recipe_matrix.py -k test_recipe_runs_under_both_placements
+
+(add `-k ROW` for one row). Tolerance, relative 1e-3 (absolute 1e-5 near 0): the runs are
+fp32 and seeded, bit for bit the same run to run on one CPU; another CPU's kernels (AVX2
+vs AVX-512: other reduction orders) round differently, about 1e-7 relative per op, and three
+optimizer steps amplify that (Adam's first step is lr * g / |g|, sensitive for a near-zero
+g). Measured on this AVX-512 machine against ATen, MKL and oneDNN forced to AVX2
+(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2), all 15
+compared rows: 140 of 272 values differ, by at most 1.8e-5 relative where |value| >= 1e-3
+and 6.7e-7 absolute below (losses near 0); the tolerance is 55x and 15x those, and far
+below what a semantic change moves (a sign, a dropped term or another sample moves these
+metrics by > 1e-2). Rows excluded (GOLDEN_SKIP) say why.
+
 Rows that need Ray (a generator ahead, data parallel) are marked `ray` (one Ray per session).
 The API recipes run through `baton launch` (the trajectory API, a `baton serve` server and
 `baton env` beside the trainer) with the default placement in the trainer it starts; their
@@ -23,6 +41,7 @@ placement).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import socket
@@ -84,6 +103,52 @@ ROWS = [
 ]
 
 
+GOLDEN = REPO / "tests" / "golden" / "first_steps"
+GOLDEN_STEPS = (1, 2, 3)  # steps 1-2, then 3 after the resume
+GOLDEN_RTOL, GOLDEN_ATOL = 1e-3, 1e-5  # see the module docstring
+GOLDEN_KEYS = ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl", "actor/kl", "actor/entropy",
+               "critic/vf_loss", "critic/grad_norm", "critic/returns_mean", "critic/explained_var",
+               "reward/mean", "reward/std", "kl_reward/kl", "dpo/kl", "rewards/margins", "rewards/accuracies",
+               "sft/loss", "sft/grad_norm", "rm/loss", "rm/grad_norm", "rm/accuracy")
+GOLDEN_SKIP = {  # row -> why its first steps are not compared
+    "agent-gateway": "the agent's sessions run concurrently: which request the engine samples first varies",
+    "grpo-one-step-off-lora": "Ray worker processes; the generator's timing decides nothing, but untested here",
+    "grpo-data-parallel": "Ray worker processes (two ranks); not compared",
+}
+
+
+def _first_steps(run_dir: Path) -> dict[str, dict[str, float]]:
+    """{step: {key: value}} of GOLDEN_KEYS in the run's metrics.jsonl (the last line of a step
+    wins: the resumed run's step 3)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in read_metrics(run_dir):
+        if r.get("step") in GOLDEN_STEPS:
+            out[str(r["step"])] = {k: r[k] for k in GOLDEN_KEYS if isinstance(r.get(k), (int, float))}
+    return out
+
+
+def _check_golden(row_id: str, run_dir: Path) -> None:
+    """The row's first steps against tests/golden/first_steps/ROW.json (module docstring)."""
+    if row_id in GOLDEN_SKIP:
+        return
+    got, path = _first_steps(run_dir), GOLDEN / f"{row_id}.json"
+    regenerate = (f"regenerate with BATON_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -n 0 tests/test_recipe_matrix.py "
+                  f"-k 'test_recipe_runs_under_both_placements and {row_id}' and commit {path.relative_to(REPO)} "
+                  f"saying why the numbers moved")
+    if os.environ.get("BATON_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        return
+    if not path.is_file():
+        pytest.fail(f"no golden first steps for row {row_id!r}: {regenerate}")
+    want = json.loads(path.read_text())
+    assert set(got) == set(want), f"steps {sorted(got)} vs golden {sorted(want)}; {regenerate}"
+    moved = [f"step {s} {k}: {got[s].get(k)} (golden {v})" for s in want for k, v in want[s].items()
+             if k not in got[s] or not math.isclose(got[s][k], v, rel_tol=GOLDEN_RTOL, abs_tol=GOLDEN_ATOL)]
+    moved += [f"step {s} {k}: new key" for s in got for k in got[s] if k not in want[s]]
+    assert not moved, f"row {row_id}: the first steps moved:\n  " + "\n  ".join(moved) + f"\nIf intended, {regenerate}"
+
+
 def _mark(row):
     rid, recipe, overrides, marks = row
     return pytest.param(recipe, overrides, id=rid, marks=[getattr(pytest.mark, m) for m in marks])
@@ -138,13 +203,14 @@ def _run_and_resume(recipe: str, overrides: list[str], run_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("recipe, overrides", [_mark(r) for r in ROWS])
-def test_recipe_runs_under_both_placements(recipe, overrides, tmp_path):
+def test_recipe_runs_under_both_placements(recipe, overrides, tmp_path, request):
     default = _resolved(recipe, overrides)
     placed = "placement" in default  # sft and rm run in one process: no placement section
     off = _resolved(recipe, [*overrides, "placement.auto=false"]) if placed else dict(default)
     placement_default, placement_off = default.pop("placement", None), off.pop("placement", None)
     assert default == off, "placement.auto changed what the recipe computes"
     _run_and_resume(recipe, overrides, tmp_path / "default")
+    _check_golden(request.node.callspec.id, tmp_path / "default")
     if placement_default != placement_off:  # placed otherwise here: the recipe's own placement runs too
         _run_and_resume(recipe, [*overrides, "placement.auto=false"], tmp_path / "auto-false")
 

@@ -399,8 +399,14 @@ class RewardRunner:
                            f"sandbox='thread'):\n{detail}")
 
     def _died(self, slot: Slot, lost: Callable[..., None]) -> None:
+        # close() from another thread closes the pipes and marks every slot DEAD (after it
+        # marks the runner closed): read the state first, then check for close, so a slot
+        # still starting (no chunk sent) is never taken for one that was running calls.
+        state = slot.state
+        if not self._finalizer.alive:
+            raise RuntimeError("RewardRunner closed while scoring")
         why = slot.exit_status(0.5) if isinstance(slot, ProcessSlot) else "its worker thread ended"
-        if slot.state == STARTING:
+        if state == STARTING:
             slot.kill()
             self._start_failed(why)
             return

@@ -17,7 +17,7 @@ async def blocks_or_answers(base_url: str, api_key: str, row: dict) -> float:
     if row["prompt"].startswith("block"):
         RELEASE.wait(120)
         return 1.0
-    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}) as client:
+    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as client:
         r = await client.post("/chat/completions", json={"model": "baton", "max_tokens": 2,
                                                          "messages": [{"role": "user", "content": row["prompt"]}]})
         r.raise_for_status()

@@ -226,6 +226,42 @@ def test_close_kills_a_call_in_flight_without_waiting_for_it():
     assert isinstance(outcome[0], RuntimeError) and "closed while scoring" in str(outcome[0])
 
 
+def test_close_while_a_worker_is_still_starting_raises_closed_while_scoring(monkeypatch):
+    """The race a loaded machine hit: close() from another thread lands after the runner's
+    `wait` saw a worker that had not started yet (no chunk ever sent to it) become readable
+    and before it reads that worker's pipe. The interleaving is forced: the runner's first
+    `wait` returns, then a second thread closes the runner and is joined, then the runner
+    goes on. The scoring thread must raise "closed while scoring", not AttributeError."""
+    import baton.rewards.runner as runner_module
+
+    real_wait, runner, closed = runner_module.wait, None, []
+
+    def wait_then_close(conns, timeout=None):
+        ready = real_wait(conns, timeout)
+        if ready and not closed:  # a worker is ready (still STARTING to the runner)
+            closer = threading.Thread(target=runner.close)
+            closer.start()
+            closer.join()
+            closed.append(True)
+        return ready
+
+    monkeypatch.setattr(runner_module, "wait", wait_then_close)
+    runner = RewardRunner({"test/sleepy": 1.0}, timeout_s=60, max_workers=2)
+    outcome = []
+
+    def score():
+        try:
+            outcome.append(runner.score(["p"] * 2, ["x", "y"], [{}] * 2))
+        except Exception as e:  # what the thread raised, whatever it is
+            outcome.append(e)
+
+    scoring = threading.Thread(target=score)
+    scoring.start()
+    scoring.join(timeout=60)
+    assert closed and not scoring.is_alive()
+    assert isinstance(outcome[0], RuntimeError) and "closed while scoring" in str(outcome[0]), outcome
+
+
 def test_close_is_prompt_and_final():
     runner = RewardRunner({"test/sleepy": 1.0}, timeout_s=0.5, max_workers=2)
     with runner:

@@ -101,7 +101,7 @@ def test_server_loads_serves_and_unloads_adapters(lora_server):
     save_adapter(adapter_tensors(pm), adapter_config(pm), tmp / "ok")
     (tmp / "no").mkdir()
     save_adapter(adapter_tensors(pm), adapter_config(pm), tmp / "no")
-    with httpx.Client(base_url=srv.url) as c:
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
         r = c.post("/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(tmp / "no")})
         assert r.status_code == 403  # outside --weights-dir
         r = c.post("/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(tmp / "ok")})

@@ -23,7 +23,7 @@ def _greedy_ref(served, prompts, max_new=6):
 
 
 def test_health_models_info(served):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         h = c.get("/health")
         assert h.status_code == 200
         assert h.json() == {"status": "ok", "version": 0, "model": "tiny-qwen", "model_path": None,
@@ -36,7 +36,7 @@ def test_health_models_info(served):
 
 def test_generate_single_and_batch(served):
     ref = _greedy_ref(served, [[5, 6, 7], [8, 9]])
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         one = c.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": GREEDY,
                                         "return_logprob": True}).json()
         assert isinstance(one, dict)  # single prompt, n == 1 -> an object, as SGLang
@@ -54,7 +54,7 @@ def test_generate_single_and_batch(served):
 
 
 def test_generate_text_stop_and_seed(served, srv_tokenizer):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         ids = c.post("/generate", json={"text": "1+2=", "sampling_params": GREEDY}).json()["output_ids"]
         full = srv_tokenizer.decode(ids, skip_special_tokens=True)
         stop = full[2:4] if len(full) >= 4 else full[-1:]
@@ -69,7 +69,7 @@ def test_generate_text_stop_and_seed(served, srv_tokenizer):
 def test_openai_completions(served, srv_tokenizer):
     prompt_ids = srv_tokenizer("12+7=")["input_ids"]
     ref = _greedy_ref(served, [prompt_ids], max_new=5)[0]
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         body = {"model": "tiny-qwen", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
         r = c.post("/v1/completions", json={**body, "prompt": "12+7=", "logprobs": 1}).json()
         ch = r["choices"][0]
@@ -90,7 +90,7 @@ def test_openai_chat(served, srv_tokenizer):
     messages = [{"role": "user", "content": "3+4="}]
     text = srv_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ref = _greedy_ref(served, [srv_tokenizer(text, add_special_tokens=False)["input_ids"]], max_new=4)[0]
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0,
                                                  "ignore_eos": True, "logprobs": True, "n": 2}).json()
     assert r["object"] == "chat.completion" and len(r["choices"]) == 2
@@ -124,14 +124,14 @@ def test_openai_chat(served, srv_tokenizer):
                                     "world_size": 2}, 422, "rank_offset"),
 ])
 def test_malformed_requests(served, path, body, status, needle):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         r = c.post(path, json=body)
     assert r.status_code == status, r.text
     assert needle in r.text
 
 
 def test_invalid_json(served):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         r = c.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and "json" in r.text.lower()
 
@@ -197,7 +197,7 @@ def test_engine_error_is_reported_not_fatal(fresh_served, srv_tokenizer, make_ti
 
     model = make_tiny_qwen(0)
     s = fresh_served(engine=Broken(model, srv_tokenizer), model=model)
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         r = c.post("/generate", json={"input_ids": [13], "sampling_params": GREEDY})
         assert r.status_code == 500 and "boom" in r.text
         assert c.post("/generate", json={"input_ids": [14], "sampling_params": GREEDY}).status_code == 200
@@ -209,7 +209,7 @@ def test_update_weights_from_disk(fresh_served, tmp_path, make_tiny_qwen):
     prompt = [5, 9, 11, 4]
     assert check_logprob_parity(s.engine, trainer, prompt) > 1e-2
     path = save_safetensors_atomic(trainer.named_parameters(), tmp_path / "w.safetensors")
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         r = c.post("/update_weights_from_disk", json={"model_path": str(path), "version": 3}).json()
         assert r["success"] is True and r["version"] == 3
         assert c.get("/health").json()["version"] == 3
@@ -219,7 +219,7 @@ def test_update_weights_from_disk(fresh_served, tmp_path, make_tiny_qwen):
     # an HF checkpoint directory works too (SGLang's usual model_path), weight_version as a string
     trainer2 = make_tiny_qwen(2)
     trainer2.save_pretrained(tmp_path / "ckpt")
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         r = c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "ckpt"), "weight_version": "4"})
     assert r.json()["version"] == 4
     assert check_logprob_parity(s.engine, trainer2, prompt) < 1e-4
@@ -227,7 +227,7 @@ def test_update_weights_from_disk(fresh_served, tmp_path, make_tiny_qwen):
 
 def test_sleep_wake(fresh_served):
     s = fresh_served()
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         assert c.post("/release_memory_occupation", json={}).json()["success"]
         r = c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY})
         assert r.status_code == 503 and "asleep" in r.text  # the server's state, not the client's fault

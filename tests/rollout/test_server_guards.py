@@ -35,7 +35,7 @@ def _gen(c: httpx.Client, **kw) -> httpx.Response:
 # --- authentication ------------------------------------------------------------------------
 def test_api_key(fresh_served):
     s = fresh_served(api_key=KEY, model_path="/models/tiny")
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         anon = c.get("/health")  # probes need no key, but learn no paths
         assert anon.status_code == 200 and anon.json()["status"] == "ok" and "model_path" not in anon.json()
         for headers, reason in [({}, "missing"), ({"Authorization": f"Bearer {KEY}x"}, "invalid"),
@@ -60,7 +60,7 @@ def test_api_key(fresh_served):
 
 
 def test_no_api_key_means_open(served):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         assert _gen(c, max_new_tokens=1).status_code == 200
         assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY},
                       headers={"Authorization": "Bearer whatever"}).status_code == 200
@@ -90,7 +90,7 @@ def test_cli_defaults(tmp_path):
 # --- admin switch --------------------------------------------------------------------------
 def test_admin_switch_off(fresh_served):
     s = fresh_served(admin=False)
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         for path, body in ADMIN:
             r = c.post(path, json=body) if body is not None else c.post(path)
             assert r.status_code == 403 and "--admin" in r.json()["error"]["message"], (path, r.text)
@@ -117,7 +117,7 @@ def test_weights_allow_list(fresh_served, dirs):
     (allowed / "shards").mkdir()
     (allowed / "shards" / "model.safetensors").symlink_to(outside / "w.safetensors")
     (allowed / "link-dir").symlink_to(outside, target_is_directory=True)
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         for bad in (outside / "w.safetensors", allowed / ".." / "outside" / "w.safetensors",
                     allowed / "escape.safetensors", allowed / "shards", allowed / "link-dir", outside, "/etc/passwd"):
             r = c.post("/update_weights_from_disk", json={"model_path": str(bad)})
@@ -134,7 +134,7 @@ def test_weights_allow_list(fresh_served, dirs):
 def test_default_allow_list_is_the_model_dir(fresh_served, dirs):
     allowed, outside, _ = dirs
     s = fresh_served(model_path=str(allowed))  # as `baton serve MODEL_DIR` without --weights-dir
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         assert c.post("/update_weights_from_disk", json={"model_path": str(outside)}).status_code == 403
         assert c.post("/update_weights_from_disk", json={"model_path": str(allowed)}).status_code == 200
 
@@ -170,7 +170,7 @@ def test_bad_checkpoint_rejected_old_weights_serve(fresh_served, dirs, make_tiny
     original = make_tiny_qwen(0)
     prompt = [5, 9, 11, 4]
     bad = make_bad(trainer, allowed)
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         before = c.post("/generate", json={"input_ids": prompt, "sampling_params": GREEDY,
                                            "return_logprob": True}).json()
         r = c.post("/update_weights_from_disk", json={"model_path": str(bad), "version": 9})
@@ -412,7 +412,7 @@ def test_engine_without_hook_still_served(fresh_served, srv_tokenizer, make_tiny
     model = make_tiny_qwen(0)
     s = fresh_served(engine=Plain(model, srv_tokenizer), model=model)
     assert not s.app.state.baton.runner.cancellable
-    with httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=s.url, timeout=60) as c:
         assert _gen(c).status_code == 200
 
 
@@ -466,14 +466,14 @@ def test_malformed_input_is_4xx(served, path, raw, needle):
 
 
 def test_invalid_utf8_body(served):
-    with httpx.Client(base_url=served.url) as c:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         r = c.post("/generate", content=b'{"text": "\xff\xfe"}', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
 
 
 def test_openapi_documents_errors(fresh_served):
     s = fresh_served(api_key=KEY)
-    with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
         spec = c.get("/openapi.json").json()["paths"]
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         assert {"400", "401", "422"} <= set(spec[path]["post"]["responses"]), path

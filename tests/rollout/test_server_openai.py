@@ -46,7 +46,7 @@ def test_errors_before_any_route_are_openai_shaped_too(fresh_served):
         _client(s.url, "sekrit").chat.completions.create(model="tiny-qwen", max_tokens=2,
                                                           messages=[{"role": "user", "content": "x" * 70_000}])
     assert exc.value.status_code == 413 and "exceeds" in str(exc.value) and exc.value.code == "body_too_large"
-    with httpx.Client(base_url=s.url, headers={"Authorization": "Bearer sekrit"}) as c:
+    with httpx.Client(base_url=s.url, headers={"Authorization": "Bearer sekrit"}, timeout=60) as c:
         r = c.get("/no/such/route")
         assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
         r = c.post("/v1/completions", content=b'{"prompt": NaN}', headers={"Content-Type": "application/json"})

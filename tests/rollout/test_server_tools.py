@@ -126,11 +126,11 @@ def test_stream_real_sampling_matches_non_stream(tool_server):
     assert "".join(p.choices[0].text for p in parts if p.choices) == comp.choices[0].text
     assert parts[-1].usage.total_tokens == comp.usage.total_tokens
     # the raw event stream: data lines, [DONE] last
-    with httpx.Client(base_url=url) as c:
+    with httpx.Client(base_url=url, timeout=60) as c:
         raw = c.post("/v1/completions", json={"prompt": "1+1=", "max_tokens": 3, "stream": True}).text
     events = [e for e in raw.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
-    with httpx.Client(base_url=url) as c:
+    with httpx.Client(base_url=url, timeout=60) as c:
         r = c.post("/generate", json={"input_ids": [5, 6], "stream": True})
     assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
 

@@ -99,12 +99,12 @@ class AtroposEnv:
 def atropos_trainer_register(url, batch_size=4):
     r = httpx.post(f"{url}/register", json={
         "wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": 256,
-        "checkpoint_dir": "ckpt", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 100})
+        "checkpoint_dir": "ckpt", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 100}, timeout=60)
     assert r.status_code == 200 and "uuid" in r.json()
 
 
 def atropos_trainer_batch(url, **params):
-    r = httpx.get(f"{url}/batch", params=params)
+    r = httpx.get(f"{url}/batch", params=params, timeout=60)
     assert r.status_code == 200, r.text
     batch = r.json()["batch"]
     if batch is not None:
@@ -118,14 +118,14 @@ def atropos_trainer_batch(url, **params):
 
 def test_atropos_handshake_and_batches(api):
     url = api()
-    assert httpx.get(f"{url}/info").json() == {"batch_size": -1, "max_token_len": -1}
+    assert httpx.get(f"{url}/info", timeout=60).json() == {"batch_size": -1, "max_token_len": -1}
     env = AtroposEnv(url)
     r = env.http.post("/register-env", json={"max_token_length": 64, "desired_name": "e", "weight": 1.0,
                                              "group_size": 2})
     assert r.json() == {"status": "wait for trainer to start"}
     atropos_trainer_register(url, batch_size=4)
-    assert httpx.get(f"{url}/info").json() == {"batch_size": 4, "max_token_len": 256}  # the big group below fits (longer: 422)
-    assert httpx.get(f"{url}/wandb_info").json()["group"] == "g"
+    assert httpx.get(f"{url}/info", timeout=60).json() == {"batch_size": 4, "max_token_len": 256}  # the big group below fits (longer: 422)
+    assert httpx.get(f"{url}/wandb_info", timeout=60).json()["group"] == "g"
     r = env.http.post("/register-env", json={"max_token_length": 64, "desired_name": "e", "weight": 1.0,
                                              "group_size": 2})
     assert r.json() == {"status": "wait for trainer to start"}  # until the first GET /batch
@@ -140,17 +140,17 @@ def test_atropos_handshake_and_batches(api):
                                           group(2, env_id=env.env_id, seed=2)]).json()["groups_processed"] == 2
     s = env.status()
     assert s["queue_size"] == 3 and s["self_queue_size"] == 3  # groups, not sequences
-    step0 = httpx.get(f"{url}/status").json()["current_step"]
+    step0 = httpx.get(f"{url}/status", timeout=60).json()["current_step"]
     b1 = atropos_trainer_batch(url)
     b2 = atropos_trainer_batch(url)
     assert sum(len(g["tokens"]) for g in b1) == 4
     assert [g["tokens"][0][-3] for g in b1] == [10, 10 + 1]  # oldest first: the big group, then seed 1
     assert b2 is None  # one group (2 sequences) left: not a full batch
-    assert httpx.get(f"{url}/status").json()["current_step"] == step0 + 1
-    assert httpx.get(f"{url}/latest_example").json()["tokens"][0][-3] == 12
+    assert httpx.get(f"{url}/status", timeout=60).json()["current_step"] == step0 + 1
+    assert httpx.get(f"{url}/latest_example", timeout=60).json()["tokens"][0][-3] == 12
     assert env.http.post("/disconnect-env", json={"env_id": env.env_id}).json() == {"status": "success"}
-    assert httpx.post(f"{url}/reset_data", params={"force": "true"}).text == "Reset successful"
-    assert httpx.get(f"{url}/info").json()["batch_size"] == -1
+    assert httpx.post(f"{url}/reset_data", params={"force": "true"}, timeout=60).text == "Reset successful"
+    assert httpx.get(f"{url}/info", timeout=60).json()["batch_size"] == -1
 
 
 def test_malformed_groups_get_reasons_and_nothing_else_is_dropped(api):
@@ -181,7 +181,7 @@ def test_malformed_groups_get_reasons_and_nothing_else_is_dropped(api):
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert detail["queued"] == 2 and [x["index"] for x in detail["rejected"]] == [1]
-    status = httpx.get(f"{url}/status").json()
+    status = httpx.get(f"{url}/status", timeout=60).json()
     assert status["queued_groups"] == 3
     b = atropos_trainer_batch(url)
     assert [g["tokens"][0][-3] for g in b] == [10, 11]
@@ -191,44 +191,44 @@ def test_bounded_queue_429_retry_after(api):
     url = api(max_queue=2, retry_after_s=2)
     atropos_trainer_register(url, batch_size=2)
     for seed in range(2):
-        assert httpx.post(f"{url}/scored_data", json=group(2, seed=seed)).status_code == 200
-    r = httpx.post(f"{url}/scored_data", json=group(2, seed=9))
+        assert httpx.post(f"{url}/scored_data", json=group(2, seed=seed), timeout=60).status_code == 200
+    r = httpx.post(f"{url}/scored_data", json=group(2, seed=9), timeout=60)
     assert r.status_code == 429 and r.headers["retry-after"] == "2" and "queue full" in r.json()["detail"]
-    r = httpx.post(f"{url}/scored_data_list", json=[group(2, seed=9)])
+    r = httpx.post(f"{url}/scored_data_list", json=[group(2, seed=9)], timeout=60)
     assert r.status_code == 429
-    assert httpx.get(f"{url}/status").json()["queued_groups"] == 2
+    assert httpx.get(f"{url}/status", timeout=60).json()["queued_groups"] == 2
     atropos_trainer_batch(url)  # frees one slot
-    assert httpx.post(f"{url}/scored_data", json=group(2, seed=9)).status_code == 200
+    assert httpx.post(f"{url}/scored_data", json=group(2, seed=9), timeout=60).status_code == 200
 
 
 def test_staleness_bound_is_admission_not_silent_drop(api):
     url = api()
-    r = httpx.post(f"{url}/register", json={"batch_size": 2, "max_token_len": 64, "max_staleness": 1})
+    r = httpx.post(f"{url}/register", json={"batch_size": 2, "max_token_len": 64, "max_staleness": 1}, timeout=60)
     assert r.status_code == 200
     for v in (0, 1, 2):
-        assert httpx.post(f"{url}/scored_data", json=group(2, version=v, seed=v)).status_code == 200
+        assert httpx.post(f"{url}/scored_data", json=group(2, version=v, seed=v), timeout=60).status_code == 200
     # the trainer is at version 3 and accepts groups at most 1 version old: 0 and 1 are stale
-    r = httpx.get(f"{url}/batch", params={"version": 3}).json()
+    r = httpx.get(f"{url}/batch", params={"version": 3}, timeout=60).json()
     assert r["stale_groups"] == 2 and [g["policy_version"] for g in r["batch"]] == [2]
-    status = httpx.get(f"{url}/status").json()
+    status = httpx.get(f"{url}/status", timeout=60).json()
     assert status["stale_groups"] == 2 and status["trainer_version"] == 3  # kept and counted
     # a push already too old is refused, with the reason
-    r = httpx.post(f"{url}/scored_data", json=group(2, version=1))
+    r = httpx.post(f"{url}/scored_data", json=group(2, version=1), timeout=60)
     assert r.status_code == 409 and "stale" in r.json()["detail"]
     # no version given (a stock Atropos env): stamped with the trainer's version
-    assert httpx.post(f"{url}/scored_data", json=group(2)).status_code == 200
-    b = httpx.get(f"{url}/batch", params={"version": 3}).json()["batch"]
+    assert httpx.post(f"{url}/scored_data", json=group(2), timeout=60).status_code == 200
+    b = httpx.get(f"{url}/batch", params={"version": 3}, timeout=60).json()["batch"]
     assert b[0]["policy_version"] == 3 and b[0]["policy_version_source"] == "stamped"
 
 
 def test_bearer_token(api):
     url = api(token="s3cret")
-    assert httpx.get(f"{url}/health").status_code == 200
-    r = httpx.get(f"{url}/info")
+    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+    r = httpx.get(f"{url}/info", timeout=60)
     assert r.status_code == 401 and "missing" in r.json()["detail"]  # the API's shape (client.py reads it)
     assert r.headers["www-authenticate"] == 'Bearer realm="baton api"'
-    assert httpx.get(f"{url}/info", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    r = httpx.get(f"{url}/info", headers={"Authorization": "Bearer nope"})
+    assert httpx.get(f"{url}/info", headers={"Authorization": "Bearer s3cret"}, timeout=60).status_code == 200
+    r = httpx.get(f"{url}/info", headers={"Authorization": "Bearer nope"}, timeout=60)
     assert r.status_code == 401 and r.json() == {"detail": "invalid API key"}
 
 
@@ -256,14 +256,14 @@ def test_groups_survive_kill_9_of_the_api(tmp_path):
         atropos_trainer_register(url, batch_size=4)
         atropos_trainer_batch(url)
         for seed in range(3):
-            assert httpx.post(f"{url}/scored_data", json=group(2, seed=seed, version=0)).status_code == 200
+            assert httpx.post(f"{url}/scored_data", json=group(2, seed=seed, version=0), timeout=60).status_code == 200
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
         p, url = _start_api_process(db)  # same db, new port
-        assert httpx.get(f"{url}/info").json()["batch_size"] == 4  # the registration survived too
+        assert httpx.get(f"{url}/info", timeout=60).json()["batch_size"] == 4  # the registration survived too
         b = atropos_trainer_batch(url)
         assert [g["tokens"][0][-3] for g in b] == [10, 11]
-        assert httpx.get(f"{url}/status").json()["queued_groups"] == 1
+        assert httpx.get(f"{url}/status", timeout=60).json()["queued_groups"] == 1
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)

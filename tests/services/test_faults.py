@@ -95,7 +95,7 @@ def test_api_restart_loses_nothing_and_the_trainer_reconnects(tmp_path, caplog):
         src = ApiSource(source_cfg(url), actor=None, state=state, probe_prompt="")
         assert src.client.batch()["batch"] is None  # the trainer has started: envs may register
         for seed in range(3):
-            assert httpx.post(f"{url}/scored_data", json=group(seed)).status_code == 200
+            assert httpx.post(f"{url}/scored_data", json=group(seed), timeout=60).status_code == 200
         assert src.rows(1)[F_RESPONSE][:, 0].tolist() == [30] * 4 + [31] * 4
         os.killpg(p.pid, signal.SIGKILL)  # group 2 is queued, acknowledged, not yet served
         p.wait(10)
@@ -106,7 +106,7 @@ def test_api_restart_loses_nothing_and_the_trainer_reconnects(tmp_path, caplog):
             time.sleep(1.0)
             assert puller.is_alive()
             p = start_api(port, db)
-            assert httpx.post(f"{url}/scored_data", json=group(3)).status_code == 200
+            assert httpx.post(f"{url}/scored_data", json=group(3), timeout=60).status_code == 200
             puller.join(60)
         assert not puller.is_alive()
         assert got["rows"][F_RESPONSE][:, 0].tolist() == [32] * 4 + [33] * 4  # nothing lost, oldest first
@@ -155,8 +155,8 @@ def test_server_restart_env_retries_and_trainer_pushes_weights_again(tmp_path, c
         env = make_environment("arithmetic", tok, group_size=2, max_new_tokens=4)
         env.setup()
         client = APIClient(api.url, stop=stop)
-        httpx.post(f"{api.url}/register", json={"batch_size": 2, "max_token_len": 64})
-        httpx.get(f"{api.url}/batch")
+        httpx.post(f"{api.url}/register", json={"batch_size": 2, "max_token_len": 64}, timeout=60)
+        httpx.get(f"{api.url}/batch", timeout=60)
         runner = EnvRunner(env, client, [RemoteEngine(url)], concurrency=1, stop=stop)
         runner.register()
         server.stop()  # the server dies ...

@@ -48,7 +48,7 @@ def agent(base_url: str, gateway_url: str, session_id: str, follow_up: bool = Tr
     if follow_up:
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "thanks"}]
         client.chat.completions.create(model="m", messages=messages, tools=[MULTIPLY_TOOL], max_tokens=6)
-    httpx.post(f"{gateway_url}/sessions/{session_id}/reward", json={"reward": reward}).raise_for_status()
+    httpx.post(f"{gateway_url}/sessions/{session_id}/reward", json={"reward": reward}, timeout=60).raise_for_status()
     return reward
 
 
@@ -63,7 +63,7 @@ def gateway():
 
 
 def _run_agents(url: str, n: int, group: str, **kw) -> list[str]:
-    ids = [httpx.post(f"{url}/sessions", json={"group": group}).json()["session_id"] for _ in range(n)]
+    ids = [httpx.post(f"{url}/sessions", json={"group": group}, timeout=60).json()["session_id"] for _ in range(n)]
     threads = [threading.Thread(target=agent, args=(f"{url}/sessions/{sid}/v1", url, sid), kwargs=kw) for sid in ids]
     for t in threads:
         t.start()
@@ -77,7 +77,7 @@ def test_agent_sessions_become_rows(gateway):
     tok = gw.tok
     start = len(engine.record)
     ids = _run_agents(url, 2, "q1")
-    trajs = {sid: httpx.get(f"{url}/sessions/{sid}").json() for sid in ids}
+    trajs = {sid: httpx.get(f"{url}/sessions/{sid}", timeout=60).json() for sid in ids}
     calls = engine.record[start:]
     assert len(calls) == 6  # 2 sessions x 3 turns
     for t in trajs.values():
@@ -132,7 +132,7 @@ def test_agent_sessions_become_rows(gateway):
 
 def test_session_errors(gateway):
     gw, _, url = gateway
-    client = httpx.Client(base_url=url)
+    client = httpx.Client(base_url=url, timeout=60)
     assert client.post("/sessions/nope/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": "x"}]}).status_code == 404
     sid = client.post("/sessions", json={}).json()["session_id"]
@@ -224,7 +224,7 @@ def test_dropped_sessions_leave_their_group(gateway):
     """An aborted session and one idle past its deadline never become rows; their group
     completes with the sessions that finished, which share a group_index."""
     gw, _, url = gateway
-    client = httpx.Client(base_url=url)
+    client = httpx.Client(base_url=url, timeout=60)
     body = {"messages": [{"role": "user", "content": "hi thanks"}], "max_tokens": 3}
     sids = [client.post("/sessions", json={"group": g}).json()["session_id"] for g in ("a", "a", "a", "b", "b", "b")]
     for sid in sids:
@@ -249,10 +249,10 @@ def test_api_key_and_cli_errors(gateway, tmp_path, capsys):
     gw, _, _ = gateway
     thread = ServerThread(gw.app(api_key="sekrit"))
     try:
-        assert httpx.get(f"{thread.url}/health").status_code == 200
-        assert httpx.post(f"{thread.url}/sessions", json={}).status_code == 401
+        assert httpx.get(f"{thread.url}/health", timeout=60).status_code == 200
+        assert httpx.post(f"{thread.url}/sessions", json={}, timeout=60).status_code == 401
         sid = httpx.post(f"{thread.url}/sessions", json={},
-                         headers={"Authorization": "Bearer sekrit"}).json()["session_id"]
+                         headers={"Authorization": "Bearer sekrit"}, timeout=60).json()["session_id"]
         client = openai.OpenAI(base_url=f"{thread.url}/sessions/{sid}/v1", api_key="sekrit", max_retries=0)
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi thanks"}], max_tokens=2)
         assert r.usage.completion_tokens == 2
@@ -287,12 +287,12 @@ def test_gateway_main_process(tmp_path):
         line = proc.stdout.readline()
         assert line.startswith("baton gateway: http://"), line
         url = line.split()[2].split("/sessions")[0]
-        sid = httpx.post(f"{url}/sessions", json={}).json()["session_id"]
+        sid = httpx.post(f"{url}/sessions", json={}, timeout=60).json()["session_id"]
         client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="x", max_retries=0)
         r = client.chat.completions.create(model="baton", messages=[{"role": "user", "content": "1+1="}], max_tokens=3,
                                            temperature=0, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3
-        t = httpx.get(f"{url}/sessions/{sid}").json()
+        t = httpx.get(f"{url}/sessions/{sid}", timeout=60).json()
         assert t["tokens"][:t["prompt_len"]] == list(tok("1+1=", add_special_tokens=False)["input_ids"])
         assert sum(t["mask"]) == 3
         # issue 29: a 100 MB body is refused while it streams, and SIGTERM ends the process in

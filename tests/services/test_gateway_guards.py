@@ -33,7 +33,7 @@ def gateway():
 
 
 def _session(url: str) -> str:
-    return httpx.post(f"{url}/sessions", json={}).json()["session_id"]
+    return httpx.post(f"{url}/sessions", json={}, timeout=60).json()["session_id"]
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])

@@ -72,6 +72,6 @@ def test_health_answers_name_the_instance(tmp_path, monkeypatch):
     s = ServerThread(build_api_app(str(tmp_path / "a.sqlite")))
     try:
         import httpx
-        assert httpx.get(f"{s.url}/health").json()["instance"] == "abc123"
+        assert httpx.get(f"{s.url}/health", timeout=60).json()["instance"] == "abc123"
     finally:
         s.stop()
