@@ -116,22 +116,9 @@ def test_peak_memory_is_cuda_only():
 # --- the colocated engine: its dtype and its sleep between calls ---------------------------
 @pytest.fixture(scope="module")
 def roles(tmp_path_factory):
-    from baton.config import load_config
-    from baton.controller import ResourcePool, colocated_groups
-    from baton.models.make import make_tiny_checkpoint
-    from baton.trainers.ppo_config import PPOConfig
-    from baton.workers.actor import ActorWorker
-    from baton.workers.rollout import RolloutConfig, RolloutWorker
+    from tests.workers.conftest import colocated_roles
 
-    model_dir = str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=1))
-    cfg = load_config(PPOConfig, overrides=[f"model.path={model_dir}", "rollout.n=2"])
-    pool = ResourcePool(1, backend="local", threads_per_worker=1)
-    groups = colocated_groups(pool, {
-        "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
-                  dict(temperature=1.0, max_new_tokens=4, total_steps=2, seed=0)),
-        "rollout": (RolloutWorker, (RolloutConfig(n=2, max_new_tokens=4),),
-                    dict(task="arithmetic", seed=0, probe_prompt="12+34="))})
-    return groups, pool
+    return colocated_roles(tmp_path_factory)
 
 
 def test_on_the_cpu_the_engine_reads_the_actor_in_place_in_fp32(roles):
