@@ -154,3 +154,28 @@ def test_a_bf16_policy_with_fp32_weights_gets_a_bf16_engine_copy(roles):
     assert RolloutWorker.engine_dtype(gpu_like, "copy") == torch.bfloat16
     assert RolloutWorker.engine_dtype(gpu_like, "inplace") is None  # asked for the module itself
     assert RolloutWorker.engine_dtype(policy, "auto") is None  # fp32 compute: read in place
+
+
+# --- TF32 on a GPU slot: both of torch's APIs stay readable ------------------------------
+TF32_PROBE = """
+import torch
+from baton.controller.devices import enable_tf32, tf32_on
+m, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+enable_tf32(torch.device("cpu"))  # nothing on the CPU
+print(torch.get_float32_matmul_precision(), m.allow_tf32, m.fp32_precision)
+tf32_on()  # what enable_tf32 does on CUDA (the flags exist in a CPU build of torch)
+print(torch.get_float32_matmul_precision(), m.allow_tf32, cudnn.allow_tf32)
+print(m.fp32_precision, cudnn.conv.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+"""
+
+
+def test_tf32_is_set_so_the_legacy_and_new_apis_both_read_it():
+    """Regression: setting only the new API (`matmul.fp32_precision = "tf32"`) made every
+    legacy read (`torch.get_float32_matmul_precision()`, which inductor calls) raise "mix of
+    the legacy and new APIs" (torch 2.13). Run apart: the flags are process-wide."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", TF32_PROBE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split("\n")[:3] == ["highest False none", "high True True", "tf32 tf32 none"]
