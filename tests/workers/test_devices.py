@@ -179,3 +179,40 @@ def test_tf32_is_set_so_the_legacy_and_new_apis_both_read_it():
     p = subprocess.run([sys.executable, "-c", TF32_PROBE], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split("\n")[:3] == ["highest False none", "high True True", "tf32 tf32 none"]
+
+
+# --- model.dtype=bfloat16: fp32 master weights, bf16 compute ------------------------------
+def test_a_bf16_weight_drops_an_adamw_sized_update():
+    """Why master weights (hand-worked): bf16 keeps 8 bits of mantissa, so next to 1.0 the
+    step is 2^-7 = 0.0078; an update of 1e-3 (AdamW at lr 1e-3) rounds away, fp32 keeps it."""
+    from baton.models.precision import master_dtype
+
+    w = torch.ones(1, dtype=torch.bfloat16)
+    assert (w - 1e-3).item() == 1.0
+    assert (w.to(master_dtype(torch.bfloat16)) - 1e-3).item() == pytest.approx(0.999)
+    assert master_dtype(torch.float64) == torch.float64 and master_dtype(torch.float32) == torch.float32
+
+
+def test_model_dtype_bf16_trains_fp32_master_weights_in_bf16(tmp_path_factory):
+    """Regression: `model.dtype=bfloat16` made AdamW update bf16 weights directly (small
+    updates round away), without a word. Now the actor holds fp32 weights, computes in bf16
+    (autocast, as `actor.bf16`), and the engine samples from a bf16 copy; the reference
+    (frozen) would hold bf16."""
+    from tests.workers.conftest import colocated_roles
+
+    _, pool = colocated_roles(tmp_path_factory, "model.dtype=bfloat16")
+    actor, rollout = pool.backend.host.roles["actor"], pool.backend.host.roles["rollout"]
+    assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
+    assert actor.bf16 and actor.policy.compute_dtype == torch.bfloat16
+    assert rollout.own_weights and {p.dtype for p in rollout.engine.model.parameters()} == {torch.bfloat16}
+
+
+def test_a_lora_base_keeps_model_dtype_and_its_adapters_train_in_fp32(tmp_path_factory):
+    """LoRA's base is frozen: bf16 as asked (the memory it saves); the adapters are fp32."""
+    from tests.workers.conftest import colocated_roles
+
+    _, pool = colocated_roles(tmp_path_factory, "model.dtype=bfloat16", "model.lora.rank=4", "model.lora.alpha=8")
+    actor = pool.backend.host.roles["actor"]
+    trained = {p.dtype for p in actor.model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in actor.model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}

@@ -54,11 +54,11 @@ BF16_SYNC_TOL = 0.1  # bf16 compute: 0.047 (0.5B) / 0.090 (1.5B) measured on an 
 
 def sync_tolerance(cfg: Any) -> float:
     """The parity check's bound for a run's precision (bf16 where the actor computes in it:
-    `actor.bf16`, None = on GPUs)."""
+    `actor.bf16`, None = on GPUs or with `model.dtype=bfloat16`)."""
     from baton.models.precision import resolve_bf16
 
     device = "cuda" if cfg.placement.gpus_per_worker else "cpu"
-    return BF16_SYNC_TOL if resolve_bf16(cfg.actor.bf16, device) else FP32_SYNC_TOL
+    return BF16_SYNC_TOL if resolve_bf16(cfg.actor.bf16, device, cfg.model.torch_dtype) else FP32_SYNC_TOL
 
 
 def check_sync(parity: list[float] | None, step: int, tol: float = FP32_SYNC_TOL) -> None:
