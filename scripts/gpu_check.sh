@@ -1,62 +1,113 @@
 #!/usr/bin/env bash
-# The GPU check: tests/gpu/ and the GPU benchmarks' short forms on a CUDA machine, one table.
+# The GPU check: tests/gpu/ and the GPU benchmarks' short forms on one CUDA machine, a table
+# whose rows print as each step finishes.
 #
-#   scripts/gpu_check.sh            (from the repository root; about 6-8 minutes on an H100/H200)
+#   scripts/gpu_check.sh            (from the repository root; at most 6 minutes, every limit hit)
 #
-# Made for the GPU test machine (../shared/reference/gpu-device.md): no package registry, no
-# Ray, no vLLM, torch/transformers from the image. baton runs from source; the small wheels it
-# lacks (fastapi, pydantic, openai, trl, ...) come in .whl/ and are installed into .site/
-# (both git-ignored) when .whl/ is there. Prepare .whl/ on a machine with the registry with
-# the `pip download` line of gpu-device.md. Logs go to $OUT (the device tool's folder) or
-# ./gpu_check_logs; at most 8 files. Each step has its own time limit, so a hang in one
-# still leaves the table; the whole run stays under 8 minutes.
+# For any CUDA machine with torch, transformers and their usual companions (peft, accelerate,
+# safetensors, tokenizers, numpy, pyyaml, rich, httpx, pandas, pyarrow, psutil, pytest,
+# pytest-timeout) and no package registry: no Ray, no vLLM. baton runs from source. The
+# small wheels it lacks come in .whl/ (git-ignored) and are installed into .site/; a missing
+# .whl/ is an error row (the tests that import those packages would fail), not skipped.
+#
+# The wheels (pins that import together: installed with --no-deps into an empty --target and
+# every module tests/gpu and the benchmarks import imported from there; pydantic-core is the
+# one pydantic 2.14.4 needs; openai 3.57 imports httpx2 -> httpcore2 -> truststore; uvicorn
+# needs click; datasets needs xxhash (and the machine's pandas); aiohttp stays optional):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 click==8.5.1 pydantic==2.14.4 pydantic-core==2.50.5 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 \
+#     math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
+#     openai==3.57.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 \
+#     trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
+# (--python-version: the GPU machine's Python; about 9 MB in all.)
+#
+# Rows: the GPU tests; GRPO vs TRL at the 5M smoke shape and at the goal's shape (a random
+# Qwen2.5-0.5B, 16 prompts x 8 samples x 128 new tokens, bf16); the engine vs HF generate
+# (0.5B bf16) with its fraction of the decode limit. Each row: status, seconds, the peak GPU
+# memory while it ran (nvidia-smi, every 0.5 s) and its log's telling line. Each step has a
+# time limit (STEP lines below; tests/test_gpu_check.py keeps their sum, kill grace included,
+# under 360 s), so a hang in one still leaves the rest. Logs go to $OUT (the device tool's
+# folder) or ./gpu_check_logs, at most 8 files. Exit status: 1 if any row is not ok.
 set -u
 cd "$(dirname "$0")/.."
 LOGS="${OUT:-$PWD/gpu_check_logs}"
 mkdir -p "$LOGS"
 PY="${PYTHON:-python3}"
+KILL_AFTER=5  # seconds a step gets after its limit's TERM before KILL
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$PWD/.site" .whl/*.whl \
-    >"$LOGS/0_wheels.log" 2>&1 || echo "wheel install failed: $LOGS/0_wheels.log"
-fi
 export PYTHONPATH="$PWD/.site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-ROWS=()
-step() {  # step NAME LIMIT_S LOG CMD...: run CMD with a time limit, record status, seconds, a summary line
-  local name=$1 limit=$2 log=$3; shift 3
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$LOGS/$log" 2>&1
-  local rc=$? secs=$((SECONDS - t0)) status=ok
-  [ $rc -eq 124 ] && status="TIMEOUT" || { [ $rc -ne 0 ] && status="FAIL($rc)"; }
-  ROWS+=("$(printf '%-26s %-9s %5ss  %s' "$name" "$status" "$secs" "$(summary "$log")")")
+FAILED=0
+peak_mib() {  # peak_mib PID: the most GPU memory used (MiB) while PID runs, sampled every 0.5 s
+  local pid=$1 peak=0 used
+  command -v nvidia-smi >/dev/null 2>&1 || { echo "-"; return; }
+  while kill -0 "$pid" 2>/dev/null; do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | sort -n | tail -1)
+    [ -n "$used" ] && [ "$used" -gt "$peak" ] 2>/dev/null && peak=$used
+    sleep 0.5
+  done
+  echo "$peak"
 }
 summary() {  # the line of a log that says the most
-  grep -E "passed|failed|error|x$|tokens/s|speed of|step time" "$LOGS/$1" | tail -1 | cut -c1-90
+  grep -E "passed|failed|error|Error|x$|tokens/s|speed of|step time|missing" "$LOGS/$1" | tail -1 | cut -c1-100
+}
+row() {  # row NAME STATUS SECONDS PEAK SUMMARY: print one row of the table now
+  printf '%-28s %-10s %5ss %8s  %s\n' "$1" "$2" "$3" "$4" "$5"
+  [ "$2" = ok ] || FAILED=1
+}
+step() {  # step NAME LIMIT_S LOG CMD...: CMD under a time limit, its row printed when it ends
+  local name=$1 limit=$2 log=$3; shift 3
+  local t0=$SECONDS
+  timeout --kill-after="$KILL_AFTER" "$limit" "$@" >"$LOGS/$log" 2>&1 &
+  local pid=$!
+  local peak
+  peak=$(peak_mib "$pid")
+  wait "$pid"
+  local rc=$? status=ok
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && status=TIMEOUT || { [ $rc -ne 0 ] && status="FAIL($rc)"; }
+  [ "$peak" = "-" ] || peak="${peak}MiB"
+  row "$name" "$status" "$((SECONDS - t0))" "$peak" "$(summary "$log")"
 }
 
-"$PY" - >"$LOGS/1_env.log" 2>&1 <<'EOF'
-import torch, transformers
+printf '%-28s %-10s %6s %8s  %s\n' "check" "status" "time" "peak" "summary"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  STEP=20; step "wheels (.whl -> .site)" $STEP 0_wheels.log \
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$PWD/.site" .whl/*.whl
+else
+  echo "error: no wheels in $PWD/.whl (see this script's header for the download line)" >"$LOGS/0_wheels.log"
+  row "wheels (.whl -> .site)" "MISSING" 0 "-" "error: .whl/ missing: fastapi, pydantic, openai, trl, ... not installed"
+fi
+STEP=15; step "environment" $STEP 1_env.log "$PY" -c '
+import importlib, torch, transformers
 print(f"torch {torch.__version__} cuda {torch.version.cuda} | transformers {transformers.__version__}")
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA")
-EOF
+missing = [m for m in ("fastapi", "uvicorn", "pydantic", "openai", "math_verify", "trl", "datasets")
+           if importlib.util.find_spec(m) is None]
+print(f"missing modules: {missing}" if missing else "every module the checks import is there")
+raise SystemExit(1 if missing or not torch.cuda.is_available() else 0)'
 cat "$LOGS/1_env.log"
 
-# addopts replaced: pyproject's `-n 2` needs pytest-xdist, which the GPU image lacks (one process there)
-step "pytest tests/gpu" 330 2_tests_gpu.log \
-  "$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu tests/gpu --timeout 240 -rs
-step "grpo vs trl (cuda, short)" 150 3_grpo_vs_trl.log \
+# addopts replaced: pyproject's `-n 2` needs pytest-xdist, which such a machine may lack (one process);
+# two steps, so a hang in the recipes still leaves the engine's and the server's results
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu -rA --timeout 60)
+STEP=40; step "pytest gpu engine+serve" $STEP 2_tests_engine.log \
+  "${PYTEST[@]}" tests/gpu/test_engine_cuda.py tests/gpu/test_eval_serve_cuda.py
+STEP=105; step "pytest gpu recipes" $STEP 3_tests_recipes.log "${PYTEST[@]}" tests/gpu/test_recipes_cuda.py
+STEP=30; step "grpo vs trl 5m (smoke)" $STEP 4_grpo_vs_trl_5m.log \
   "$PY" bench/grpo_vs_trl.py --device cuda --shape 5m --steps 3 --prompts 8 --G 4 --max-new-tokens 32 \
   --runs baton@4,trl@4
-# the engine goal (issue 28 section 2): bf16, Qwen2.5-0.5B shape, 128 prompts x 256 new tokens,
-# engine vs HF generate and the fraction of the decode limit (its last line)
-step "engine 0.5b bf16 128x256" 150 4_engine.log \
+# the goal's shape (issue 36): random Qwen2.5-0.5B, 16 prompts x 8 samples x 128 new tokens, bf16 autocast
+STEP=75; step "grpo vs trl 0.5b 16x8x128" $STEP 5_grpo_vs_trl_05b.log \
+  "$PY" bench/grpo_vs_trl.py --device cuda --shape qwen2.5-0.5b --steps 3 --prompts 16 --G 8 --max-new-tokens 128 \
+  --runs baton@4,trl@4
+# the engine goal: bf16, Qwen2.5-0.5B shape, 128 prompts x 256 new tokens, engine vs HF generate;
+# its summary line carries the fraction of the decode limit
+STEP=30; step "engine 0.5b bf16 128x256" $STEP 6_engine.log \
   "$PY" bench/engine_throughput.py --device cuda --dtype bfloat16 --sizes 0.5b --prompts 128 --new-tokens 256 \
-  --repeats 3 --no-hf-runner
+  --repeats 2 --no-hf-runner
 
-echo
-printf '%-26s %-9s %6s  %s\n' "check" "status" "time" "summary"
-printf '%s\n' "${ROWS[@]}"
 echo "logs: $LOGS"
+exit $FAILED

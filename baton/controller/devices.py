@@ -56,13 +56,20 @@ def _cpu(value: Any) -> Any:
 
 def enable_tf32(device: torch.device) -> None:
     """TF32 for fp32 matmuls and convolutions on CUDA (Ampere and later); nothing on the CPU,
-    whose fp32 numerics stay exact. Untested here: the CI machine has no GPU (tests/gpu/)."""
-    if device.type != "cuda":
-        return
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
-        matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
-    else:
-        matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    whose fp32 numerics stay exact. The CUDA run itself is tests/gpu/ (no GPU in CI)."""
+    if device.type == "cuda":
+        tf32_on()
+
+
+def tf32_on() -> None:
+    """Set TF32 through torch's legacy API, which keeps both APIs readable: after a write
+    through the new one (`matmul.fp32_precision = "tf32"`, torch >= 2.9) any legacy read
+    (`torch.get_float32_matmul_precision()`, which inductor calls; `matmul.allow_tf32`)
+    raises "mix of the legacy and new APIs" (torch 2.13). The legacy call also sets oneDNN's
+    CPU matmuls to TF32: put back as they were, so CPU fp32 stays exact in a GPU worker too."""
+    cpu = getattr(torch.backends.mkldnn, "matmul", None)
+    before = getattr(cpu, "fp32_precision", None)  # torch >= 2.9
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    if before is not None:
+        cpu.fp32_precision = before

@@ -54,7 +54,9 @@ def check_export_path(path: str | None, key: str = "trainer.save_path") -> None:
 @dataclass
 class ModelConfig:
     path: str = "checkpoints/arith-sft"  # a local HF directory (model + tokenizer)
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"  # storage dtype of the weights
+    # the weights' dtype; bfloat16: the trained roles keep fp32 master weights and compute in bf16
+    # (baton.models.precision.master_dtype), the frozen ones (reference) hold bf16
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     lora: LoraAdapterConfig | None = None  # train LoRA adapters only (the base stays frozen)
 
     def check(self, key: str = "model.path") -> None:

@@ -6,7 +6,8 @@ where a slot's CUDA device is set up); logprobs and losses are accumulated in fp
 (`baton.algos.linear_logprobs`, `upcast`). On the CPU: fp32 throughout (bf16 autocast on a
 CPU without bf16 units is slower, and fp32 keeps the CPU runs bit for bit reproducible).
 A role's `bf16` key is `None` by default, meaning "yes on CUDA, no elsewhere"; an explicit
-true / false wins.
+true / false wins. `model.dtype=bfloat16` keeps fp32 master weights in the trained roles
+and computes in bf16 (`master_dtype`); the frozen ones (reference) hold bf16 weights.
 
 Peak memory per phase (`memory_phase("rollout")`, `memory_metrics()`): CUDA only, a no-op
 elsewhere; the phases of one process (colocated roles) are reported together by the actor's
@@ -31,11 +32,20 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_bf16(flag: bool | None, device: torch.device | str) -> bool:
-    """A role's `bf16` setting made concrete: None -> True on CUDA, False elsewhere."""
+def resolve_bf16(flag: bool | None, device: torch.device | str, model_dtype: torch.dtype | None = None) -> bool:
+    """A role's `bf16` setting made concrete: None -> True on CUDA or where the model's dtype
+    (`model.dtype`) is bf16, False elsewhere."""
     if flag is not None:
         return bool(flag)
-    return torch.device(device).type == "cuda"
+    return torch.device(device).type == "cuda" or model_dtype == torch.bfloat16
+
+
+def master_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a trained role (actor, critic) keeps its weights and AdamW state in:
+    `model.dtype=bfloat16` gives fp32 master weights computing in bf16 (`resolve_bf16`), as
+    `actor.bf16` does: a bf16 weight drops any update under 1/256 of itself, so AdamW's
+    small steps would round away. fp32 / fp64 stay as given; frozen roles load model.dtype."""
+    return torch.float32 if model_dtype in (torch.bfloat16, torch.float16) else model_dtype
 
 
 def compute_dtype(bf16: bool) -> torch.dtype | None:

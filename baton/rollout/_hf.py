@@ -22,6 +22,8 @@ from baton.padding import position_ids
 
 
 class HFRunner:
+    SHARED = frozenset()  # every attribute is the running generation's (`Generation`)
+
     def __init__(self, model: nn.Module):
         self.model = model
         params = inspect.signature(model.forward).parameters
@@ -30,10 +32,13 @@ class HFRunner:
         self.cache_arg = cache_kwarg(model.forward)
         self.cache = self.mask = self.next_pos = None
 
-    def pack(self, lora=None) -> None:  # nothing to pre-pack: HF reads its parameters itself
+    def pack(self, lora=None, reuse: bool = False) -> None:  # nothing to pre-pack: HF reads its parameters itself
         if lora is not None:
             raise ValueError("serving a LoRA adapter by name needs the fast Llama / Qwen2 path; "
                              f"{type(self.model).__name__} runs through its HF forward")
+
+    def unpack(self) -> None:  # nothing packed
+        pass
 
     def release(self) -> None:
         self.cache = self.mask = self.next_pos = None

@@ -18,7 +18,9 @@ Weights: with `fuse=True` (default) `pack()` builds, from the live parameters, f
 transposed copies ([in, out] contiguous: Q|K|V and gate|up in one matmul each; measured
 faster than `functional.linear` on the [out, in] layout on this CPU). The engine calls `pack()` at
 the start of every `generate`, so the copies can never be stale - an optimizer step on a
-colocated trainer module is seen by the next `generate`. `fuse=False` reads the parameters
+colocated trainer module is seen by the next `generate`; generations in flight together
+(`baton serve`'s interleaving) share one copy (`pack(reuse=True)`), dropped by a weight update
+or once the last of them ends (`unpack`). `fuse=False` reads the parameters
 directly (transposed views, no copy) for models where a second copy does not fit.
 
 LoRA: `pack(lora)` takes {module path: (A [r, in], B [out, r], scale)} (the live adapters
@@ -119,11 +121,30 @@ class LlamaRunner:
         self.eps = model.model.norm.variance_epsilon
         self.layers: list[tuple] = []
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._packs: dict[int, tuple] = {}  # id(lora) -> (lora, packed attributes): kept for reuse
 
     # --- weights ---------------------------------------------------------------------
-    def pack(self, lora: Lora | None = None) -> None:
+    PACKED = ("layers", "norm_w", "embed", "lm_head", "inv_freq", "rope_scaling")  # what pack() sets
+    SHARED = frozenset({"_packs"})  # the runner's own, not a generation's (`Generation` leaves them)
+
+    def pack(self, lora: Lora | None = None, reuse: bool = False) -> None:
         """Collect (and fuse) the weights the forward uses, from the live parameters, with
-        the LoRA adapter `lora` applied (see the module docstring)."""
+        the LoRA adapter `lora` applied (see the module docstring). reuse=True: take those
+        of an earlier pack with the same adapter if still kept (`unpack` drops them): the
+        generations in flight share one fused copy."""
+        kept = self._packs.get(id(lora)) if reuse else None
+        if kept is not None and kept[0] is lora:
+            vars(self).update(kept[1])
+            return
+        self._pack(lora)
+        self._packs[id(lora)] = (lora, {k: getattr(self, k) for k in self.PACKED})
+
+    def unpack(self) -> None:
+        """Drop the packed weights kept for reuse (after a weight update, or once no
+        generation is in flight): the next `pack` reads the parameters afresh."""
+        self._packs = {}
+
+    def _pack(self, lora: Lora | None) -> None:
         self.layers = []
         for i, layer in enumerate(self.model.model.layers):
             a, m = layer.self_attn, layer.mlp

@@ -3,7 +3,9 @@
 It implements `baton.rollout.protocol.Engine`. Colocated training hands it the trainer's
 own `nn.Module`: the engine reads its parameters afresh at the start of every `generate`
 (the fast path's fused weights are rebuilt then; nothing is cached across calls), so after
-an optimizer step the next `generate` already samples from the new policy.
+an optimizer step the next `generate` already samples from the new policy. Generations in
+flight together (`start_generation`) share one fused copy, dropped once none is in flight
+or the weights are updated: `baton serve`'s 8 interleaved generations hold one copy, not 8.
 
 How a `generate` call runs:
   1. prompts are sorted by length and cut into groups whose KV cache
@@ -33,6 +35,7 @@ dir)` adds PEFT-format adapters that a request selects with `SamplingParams.lora
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
@@ -135,6 +138,7 @@ class EmbeddedEngine:
         self._device = None  # the weights' device while offloaded
         self._discarded: list[tuple[torch.Tensor, torch.Size]] = []  # (param, shape) while discarded
         self._missing: dict[int, str] = {}  # id(param) -> name: still to refill after a discard
+        self._in_flight: weakref.WeakSet[Generation] = weakref.WeakSet()  # started, not ended
 
     # --- properties --------------------------------------------------------------------
     @property
@@ -163,14 +167,23 @@ class EmbeddedEngine:
             raise ValueError("empty prompt: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        return Generation(self, self._steps(prompts, params, should_stop))
+        gen = Generation(self, self._steps(prompts, params, should_stop))
+        self._in_flight.add(gen)
+        return gen
+
+    def generation_ended(self, gen: Generation) -> None:
+        """`gen` finished, failed or was closed: once none is in flight, the fused weights
+        they shared are dropped (a colocated trainer's next step changes them in place)."""
+        self._in_flight.discard(gen)
+        if not self._in_flight:
+            self.runner.unpack()
 
     def _steps(self, prompts: list[list[int]], params: SamplingParams,
                should_stop: Callable[[], bool] | None):
         """The generation as a Python generator: yields after each prefill / decode step,
         returns the completions. Runs inside `Generation.advance` (inference mode, eval)."""
         results: list[list[Completion]] = [[] for _ in prompts]
-        self.runner.pack(self._lora_for(params))
+        self.runner.pack(self._lora_for(params), reuse=len(self._in_flight) > 1)  # shared with those in flight
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -372,6 +385,7 @@ class EmbeddedEngine:
                                      f"got {tuple(tensor.shape)}")
                 target.copy_(tensor)
                 self._missing.pop(id(target), None)
+        self.runner.unpack()  # generations started from now on fuse the new weights
         self.version = version
 
     # --- memory ------------------------------------------------------------------------
@@ -380,6 +394,7 @@ class EmbeddedEngine:
         if self._asleep:
             return
         self.runner.release()
+        self.runner.unpack()
         if self.sleep_mode == "offload":
             self._device = self.device
             self.model.to("cpu")

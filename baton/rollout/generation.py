@@ -48,11 +48,15 @@ class Generation:
             self.result = stop.value
         finally:
             engine.model.train(was_training)
-            self._state = vars(runner).copy() if paused else None
+            self._state = {k: v for k, v in vars(runner).items() if k not in runner.SHARED} if paused else None
             self.done = not paused
             runner.release()
+            if self.done:
+                engine.generation_ended(self)
         return self.done
 
     def close(self) -> None:
         self._steps.close()
+        if not self.done:
+            self.engine.generation_ended(self)
         self._state, self.done = None, True

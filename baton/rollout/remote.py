@@ -43,6 +43,7 @@ import httpx
 import torch
 
 from baton.rollout.protocol import Completion, SamplingParams
+from baton.sync.backend import End
 
 DIALECTS = ("baton", "sglang", "vllm")
 
@@ -116,6 +117,15 @@ class RemoteEngine:
             return self.client.get("/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def weights_end(self) -> End:
+        """Where the server's weights live (/get_model_info's device and gpu; a server that
+        does not say: unknown), from which a broadcast picks its backend (`baton.sync.backend`)."""
+        try:
+            info = self._get("/get_model_info") or {}
+        except (RemoteEngineError, httpx.HTTPError, ValueError):
+            return End("unknown")
+        return End(str(info.get("device", "unknown")), info.get("gpu"))
 
     def served_version(self) -> int | None:
         """The weight version the server serves now (None: it does not say)."""

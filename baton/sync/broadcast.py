@@ -9,8 +9,10 @@ exposes over HTTP and which any engine host, e.g. a Ray actor, can embed):
      broadcasts the tensors, packed into flat buckets of ~bucket_mb (both sides derive the
      same plan from the list, see `baton.sync.group.plan_buckets`), and waits for every
      engine to confirm it loaded them.
-gloo on CPU, NCCL on GPU. With `bucket_mb=0` tensors go one per broadcast, which is what a
-real SGLang server expects.
+The backend follows where the tensors live (`baton.sync.backend.choose_backend`): NCCL
+between distinct GPUs only, gloo otherwise (CPU ends, one GPU shared by the trainer and a
+server, a server that does not say where its weights are). With `bucket_mb=0` tensors go one
+per broadcast, which is what a real SGLang server expects.
 
 One trainer per engine: while a weight-update group is set up (or being set up) the
 receiver refuses another (`AlreadyHasTrainer`, which `baton serve` answers with 409), and
@@ -37,6 +39,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from baton.sync.backend import End, choose_backend, end_of
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, send_buckets)
 from baton.sync.registry import register_transport
@@ -56,6 +59,10 @@ class WeightReceiver:
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._trainer: tuple[str, str, float] | None = None  # (group, master host:port, since) set up or joining
         self._lock = threading.Lock()
+
+    def weights_end(self) -> End:
+        """Where the engine's weights live (the trainer picks the backend from it)."""
+        return end_of(getattr(self.engine, "device", None))
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
@@ -128,18 +135,22 @@ def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
 class BroadcastSync:
     """Trainer side. `engines`: objects with the `WeightReceiver` methods: a
     `baton.rollout.remote.RemoteEngine` for a server, a `WeightReceiver` in process, or a
-    handle to an engine actor. (A bare URL is refused: this layer does not speak HTTP.)"""
+    handle to an engine actor. (A bare URL is refused: this layer does not speak HTTP.)
+    `device`: where the pushed tensors live (the trainer's device; None: the CPU);
+    `backend`: None picks it from both ends (`choose_backend`), else "nccl" / "gloo"."""
 
     def __init__(self, engines, *, master_address: str = "127.0.0.1", master_port: int = 0,
                  bucket_mb: float = 64.0, backend: str | None = None, group_name: str = DEFAULT_GROUP_NAME,
-                 ranks_per_engine: int = 1, timeout_s: float = 600.0, cast_dtype: torch.dtype | None = None):
+                 ranks_per_engine: int = 1, timeout_s: float = 600.0, cast_dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = "cpu"):
         engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
         urls = [e for e in engines if isinstance(e, str)]
         if urls:
             raise TypeError(f"BroadcastSync takes engine objects, not URLs ({urls[0]!r}): "
                             f"wrap it as baton.rollout.remote.RemoteEngine(url)")
         self.engines = engines
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        receivers = [e.weights_end() if hasattr(e, "weights_end") else End("unknown") for e in engines]
+        self.backend = choose_backend(end_of(device), receivers, backend)
         self.bucket_bytes = int(bucket_mb * 2**20) or None
         self.group_name = group_name
         self.cast_dtype = cast_dtype  # e.g. bf16 on the wire for an fp32 trainer
@@ -260,13 +271,14 @@ def _send(group: WeightUpdateGroup, tensors: list[torch.Tensor], plan: list[list
 class GeneratorBroadcast:
     """Driver side, for a generator on its own pool: a group of actor rank 0 (the
     `WeightsWorker` group `weights`) and every generator rank (`GeneratorWorker` group
-    `rollout`), gloo on CPU, NCCL when the generator has GPUs. `push(version)` queues the
+    `rollout`): NCCL when both pools have GPUs (distinct ones: a GPU belongs to one pool
+    slot), else gloo (`choose_backend`). `push(version)` queues the
     receive on the generator and the send on the actor; they meet in the collective, so the
     actor waits until the generator has finished what was queued before (returns both futures)."""
 
     def __init__(self, rollout, weights):
         self.rollout, self.weights = rollout, weights
-        backend = "nccl" if getattr(rollout.pool, "gpus_per_worker", 0) else "gloo"
+        backend = choose_backend(pool_end(weights.pool, 0), [pool_end(rollout.pool, r) for r in range(rollout.world_size)])
         address, port, self.specs = weights.open_weight_group()  # (names, dtypes, shapes), fixed for the run
         world = 1 + rollout.world_size
         joined = rollout.submit("join_weight_group", address, port, world, backend)  # another process
@@ -278,3 +290,12 @@ class GeneratorBroadcast:
 
     def close(self) -> None:
         pass  # the groups go with the pools' processes
+
+
+def pool_end(pool, rank: int) -> End:
+    """The `End` of a pool slot's tensors: its own GPU when the pool has GPUs (named by the
+    slot: a Ray process sees its GPU as cuda:0; the local backend runs every pool in the
+    driver's process, on one GPU), else the CPU."""
+    if not getattr(pool, "gpus_per_worker", 0):
+        return End("cpu")
+    return End("cuda", "local" if pool.backend_name == "local" else f"{pool.uid}/{rank}")

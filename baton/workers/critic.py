@@ -44,7 +44,7 @@ from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
 from baton.models.parallel import wrap
-from baton.models.precision import autocast, resolve_bf16
+from baton.models.precision import autocast, master_dtype, resolve_bf16
 from baton.workers.optim import build_optimizer
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.sequences import _pieces_shared_prompt, model_inputs, prompt_groups
@@ -158,14 +158,14 @@ class CriticWorker(Worker):
                  max_new_tokens: int):
         super().__init__()
         self.cfg, self.seed, self.max_new_tokens = critic, seed, max_new_tokens
-        self.path, self.dtype = critic.path or model.path, model.torch_dtype
+        self.path, self.dtype = critic.path or model.path, master_dtype(model.torch_dtype)  # fp32 master
         self.model = load_value_model(self.path, self.dtype, seed).to(self.device)
         self.tokenizer = load_tokenizer(self.path)
         if self.world_size > 1:  # belt and braces: every rank starts from rank 0's weights
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         c = critic
-        self.bf16 = resolve_bf16(c.bf16, self.device)
+        self.bf16 = resolve_bf16(c.bf16, self.device, model.torch_dtype)
         # in place; before the optimizer sees it
         self.par = wrap(self.model, self.mesh, c.strategy, mixed_precision=self.bf16, cpu_offload=c.offload)
         # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root

@@ -22,6 +22,8 @@ On a GPU the engine samples in the trainer's compute dtype (`Policy.compute_dtyp
 when `actor.bf16` resolves true, `baton.models.precision`): with fp32 master weights that is
 a bf16 copy of its own, refilled by the `copy` transport at each sync and discarded while the
 actor trains (LoRA, or an explicit `rollout.weight_sync: inplace`: the fp32 module in place).
+A call that finds the copy discarded or older than the policy with no sync since (the step
+after an evaluation, a redraw within a step) refills it first (`_wake`).
 Between calls the engine sleeps (its KV cache released; `sleep_mode` says what else), so
 the actor's update has the memory; every entry point wakes it first. Peak memory of the
 rollout phase: `memory/peak_gib_rollout` (CUDA only, reported with the actor's update).
@@ -129,9 +131,9 @@ class RolloutWorker(Worker):
                                    sleep_mode="discard" if self.own_weights else "cache")
         self.engine.version = self.policy.version
         self.sync = build_transport(sync, "colocated", [self.engine])
+        self._weights_of: int | None = None  # the policy version of the engine's own copy (None: not held)
         if self.own_weights:  # fill the engine's copy (sharded actor: a collective)
-            self.sync.push(self.policy.named_weights(), self.policy.version)
-        self._weights_of = self.policy.version  # the policy version the engine's weights are
+            self._fill(self.policy.version)
         self.probe_ids = prompt_ids(self.tokenizer, probe_prompt)
 
     @staticmethod
@@ -147,18 +149,34 @@ class RolloutWorker(Worker):
             return None
         return want
 
-    def _wake(self) -> None:
-        """Before the engine runs: back from the sleep that followed its last call (a
-        discarded copy stays missing until `sync_weights` refills it: the engine says so)."""
+    def _fill(self, version: int) -> None:
+        """Copy the policy's weights into the engine's own copy, labelled `version` (a
+        sharded actor gathers them: every rank takes part)."""
+        self.sync.push(self.policy.named_weights(), version)
+        self._weights_of = self.policy.version
+
+    def _wake(self, collective: bool = True) -> None:
+        """Before the engine runs: back from the sleep that followed its last call, holding
+        the trainer's weights. An own copy that was discarded with no sync since (after an
+        evaluation's episodes, or a redraw within a step) or that holds an older policy
+        version (the actor moved on without a sync) is refilled here, its label kept: the
+        weights are the policy's, the version is the last sync's. `collective=False` (a call
+        on rank 0 only): a sharded actor cannot gather, so only an unsharded one refills."""
         self.engine.wake()
+        if not self.own_weights or self._weights_of == self.policy.version:
+            return
+        if collective or self.policy.in_place:
+            self._fill(self.engine.version)
 
     def _rest(self, generated: bool = True) -> None:
         """After the engine ran (its KV cache is released by then): sleep, which gives the
         cached CUDA memory back and, after a generation, frees an own copy of the weights (it
-        lives from a sync to the end of the next generation: the sync refills it), so the
-        actor's update has the memory."""
+        lives from a fill to the end of the next generation: the next sync or `_wake` refills
+        it), so the actor's update has the memory."""
         if generated or not self.own_weights:
             self.engine.sleep()
+            if self.own_weights:
+                self._weights_of = None  # discarded (sleep_mode="discard")
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         r = self.cfg
@@ -232,8 +250,7 @@ class RolloutWorker(Worker):
         With check=True, returns max |engine - trainer| logprob on the probe prompt (the
         runtime check that the engine samples from the policy being trained)."""
         self.engine.wake()  # a no-op unless generate() discarded the engine's own copy
-        self.sync.push(self.policy.named_weights(), version)
-        self._weights_of = self.policy.version
+        self._fill(version)
         if not check:
             return None
         # the trainer's side in its own compute precision (bf16 on a GPU: the bound is bf16 noise)
@@ -246,10 +263,7 @@ class RolloutWorker(Worker):
         An engine with its own copy that no step synced (data.source=api: each step syncs the
         servers) gets the weights first (an unsharded actor: a local copy; the label stays)."""
         r = self.cfg
-        self._wake()
-        if self.own_weights and self.policy.in_place and self._weights_of != self.policy.version:
-            self.sync.push(self.policy.named_weights(), self.engine.version)
-            self._weights_of = self.policy.version
+        self._wake(collective=False)
         accuracy = evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
                             max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                             seed=self.seed)["accuracy"]

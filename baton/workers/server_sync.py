@@ -75,7 +75,7 @@ class ServerSyncWorker(Worker):
         if vllm and self.kind != "checkpoint":
             raise ValueError(f"rollout.weight_sync={self.kind!r} cannot reach the vLLM server(s) {vllm}: "
                              f"use checkpoint (or auto)")
-        options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0),
+        options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0, device=self.device),
                    "checkpoint": dict(directory=self.weights_dir)}.get(self.kind, {})
         self.sync = build_transport(self.kind, "servers", self.engines, **options)
 

@@ -25,7 +25,7 @@ from tests.rollout.test_static_decode import (  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 # the bound this file states for bf16: engine logprobs vs the trainer's bf16 forward, Qwen2.5-0.5B
-# shape; bac2e1f's eager engine measured max 0.047 there (../shared/reference/gpu-device.md)
+# shape; bac2e1f's eager engine measured max 0.047 there on an H200 (BENCHMARKS.md)
 BF16_MAX_ABS, BF16_MEAN_ABS = 0.1, 0.01
 
 

@@ -2,7 +2,7 @@
 
 Each row trains 2 steps through `baton train` (the command users type) with every role on
 the GPU (`placement.gpus_per_worker=1`, the local backend: the GPU test machine has no Ray,
-docs: ../shared/reference/gpu-device.md), then checks
+scripts/gpu_check.sh's header), then checks
   * devices: every role's module has its parameters on cuda (recorded as the host builds it);
   * finite metrics, `rollout/logprob_mismatch_kl` logged and small (bf16 engine vs bf16
     trainer), the update's peak memory (`memory/peak_gib_update`) reported;

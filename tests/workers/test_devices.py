@@ -116,22 +116,9 @@ def test_peak_memory_is_cuda_only():
 # --- the colocated engine: its dtype and its sleep between calls ---------------------------
 @pytest.fixture(scope="module")
 def roles(tmp_path_factory):
-    from baton.config import load_config
-    from baton.controller import ResourcePool, colocated_groups
-    from baton.models.make import make_tiny_checkpoint
-    from baton.trainers.ppo_config import PPOConfig
-    from baton.workers.actor import ActorWorker
-    from baton.workers.rollout import RolloutConfig, RolloutWorker
+    from tests.workers.conftest import colocated_roles
 
-    model_dir = str(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "tiny", preset="0.75m", seed=1))
-    cfg = load_config(PPOConfig, overrides=[f"model.path={model_dir}", "rollout.n=2"])
-    pool = ResourcePool(1, backend="local", threads_per_worker=1)
-    groups = colocated_groups(pool, {
-        "actor": (ActorWorker, (cfg.model, cfg.actor, cfg.algo),
-                  dict(temperature=1.0, max_new_tokens=4, total_steps=2, seed=0)),
-        "rollout": (RolloutWorker, (RolloutConfig(n=2, max_new_tokens=4),),
-                    dict(task="arithmetic", seed=0, probe_prompt="12+34="))})
-    return groups, pool
+    return colocated_roles(tmp_path_factory)
 
 
 def test_on_the_cpu_the_engine_reads_the_actor_in_place_in_fp32(roles):
@@ -167,3 +154,65 @@ def test_a_bf16_policy_with_fp32_weights_gets_a_bf16_engine_copy(roles):
     assert RolloutWorker.engine_dtype(gpu_like, "copy") == torch.bfloat16
     assert RolloutWorker.engine_dtype(gpu_like, "inplace") is None  # asked for the module itself
     assert RolloutWorker.engine_dtype(policy, "auto") is None  # fp32 compute: read in place
+
+
+# --- TF32 on a GPU slot: both of torch's APIs stay readable ------------------------------
+TF32_PROBE = """
+import torch
+from baton.controller.devices import enable_tf32, tf32_on
+m, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+enable_tf32(torch.device("cpu"))  # nothing on the CPU
+print(torch.get_float32_matmul_precision(), m.allow_tf32, m.fp32_precision)
+tf32_on()  # what enable_tf32 does on CUDA (the flags exist in a CPU build of torch)
+print(torch.get_float32_matmul_precision(), m.allow_tf32, cudnn.allow_tf32)
+print(m.fp32_precision, cudnn.conv.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+"""
+
+
+def test_tf32_is_set_so_the_legacy_and_new_apis_both_read_it():
+    """Regression: setting only the new API (`matmul.fp32_precision = "tf32"`) made every
+    legacy read (`torch.get_float32_matmul_precision()`, which inductor calls) raise "mix of
+    the legacy and new APIs" (torch 2.13). Run apart: the flags are process-wide."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", TF32_PROBE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split("\n")[:3] == ["highest False none", "high True True", "tf32 tf32 none"]
+
+
+# --- model.dtype=bfloat16: fp32 master weights, bf16 compute ------------------------------
+def test_a_bf16_weight_drops_an_adamw_sized_update():
+    """Why master weights (hand-worked): bf16 keeps 8 bits of mantissa, so next to 1.0 the
+    step is 2^-7 = 0.0078; an update of 1e-3 (AdamW at lr 1e-3) rounds away, fp32 keeps it."""
+    from baton.models.precision import master_dtype
+
+    w = torch.ones(1, dtype=torch.bfloat16)
+    assert (w - 1e-3).item() == 1.0
+    assert (w.to(master_dtype(torch.bfloat16)) - 1e-3).item() == pytest.approx(0.999)
+    assert master_dtype(torch.float64) == torch.float64 and master_dtype(torch.float32) == torch.float32
+
+
+def test_model_dtype_bf16_trains_fp32_master_weights_in_bf16(tmp_path_factory):
+    """Regression: `model.dtype=bfloat16` made AdamW update bf16 weights directly (small
+    updates round away), without a word. Now the actor holds fp32 weights, computes in bf16
+    (autocast, as `actor.bf16`), and the engine samples from a bf16 copy; the reference
+    (frozen) would hold bf16."""
+    from tests.workers.conftest import colocated_roles
+
+    _, pool = colocated_roles(tmp_path_factory, "model.dtype=bfloat16")
+    actor, rollout = pool.backend.host.roles["actor"], pool.backend.host.roles["rollout"]
+    assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
+    assert actor.bf16 and actor.policy.compute_dtype == torch.bfloat16
+    assert rollout.own_weights and {p.dtype for p in rollout.engine.model.parameters()} == {torch.bfloat16}
+
+
+def test_a_lora_base_keeps_model_dtype_and_its_adapters_train_in_fp32(tmp_path_factory):
+    """LoRA's base is frozen: bf16 as asked (the memory it saves); the adapters are fp32."""
+    from tests.workers.conftest import colocated_roles
+
+    _, pool = colocated_roles(tmp_path_factory, "model.dtype=bfloat16", "model.lora.rank=4", "model.lora.alpha=8")
+    actor = pool.backend.host.roles["actor"]
+    trained = {p.dtype for p in actor.model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in actor.model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}

@@ -138,6 +138,7 @@ from baton.rollout.server.routes import add_generation_routes
 from baton.rollout.server.schemas import errors
 from baton.rollout.server.state import (DEFAULT_MAX_GENERATE_BODY_BYTES,
                                         DEFAULT_MAX_REQUEST_TOKENS, DEFAULT_WEDGED_AFTER_S, _Disconnected, _Server)
+from baton.sync.backend import end_of
 from baton.sync.group import is_loopback
 
 
@@ -229,7 +230,9 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
 
     @app.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
-        return {"model_path": model_path or model_name, "tokenizer_path": model_path, "is_generation": True}
+        end = end_of(getattr(engine, "device", None))  # where a weight broadcast lands (baton.sync.backend)
+        return {"model_path": model_path or model_name, "tokenizer_path": model_path, "is_generation": True,
+                "device": end.kind, "gpu": end.gpu}
 
     @app.get("/get_weight_version", responses=errors(*auth))
     async def weight_version() -> dict:

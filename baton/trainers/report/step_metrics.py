@@ -49,16 +49,32 @@ def name_mismatch(m: dict[str, Any]) -> dict[str, Any]:
 
 
 FP32_SYNC_TOL = 1e-4  # max |engine - trainer| logprob on the probe, fp32 on both sides
-BF16_SYNC_TOL = 0.1  # bf16 compute: 0.047 (0.5B) / 0.090 (1.5B) measured on an H200 (shared/reference/gpu-device.md)
+
+
+def bf16_sync_tolerance(layers: int) -> float:
+    """The bound for a bf16 engine copy vs the trainer's bf16 autocast, which drift apart with
+    depth (the copy's residual stream is bf16, the trainer's fp32): 0.04 * sqrt(layers), at
+    least 0.1. Measured (BENCHMARKS.md, bench/bf16_parity_depth.py): on an H200, random
+    Qwen2.5 shapes, 0.047 at 24 layers (0.5B), 0.090 at 28 (1.5B); on the CPU, peaky random
+    models (init 0.1), up to 0.19 at 24-32 layers. 24 layers: 0.196; 28: 0.21; 80: 0.36, still
+    far below what wrong weights give (a sync that missed a step differs by the step's change)."""
+    return max(0.1, 0.04 * layers ** 0.5)
 
 
 def sync_tolerance(cfg: Any) -> float:
     """The parity check's bound for a run's precision (bf16 where the actor computes in it:
-    `actor.bf16`, None = on GPUs)."""
+    `actor.bf16`, None = on GPUs or with `model.dtype=bfloat16`; its bound grows with the
+    model's depth, read from its config.json)."""
+    import json
+    from pathlib import Path
+
     from baton.models.precision import resolve_bf16
 
     device = "cuda" if cfg.placement.gpus_per_worker else "cpu"
-    return BF16_SYNC_TOL if resolve_bf16(cfg.actor.bf16, device) else FP32_SYNC_TOL
+    if not resolve_bf16(cfg.actor.bf16, device, cfg.model.torch_dtype):
+        return FP32_SYNC_TOL
+    config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    return bf16_sync_tolerance(int(config.get("num_hidden_layers", 1)))
 
 
 def check_sync(parity: list[float] | None, step: int, tol: float = FP32_SYNC_TOL) -> None:
