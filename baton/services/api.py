@@ -23,9 +23,12 @@ runs against it unchanged (shapes: `docs/` and shared/reference/atropos-protocol
                           (+ baton's max_queue, trainer_version, max_staleness, batch_size)
   GET  /batch             {"batch": null} or {"batch": [ScoredData, ...]}: exactly batch_size
                           sequences of whole groups, every key present; with ?ack=BATCH_ID
-                          (baton) at-least-once: served again until acknowledged
+                          (baton) at-least-once: served again until acknowledged (an ack
+                          of a batch never handed out: 409, nothing marked)
   POST /scored_data       one ScoredData; /scored_data_list a JSON array of them. Bodies may
                           be gzip (Content-Encoding: gzip). Unknown keys are ignored.
+                          (baton) an `Idempotency-Key` header makes a push idempotent: its
+                          retry is answered 200 (`duplicate(s)`) and not queued again
 
 Where it departs from (improves on) Atropos:
   * batches are formed oldest-first, one per GET /batch (Atropos serves newest-first);
@@ -35,7 +38,8 @@ Where it departs from (improves on) Atropos:
     GET /batch?version=V&max_staleness=S marks queued groups older than V - S `stale` and
     serves the rest (the stale ones are kept in the store and counted in /status and in the
     batch's `stale_groups`, never silently deleted); with a registered `max_staleness` a push
-    that is already too old is refused with 409 and the reason;
+    that is already too old is refused with 409 and the reason; a `policy_version` above the
+    trainer's version + 1 (its next weights, which servers may have before it pulls) is a 422;
   * the queue is bounded (--max-queue groups): a push beyond it gets 429 with Retry-After
     (a list is queued whole or not at all);
   * groups are persisted (SQLite, WAL, synchronous=FULL): a restarted API on the same --db
@@ -51,7 +55,9 @@ Where it departs from (improves on) Atropos:
     groups until several add up to the size, which mixes prompts inside one "group" and
     breaks group-relative advantages (a group without `env_id`, or with an unknown one, is
     checked against the trainer's registration only, as before);
-  * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise.
+  * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise;
+  * nothing touching SQLite or a body's contents runs on the event loop (worker threads;
+    pushes share transactions: group commit), so /health answers under load.
 
 Code: this file holds the endpoints (`build_api_app`) and the CLI; `_api_schemas.py` the
 request shapes and group checks, `_api_http.py` the token middleware and capped body
