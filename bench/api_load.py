@@ -119,7 +119,8 @@ async def _pushes(url: str, clients: int, pushes: int, n: int, length: int) -> t
 def start_api(db: Path, max_queue: int, path: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     p = subprocess.Popen([sys.executable, "-m", "baton.services.api", "--port", "0", "--db", str(db),
-                          "--max-queue", str(max_queue)], stdout=subprocess.PIPE, text=True, env=env)
+                          "--max-queue", str(max_queue)], stdout=subprocess.PIPE, text=True, env=env,
+                         cwd=db.parent)  # not this checkout: `-m` would import its baton before PYTHONPATH's
     url = p.stdout.readline().split()[2]
     for _ in range(600):
         try:
