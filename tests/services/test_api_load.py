@@ -24,6 +24,7 @@ from baton.rollout.server import ServerThread
 from baton.services._api_http import iter_json_array
 from baton.services.api import build_api_app
 from baton.services.client import APIClient, APIError
+from baton.services.store import CONFLICT, DUPLICATE, NEW, GroupStore
 from tests.services.test_api import group
 
 
@@ -158,3 +159,23 @@ def test_a_json_array_json_loads_refuses_is_refused(text):
             json.loads(text)
     with pytest.raises(ValueError):
         list(iter_json_array(text))
+
+
+def test_pushes_waiting_together_are_one_transaction_checked_in_turn(tmp_path):
+    """Group commit: while a write is held, pushes pile up; the next lock holder commits them
+    in one transaction, each checked in turn (its key, the queue bound) as if alone."""
+    store = GroupStore(tmp_path / "s.sqlite")
+    row = ('{"tokens": [[1]]}', None, 1, 0)
+    hold = WriteHold(tmp_path / "s.sqlite")
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(store.push_many, [row], 3, [("a#0", "d1")])
+        _wait_until(store._lock.locked, "the first push inside its write")
+        rest = [pool.submit(store.push_many, [row], 3, k) for k in
+                ([("a#0", "d1")], [("a#0", "d2")], [("b#0", "d1")], None)]
+        _wait_until(lambda: len(store._pending) == 4, "four pushes waiting for the lock")
+        hold.release()
+        out = [first.result()] + [f.result() for f in rest]
+    assert [o[0][0] if o else o for o in out] == [NEW, DUPLICATE, CONFLICT, NEW, NEW]
+    assert out[1][0][1] == out[0][0][1]  # the duplicate names the group first queued
+    assert store.push_many([row], 3) is None  # three queued: the bound
+    assert store.counts()["queued_groups"] == 3
