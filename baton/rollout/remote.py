@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Iterable, Sequence
 
 import httpx
@@ -60,6 +61,14 @@ def detect_dialect(base_url: str, api_key: str | None = None, timeout: float = 1
     except (httpx.HTTPError, ValueError):
         return "baton"
     return "vllm" if data and data[0].get("owned_by") == "vllm" else "baton"
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds a 429's Retry-After asks for (1 when absent or not a number)."""
+    try:
+        return min(60.0, max(0.05, float(value))) if value is not None else 1.0
+    except ValueError:
+        return 1.0
 
 
 class RemoteEngine:
@@ -91,7 +100,12 @@ class RemoteEngine:
         return state
 
     def _post(self, path: str, body: dict | None = None) -> Any:
-        r = self.client.post(path, json=body or {})
+        deadline = time.monotonic() + self.timeout
+        while True:  # a busy server (429: its queue of waiting requests is full) is waited for, as it asks
+            r = self.client.post(path, json=body or {})
+            if r.status_code != 429 or time.monotonic() >= deadline:
+                break
+            time.sleep(min(_retry_after(r.headers.get("retry-after")), max(0.0, deadline - time.monotonic())))
         if r.status_code >= 400:
             raise RemoteEngineError(f"POST {self.base_url}{path} -> {r.status_code}: {r.text[:2000]}")
         if not r.content:

@@ -23,9 +23,12 @@ runs against it unchanged (shapes: `docs/` and shared/reference/atropos-protocol
                           (+ baton's max_queue, trainer_version, max_staleness, batch_size)
   GET  /batch             {"batch": null} or {"batch": [ScoredData, ...]}: exactly batch_size
                           sequences of whole groups, every key present; with ?ack=BATCH_ID
-                          (baton) at-least-once: served again until acknowledged
+                          (baton) at-least-once: served again until acknowledged (an ack
+                          of a batch never handed out: 409, nothing marked)
   POST /scored_data       one ScoredData; /scored_data_list a JSON array of them. Bodies may
                           be gzip (Content-Encoding: gzip). Unknown keys are ignored.
+                          (baton) an `Idempotency-Key` header makes a push idempotent: its
+                          retry is answered 200 (`duplicate(s)`) and not queued again
 
 Where it departs from (improves on) Atropos:
   * batches are formed oldest-first, one per GET /batch (Atropos serves newest-first);
@@ -35,7 +38,8 @@ Where it departs from (improves on) Atropos:
     GET /batch?version=V&max_staleness=S marks queued groups older than V - S `stale` and
     serves the rest (the stale ones are kept in the store and counted in /status and in the
     batch's `stale_groups`, never silently deleted); with a registered `max_staleness` a push
-    that is already too old is refused with 409 and the reason;
+    that is already too old is refused with 409 and the reason; a `policy_version` above the
+    trainer's version + 1 (its next weights, which servers may have before it pulls) is a 422;
   * the queue is bounded (--max-queue groups): a push beyond it gets 429 with Retry-After
     (a list is queued whole or not at all);
   * groups are persisted (SQLite, WAL, synchronous=FULL): a restarted API on the same --db
@@ -51,7 +55,9 @@ Where it departs from (improves on) Atropos:
     groups until several add up to the size, which mixes prompts inside one "group" and
     breaks group-relative advantages (a group without `env_id`, or with an unknown one, is
     checked against the trainer's registration only, as before);
-  * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise.
+  * optional bearer token (every path but /health); binds 127.0.0.1 unless told otherwise;
+  * nothing touching SQLite or a body's contents runs on the event loop (worker threads;
+    pushes share transactions: group commit), so /health answers under load.
 
 Code: this file holds the endpoints (`build_api_app`) and the CLI; `_api_schemas.py` the
 request shapes and group checks, `_api_http.py` the token middleware and capped body
@@ -61,24 +67,29 @@ reading, `store.py` the SQLite queue.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import socket
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
+import anyio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from baton.rollout._http_guards import BearerAuth
-from baton.services._api_http import MAX_BODY_BYTES, _json_response, _parse, _read_json
+from baton.services._api_http import (MAX_BODY_BYTES, _json_response, _parse, _read_body, decode_json,
+                                      decode_json_array)
 from baton.services._api_schemas import (FIXED_SETTINGS, SCORED_KEYS, EnvIdentifier, RegisterEnv, Registration,
                                          ScoredData, check_against, check_encodable, check_env_group, check_group,
                                          encode_json, group_version)
-from baton.services.store import GroupStore
+from baton.services.store import CONFLICT, DUPLICATE, NEW, AckError, GroupStore
 
 MIN_ENV_WEIGHT = 0.01  # as Atropos: no env is starved entirely
+PUSH_THREADS = 4  # pushes checked and written at once (worker threads; the rest wait, off the loop)
 
 
 class TrajectoryAPI:
@@ -102,36 +113,83 @@ class TrajectoryAPI:
                  "alive": bool(e["connected"]) and now - e["last_seen"] < self.env_timeout_s}
                 for e in self.store.envs()]
 
-    def admit(self, groups: list[ScoredData]) -> tuple[list[tuple], list[dict[str, Any]]]:
-        """(rows to queue, rejections) for pushed groups."""
-        reg = self.registration or {}
+    def admit(self, g: ScoredData, ctx: tuple) -> tuple | dict[str, Any]:
+        """The row to queue for a pushed group, or its rejection {"status", "reason"}.
+        `ctx`: (registration, trainer version, {env_id: env}) read once per request."""
+        reg, trainer_version, envs = ctx
         max_staleness = reg.get("max_staleness")
-        trainer_version = self.trainer_version()
-        envs = {e["env_id"]: e for e in self.store.envs()}
-        rows, rejected = [], []
-        for i, g in enumerate(groups):
-            why = check_group(g) or check_against(g, reg) or check_env_group(g, envs.get(g.env_id))
-            version = group_version(g)
-            if (why is None and version is not None and trainer_version is not None and max_staleness is not None
-                    and max_staleness >= 0 and version < trainer_version - max_staleness):
-                rejected.append({"index": i, "status": 409, "reason": (
-                    f"stale: policy_version {version} is more than max_staleness={max_staleness} behind the "
-                    f"trainer's version {trainer_version}")})
+        why = check_group(g) or check_against(g, reg) or check_env_group(g, envs.get(g.env_id))
+        version = group_version(g)
+        if why is None and version is not None and trainer_version is not None and version > trainer_version + 1:
+            why = (f"policy_version {version} is ahead of the trainer's version {trainer_version} (at most "
+                   f"{trainer_version + 1}: its next weights): no trainer sampled with it")
+        if (why is None and version is not None and trainer_version is not None and max_staleness is not None
+                and max_staleness >= 0 and version < trainer_version - max_staleness):
+            return {"status": 409, "reason": f"stale: policy_version {version} is more than max_staleness="
+                                             f"{max_staleness} behind the trainer's version {trainer_version}"}
+        if why is not None:
+            return {"status": 422, "reason": why}
+        body = {k: getattr(g, k) for k in SCORED_KEYS}
+        body["finish_reasons"] = g.finish_reasons
+        body["policy_version_source"] = "pusher" if version is not None else "stamped"
+        try:
+            text = encode_json(body).decode("utf-8")
+        except (ValueError, UnicodeEncodeError):
+            return {"status": 422, "reason": check_encodable(body)}
+        return text, g.env_id, len(g.tokens), (trainer_version or 0) if version is None else version
+
+    def push(self, items: Iterable[tuple[int, Any]], key: str | None, digest: str | None,
+             many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
+        """(groups sent, queued, duplicates, rejections) of a push of decoded ScoredData
+        `items` (index, JSON value); runs in a worker thread. Each group is checked and
+        encoded as it comes and only its encoded row kept (a 60 MB list is never all Python
+        objects at once: no long garbage-collector pauses holding the GIL). `key`: the
+        request's Idempotency-Key (group i is `key#i`), `digest`: its body's hash: a group
+        pushed before under its key is a duplicate, not checked or queued again (a retry of
+        a push that was queued gets 200 even if the group would be refused now, e.g. stale)."""
+        seen = {} if key is None else self.store.seen_keys(f"{key}#")
+        ctx = (self.registration or {}, self.trainer_version(), {e["env_id"]: e for e in self.store.envs()})
+        rows, keys, rejected, sent, dup = [], [], [], 0, 0
+        for i, item in items:
+            sent += 1
+            k = None if key is None else (f"{key}#{i}", digest)
+            if k is not None and k[0] in seen:
+                if seen[k[0]] != digest:
+                    rejected.append({"index": i, "status": 422, "reason": _KEY_REUSED.format(key=key)})
+                dup += seen[k[0]] == digest
                 continue
-            if why is not None:
-                rejected.append({"index": i, "status": 422, "reason": why})
-                continue
-            body = {k: getattr(g, k) for k in SCORED_KEYS}
-            body["finish_reasons"] = g.finish_reasons
-            body["policy_version_source"] = "pusher" if version is not None else "stamped"
-            why = check_encodable(body)
-            if why is not None:
-                rejected.append({"index": i, "status": 422, "reason": why})
-                continue
-            if version is None:
-                version = trainer_version or 0
-            rows.append((body, g.env_id, len(g.tokens), version))
-        return rows, rejected
+            try:
+                out = self.admit(_parse(ScoredData, item, f"group {i}" if many else "ScoredData"), ctx)
+            except HTTPException as exc:
+                if not many:
+                    raise
+                out = {"status": 422, "reason": exc.detail}
+            if isinstance(out, dict):
+                rejected.append({"index": i, **out})
+            else:
+                rows.append((i, out))
+                keys.append(k)
+        if not rows:
+            return sent, 0, dup, rejected
+        done = self.store.push_many([row for _, row in rows], max_queued=self.max_queue, keys=keys)
+        if done is None:
+            counts = self.store.counts()
+            raise HTTPException(429, f"queue full: {counts['queued_groups']} groups queued, the bound is "
+                                     f"{self.max_queue} (--max-queue); retry later",
+                                headers={"Retry-After": f"{max(1, math.ceil(self.retry_after_s))}"})
+        queued = 0
+        for (i, _row), (what, _) in zip(rows, done):  # a concurrent push with the same key may have come first
+            queued += what == NEW
+            dup += what == DUPLICATE
+            if what == CONFLICT:
+                rejected.append({"index": i, "status": 422, "reason": _KEY_REUSED.format(key=key)})
+        for env_id in {row[1] for _, row in rows if row[1] is not None}:
+            self.store.touch_env(env_id)
+        return sent, queued, dup, sorted(rejected, key=lambda r: r["index"])
+
+
+_KEY_REUSED = ("Idempotency-Key {key!r} was used before for another request body: use a new key for each push (the same "
+               "key only for a retry of the same body)")
 
 
 def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = None, retry_after_s: float = 1.0,
@@ -149,8 +207,14 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         app.add_middleware(BearerAuth, api_key=token, detail=True, realm="baton api")
     store = api.store
 
+    # Nothing that touches SQLite or walks a body runs on the event loop: endpoints without a
+    # body are plain `def` (FastAPI runs them in its thread pool); the others read the body
+    # here, then decode, check and write in a worker thread (pushes: at most PUSH_THREADS at
+    # once, so the trainer's /batch always finds a thread). /health stays on the loop.
+    push_threads = anyio.CapacityLimiter(PUSH_THREADS)
+
     async def read(request: Request, required: bool = True) -> Any:
-        return await _read_json(request, required, max_body_bytes)
+        return await run_in_threadpool(decode_json, await _read_body(request, max_body_bytes), required)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -168,7 +232,10 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/register")
     async def register(request: Request) -> JSONResponse:
-        reg = _parse(Registration, await read(request), "registration")
+        return await run_in_threadpool(_register, await read(request))
+
+    def _register(data: Any) -> JSONResponse:
+        reg = _parse(Registration, data, "registration")
         current = api.registration
         if current is None:  # the first trainer fixes the settings (as Atropos)
             store.set(registration=reg.model_dump(), current_step=reg.starting_step)
@@ -185,7 +252,10 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/register-env")
     async def register_env(request: Request) -> JSONResponse:
-        env = _parse(RegisterEnv, await read(request), "register-env")
+        return await run_in_threadpool(_register_env, await read(request))
+
+    def _register_env(data: Any) -> JSONResponse:
+        env = _parse(RegisterEnv, data, "register-env")
         reg = api.registration
         if reg is None or not store.get("started", False):
             return _json_response({"status": "wait for trainer to start"})
@@ -202,33 +272,37 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.post("/disconnect-env")
     async def disconnect_env(request: Request) -> JSONResponse:
-        env = _parse(EnvIdentifier, await read(request))
+        return await run_in_threadpool(_disconnect_env, await read(request))
+
+    def _disconnect_env(data: Any) -> JSONResponse:
+        env = _parse(EnvIdentifier, data)
         if not store.touch_env(env.env_id, connected=False):
             return _json_response({"status": "failure", "error": f"no env with id {env.env_id}"})
         return _json_response({"status": "success"})
 
     @app.get("/wandb_info")
-    async def wandb_info() -> JSONResponse:
+    def wandb_info() -> JSONResponse:
         reg = api.registration or {}
         return _json_response({"group": reg.get("wandb_group"), "project": reg.get("wandb_project"), "zmq_port": None})
 
     @app.get("/info")
-    async def info() -> JSONResponse:
+    def info() -> JSONResponse:
         reg = api.registration
         if reg is None:
             return _json_response({"batch_size": -1, "max_token_len": -1})
         return _json_response({"batch_size": reg["batch_size"], "max_token_len": reg["max_token_len"]})
 
     @app.get("/batch")
-    async def batch(version: Optional[int] = None, max_staleness: Optional[int] = None,
-                    ack: Optional[int] = None) -> Response:
+    def batch(version: Optional[int] = None, max_staleness: Optional[int] = None,
+              ack: Optional[int] = None) -> Response:
         """One batch (oldest groups first) or {"batch": null}. `version`: the trainer's
         current weight version (remembered: it stamps pushes without one and bounds them);
         `max_staleness`: serve no group sampled more than this many versions before it.
         `ack`: at-least-once delivery: the `batch_id` of the last batch the trainer has
         (0: none yet). Its groups are then marked served, and a batch not acknowledged yet is
         served again (same `batch_id`) until it is; without `ack` a batch is marked served
-        in the transaction that encodes it (a batch that cannot be encoded stays queued)."""
+        in the transaction that encodes it (a batch that cannot be encoded stays queued).
+        An `ack` for a batch never handed out is a 409 (nothing is marked)."""
         for name, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack)):
             if v is not None and not -(2**63) <= v < 2**63:
                 raise HTTPException(422, f"{name}: {v} is out of range")
@@ -256,12 +330,14 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
         try:
             raw = store.take_batch(reg["batch_size"], step, version, max_staleness, encode=encode, ack=ack)
+        except AckError as exc:
+            raise HTTPException(409, str(exc)) from None
         except (ValueError, UnicodeEncodeError) as exc:  # rows from before push-time checks: kept queued
             raise HTTPException(422, f"a queued group cannot be sent as JSON ({exc}); it stays queued") from None
         return Response(raw, media_type="application/json")
 
     @app.get("/latest_example")
-    async def latest_example() -> JSONResponse:
+    def latest_example() -> JSONResponse:
         latest = store.latest()
         if latest is None:
             return _json_response({k: [] for k in ("tokens", "masks", "scores", "advantages", "ref_logprobs",
@@ -269,52 +345,44 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
                                                    "images")})
         return _json_response(latest)
 
-    def _push(groups: list[ScoredData]) -> tuple[int, list[dict[str, Any]]]:
-        rows, rejected = api.admit(groups)
-        if rows:
-            if store.push_many(rows, max_queued=api.max_queue) is None:
-                counts = store.counts()
-                raise HTTPException(429, f"queue full: {counts['queued_groups']} groups queued, the bound is "
-                                         f"{api.max_queue} (--max-queue); retry later",
-                                    headers={"Retry-After": f"{max(1, math.ceil(api.retry_after_s))}"})
-            for env_id in {r[1] for r in rows if r[1] is not None}:
-                store.touch_env(env_id)
-        return len(rows), rejected
+    async def push(request: Request, many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
+        """(groups sent, queued, duplicates, rejections) of a /scored_data(_list) request."""
+        raw = await _read_body(request, max_body_bytes)
+        key = request.headers.get("idempotency-key") or None
+        return await anyio.to_thread.run_sync(_push, raw, key, many, limiter=push_threads)
+
+    def _push(raw: bytes, key: str | None, many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
+        if many and raw.lstrip()[:1] == b"[":
+            items: Iterable[tuple[int, Any]] = enumerate(decode_json_array(raw))
+        else:
+            data = decode_json(raw)
+            if not many and not isinstance(data, dict):
+                raise HTTPException(422, f"expected one ScoredData object, got {type(data).__name__}")
+            if many:
+                raise HTTPException(422, f"expected a JSON array of ScoredData, got {type(data).__name__}")
+            items = [(0, data)]
+        digest = None if key is None else hashlib.sha256(raw).hexdigest()
+        return api.push(items, key, digest, many)
 
     @app.post("/scored_data")
     async def scored_data(request: Request) -> JSONResponse:
-        data = await read(request)
-        if not isinstance(data, dict):
-            raise HTTPException(422, f"expected one ScoredData object, got {type(data).__name__}")
-        group = _parse(ScoredData, data, "ScoredData")
-        queued, rejected = _push([group])
+        _, _, dup, rejected = await push(request, many=False)
         if rejected:
             raise HTTPException(rejected[0]["status"], rejected[0]["reason"])
-        return _json_response({"status": "received"})
+        return _json_response({"status": "received", **({"duplicate": True} if dup else {})})
 
     @app.post("/scored_data_list")
     async def scored_data_list(request: Request) -> JSONResponse:
-        data = await read(request)
-        if not isinstance(data, list):
-            raise HTTPException(422, f"expected a JSON array of ScoredData, got {type(data).__name__}")
-        groups, bad = [], []
-        for i, item in enumerate(data):
-            try:
-                groups.append((i, _parse(ScoredData, item, f"group {i}")))
-            except HTTPException as exc:
-                bad.append({"index": i, "status": 422, "reason": exc.detail})
-        queued, rejected = _push([g for _, g in groups])
-        rejected = bad + [{**r, "index": groups[r["index"]][0]} for r in rejected]
+        sent, queued, dup, rejected = await push(request, many=True)
         if rejected:
-            rejected.sort(key=lambda r: r["index"])
             status = 409 if all(r["status"] == 409 for r in rejected) else 422
-            raise HTTPException(status, {"message": f"{len(rejected)} of {len(data)} groups rejected; "
-                                                    f"{queued} queued",
-                                         "queued": queued, "rejected": rejected})
-        return _json_response({"status": "received", "groups_processed": len(data)})
+            raise HTTPException(status, {"message": f"{len(rejected)} of {sent} groups rejected; "
+                                                    f"{queued} queued" + (f", {dup} already queued" if dup else ""),
+                                         "queued": queued, "duplicates": dup, "rejected": rejected})
+        return _json_response({"status": "received", "groups_processed": sent, **({"duplicates": dup} if dup else {})})
 
     @app.get("/status")
-    async def status() -> JSONResponse:
+    def status() -> JSONResponse:
         counts = store.counts()
         reg = api.registration or {}
         return _json_response({"current_step": store.get("current_step", 0), "queue_size": counts["queued_groups"],
@@ -326,7 +394,10 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
 
     @app.get("/status-env")
     async def status_env(request: Request) -> JSONResponse:
-        env_req = _parse(EnvIdentifier, await read(request))
+        return await run_in_threadpool(_status_env, await read(request))
+
+    def _status_env(data: Any) -> JSONResponse:
+        env_req = _parse(EnvIdentifier, data)
         envs = {e["env_id"]: e for e in store.envs()}
         me = envs.get(env_req.env_id)
         if me is None:
@@ -349,7 +420,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
             "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1)})
 
     @app.post("/reset_data")
-    async def reset_data(force: bool = False) -> PlainTextResponse:
+    def reset_data(force: bool = False) -> PlainTextResponse:
         """Drop every group, environment and the registration. Refused while a trainer is
         registered unless `force=true` (one request must not wipe a running trainer's queue)."""
         if api.registration is not None and not force:

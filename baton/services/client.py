@@ -10,6 +10,9 @@ exponential backoff (0.25 s doubling to `max_backoff_s`) until `retry_for_s` has
 (None: for ever, until `stop` is set); a 429 waits its Retry-After. A 4xx other than 429 is
 the caller's mistake and raises `APIError` with the server's reason at once. Every wait is
 logged once per outage ("API unreachable ... retrying"), and once when it is back.
+
+Pushes carry an `Idempotency-Key` (a fresh one per push, the same on each of its retries):
+a push that timed out after the API had queued it is not queued again by its retry.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -57,10 +61,12 @@ class APIClient:
 
     # --- plumbing -----------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, *, params: dict | None = None,
-                compress_over: int | None = 1024, retry_for_s: float | None | str = "default") -> Any:
-        """JSON in, JSON out, retried as the module docstring says."""
+                compress_over: int | None = 1024, retry_for_s: float | None | str = "default",
+                idempotent: bool = False) -> Any:
+        """JSON in, JSON out, retried as the module docstring says. `idempotent`: send an
+        Idempotency-Key, the same on every retry (the API queues the push once)."""
         retry_for = self.retry_for_s if retry_for_s == "default" else retry_for_s
-        content, headers = None, {}
+        content, headers = None, {"Idempotency-Key": uuid.uuid4().hex} if idempotent else {}
         if body is not None:
             content = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
@@ -144,10 +150,10 @@ class APIClient:
         return self.request("GET", "/status-env", {"env_id": env_id}, compress_over=None)
 
     def push(self, group: dict) -> Any:
-        return self.request("POST", "/scored_data", group)
+        return self.request("POST", "/scored_data", group, idempotent=True)
 
     def push_list(self, groups: list[dict]) -> Any:
-        return self.request("POST", "/scored_data_list", groups)
+        return self.request("POST", "/scored_data_list", groups, idempotent=True)
 
     def disconnect(self, env_id: int) -> Any:
         return self.request("POST", "/disconnect-env", {"env_id": env_id}, retry_for_s=5.0)

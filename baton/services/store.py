@@ -2,8 +2,8 @@
 registration, in one SQLite file in WAL mode.
 
     store = GroupStore("runs/x/api.sqlite")
-    gid = store.push(group_dict, env_id=0, size=8, policy_version=3)
-    batch = store.take_batch(batch_size=64, version=5, max_staleness=2)
+    ids = store.push_many([(group_json, 0, 8, 3)], max_queued=1024, keys=[("key#0", digest)])
+    batch = store.take_batch(batch_size=64, step=1, version=5, max_staleness=2)
 
 Every write is one transaction with `synchronous=FULL`, so a group the API answered 200 for
 is on disk: a process killed with SIGKILL (or a power cut, as far as the disk honours
@@ -13,7 +13,13 @@ acknowledges batches: at-least-once) or `queued` -> `stale` (older than the trai
 bound when it pulled: kept and counted, never silently deleted). Served groups beyond the
 newest `keep_served` are pruned.
 
-Thread-safe: one connection guarded by a lock (the API's handlers are short).
+Pushes may carry a client-side key (the `Idempotency-Key` header): a key seen before with the
+same body digest is not queued again (a retried push), with another digest it is refused.
+The newest `KEEP_KEYS` keys are remembered (the rest pruned).
+
+Thread-safe: one connection guarded by a lock. Called from worker threads (the API keeps
+its event loop free); concurrent `push_many` calls are committed together (group commit:
+whoever takes the lock commits every push waiting for it in one transaction, one fsync).
 """
 
 from __future__ import annotations
@@ -37,9 +43,27 @@ CREATE TABLE IF NOT EXISTS groups (
     policy_version INTEGER, state TEXT NOT NULL DEFAULT 'queued', batch_step INTEGER,
     created REAL NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS groups_state ON groups(state, id);
+CREATE TABLE IF NOT EXISTS pushes (key TEXT PRIMARY KEY, digest TEXT NOT NULL, group_id INTEGER);
 """
 
 QUEUED, SERVED, STALE, LEASED = "queued", "served", "stale", "leased"
+KEEP_KEYS = 100_000  # idempotency keys remembered (a retry comes within seconds or minutes)
+# what push_many says of each group
+NEW, DUPLICATE, CONFLICT = "queued", "duplicate", "conflict"
+
+
+class AckError(ValueError):
+    """`take_batch(ack=N)` for a batch that was never handed out."""
+
+
+class _Pending:
+    """One `push_many` call waiting for a group commit."""
+
+    def __init__(self, groups, max_queued, keys):
+        self.groups, self.max_queued, self.keys = groups, max_queued, keys
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
 
 
 class GroupStore:
@@ -49,6 +73,8 @@ class GroupStore:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.keep_served = keep_served
         self._lock = threading.Lock()
+        self._pending: list[_Pending] = []
+        self._pending_lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -109,23 +135,74 @@ class GroupStore:
             return cur.rowcount > 0
 
     # --- groups -----------------------------------------------------------------------
-    def push_many(self, groups: list[tuple[dict[str, Any], int | None, int, int | None]],
-                  max_queued: int | None = None) -> list[int] | None:
-        """Queue (body, env_id, size, policy_version) groups in one transaction; None (nothing
-        queued) if that would put more than `max_queued` groups in the queue."""
-        now = time.time()
-        with self._lock, self._tx():
-            if max_queued is not None:
-                queued = self._db.execute("SELECT COUNT(*) FROM groups WHERE state=?", (QUEUED,)).fetchone()[0]
-                if queued + len(groups) > max_queued:
-                    return None
-            ids = []
-            for body, env_id, size, version in groups:
-                cur = self._db.execute(
-                    "INSERT INTO groups(env_id, size, policy_version, state, created, body) VALUES (?,?,?,?,?,?)",
-                    (env_id, size, version, QUEUED, now, json.dumps(body)))
-                ids.append(cur.lastrowid)
-            return ids
+    def push_many(self, groups: list[tuple[str | dict[str, Any], int | None, int, int | None]],
+                  max_queued: int | None = None,
+                  keys: list[tuple[str, str] | None] | None = None) -> list[tuple[str, int | None]] | None:
+        """Queue (body, env_id, size, policy_version) groups in one transaction: None (nothing
+        queued) if the new ones would put more than `max_queued` groups in the queue, else per
+        group (NEW, id), (DUPLICATE, id of the first) or (CONFLICT, None). `keys`: per group
+        None or (idempotency key, digest of its body); a key seen before is a DUPLICATE with
+        the same digest, a CONFLICT with another (neither is queued). Committed with every
+        other push waiting for the lock (group commit), each checked in turn."""
+        me = _Pending(groups, max_queued, keys)
+        with self._pending_lock:
+            self._pending.append(me)
+        with self._lock:
+            if not me.done.is_set():  # nobody committed it while we waited: commit every waiting push
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                try:
+                    with self._tx():
+                        for p in batch:
+                            p.result = self._push_one(p)
+                        self._prune_keys()
+                except BaseException as exc:  # rolled back: nothing of the batch is queued
+                    for p in batch:
+                        p.result, p.error = None, exc
+                for p in batch:
+                    p.done.set()
+        if me.error is not None:
+            raise me.error
+        return me.result
+
+    def seen_keys(self, prefix: str) -> dict[str, str]:
+        """{key: digest} of the idempotency keys pushed before that start with `prefix`."""
+        with self._lock:  # a range of the primary key: prefix <= key < prefix with its last char + 1
+            rows = self._db.execute("SELECT key, digest FROM pushes WHERE key >= ? AND key < ?",
+                                    (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))).fetchall()
+        return dict(rows)
+
+    def _push_one(self, p: _Pending) -> list[tuple[str, int | None]] | None:
+        db, now = self._db, time.time()
+        keys = p.keys or [None] * len(p.groups)
+        seen: list[tuple[str, int | None] | None] = []
+        for k in keys:
+            row = None if k is None else db.execute("SELECT digest, group_id FROM pushes WHERE key=?",
+                                                    (k[0],)).fetchone()
+            seen.append(None if row is None else (DUPLICATE if row[0] == k[1] else CONFLICT, row[1]))
+        fresh = [i for i, s in enumerate(seen) if s is None]
+        if p.max_queued is not None and fresh:
+            queued = db.execute("SELECT COUNT(*) FROM groups WHERE state=?", (QUEUED,)).fetchone()[0]
+            if queued + len(fresh) > p.max_queued:
+                return None
+        out: list[tuple[str, int | None]] = []
+        for i, ((body, env_id, size, version), k) in enumerate(zip(p.groups, keys)):
+            if seen[i] is not None:
+                out.append(seen[i] if seen[i][0] == DUPLICATE else (CONFLICT, None))
+                continue
+            text = body if isinstance(body, str) else json.dumps(body)
+            gid = db.execute(
+                "INSERT INTO groups(env_id, size, policy_version, state, created, body) VALUES (?,?,?,?,?,?)",
+                (env_id, size, version, QUEUED, now, text)).lastrowid
+            if k is not None:
+                db.execute("INSERT INTO pushes(key, digest, group_id) VALUES (?,?,?)", (k[0], k[1], gid))
+            out.append((NEW, gid))
+        return out
+
+    def _prune_keys(self) -> None:
+        last = self._db.execute("SELECT MAX(rowid) FROM pushes").fetchone()[0]
+        if last is not None and last > KEEP_KEYS:
+            self._db.execute("DELETE FROM pushes WHERE rowid <= ?", (last - KEEP_KEYS,))
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -160,8 +237,9 @@ class GroupStore:
 
         Without `ack` the groups are marked served (delivered once). With `ack` (the batch_id
         of the last batch the caller holds, 0 for none) delivery is at least once: the groups
-        of batches up to `ack` become served; a batch handed out but not acknowledged yet is
-        handed out again (same batch_id, its groups `leased`) before any new one is formed."""
+        of batch `ack` become served (no other batch's); a batch handed out but not
+        acknowledged yet is handed out again (same batch_id, its groups `leased`) before any
+        new one is formed. An `ack` never handed out raises AckError (nothing changed)."""
         with self._lock, self._tx():
             stale = 0
             if version is not None and max_staleness is not None and max_staleness >= 0:
@@ -170,7 +248,8 @@ class GroupStore:
                     (STALE, QUEUED, version - max_staleness)).rowcount
             batch_id = None
             if ack is not None:
-                self._db.execute("UPDATE groups SET state=? WHERE state=? AND batch_step<=?", (SERVED, LEASED, ack))
+                self._check_ack(ack)
+                self._db.execute("UPDATE groups SET state=? WHERE state=? AND batch_step=?", (SERVED, LEASED, ack))
                 leased = self._db.execute("SELECT id, batch_step FROM groups WHERE state=? ORDER BY id",
                                           (LEASED,)).fetchall()
                 if leased:  # an unacknowledged batch: the same again
@@ -193,6 +272,9 @@ class GroupStore:
                 self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('current_step', ?)",
                                  (json.dumps(step),))
                 batch_id = step if ack is not None else None
+                if batch_id is not None:
+                    self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('last_batch_id', ?)",
+                                     (json.dumps(batch_id),))
             marks = ",".join("?" * len(picked))
             rows = self._db.execute(f"SELECT body, policy_version FROM groups WHERE id IN ({marks}) ORDER BY id",
                                     picked).fetchall()
@@ -207,6 +289,16 @@ class GroupStore:
             if encode is not None:
                 return encode(groups, stale, batch_id)  # raises inside the transaction: rolled back
         return groups, stale
+
+    def _check_ack(self, ack: int) -> None:
+        """AckError unless `ack` is 0 (nothing held) or a batch_id handed out (at most the last one)."""
+        row = self._db.execute("SELECT value FROM kv WHERE key='last_batch_id'").fetchone()
+        last = json.loads(row[0]) if row else 0
+        leased = self._db.execute("SELECT MAX(batch_step) FROM groups WHERE state=?", (LEASED,)).fetchone()[0]
+        last = max(last, leased or 0)  # a store from before last_batch_id was kept
+        if ack < 0 or ack > last:
+            raise AckError(f"ack={ack}: no batch with that batch_id was handed out (the last one was {last}; "
+                           f"0: none held yet); nothing was acknowledged")
 
     def reset(self) -> None:
         with self._lock, self._tx():

@@ -7,6 +7,7 @@ uvicorn). Endpoints, options and request shapes: `app.py`'s docstring.
   routes.py     generation endpoints: /v1/completions, /v1/chat/completions, /generate
   admin.py      admin endpoints: weight updates, the update group, LoRA, sleep / wake
   batcher.py    scheduling: requests become engine calls, generations take turns in slices
+  admission.py  the bounded queue of waiting requests (429 + Retry-After past it)
   schemas.py    request bodies (pydantic) and the OpenAPI error responses
   guards.py     admin requests (JSON only, no cross-site) and checkpoint checks
   tools.py      OpenAI tool calling: chat templates with tools, Hermes tool-call parsing

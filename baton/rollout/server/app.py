@@ -74,6 +74,9 @@ Security and bounds (CLI flags; the same keyword arguments on `build_app`):
         Big bodies are parsed, chat templates applied and prompts tokenized off the loop.
   Admin endpoints take only `Content-Type: application/json` (415) and refuse cross-site
         browser requests (`Origin` not this host: 403), so no web page can reach them.
+  --max-queued-requests N (default 256): generation requests waiting for the engine (arrived,
+        generation not started); past them a new one is a 429 with Retry-After before its
+        body is read (`admission.py`). /health is never queued: it answers under any load.
   --log-requests: one log line per request (method, path, status, tokens, time).
 
 /generate request:
@@ -130,6 +133,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from baton.rollout.server.admin import add_admin_routes
+from baton.rollout.server.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission, WaitQueue
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
 from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
 from baton.rollout.server.guards import check_admin_request
@@ -148,8 +152,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
               max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS, max_model_len: int | None = None,
               wedged_after_s: float = DEFAULT_WEDGED_AFTER_S, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               max_generate_body_bytes: int = DEFAULT_MAX_GENERATE_BODY_BYTES, log_requests: bool = False,
-              slice_steps: int = DEFAULT_SLICE_STEPS,
-              max_running: int = DEFAULT_MAX_RUNNING) -> FastAPI:
+              slice_steps: int = DEFAULT_SLICE_STEPS, max_running: int = DEFAULT_MAX_RUNNING,
+              max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS) -> FastAPI:
     """The FastAPI app serving `engine`. `tokenizer` may be None (token-id endpoints only).
 
     The options are the CLI's (see the module docstring), with defaults for an app the
@@ -176,6 +180,8 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         srv.tok_thread.close()
 
     app = FastAPI(title="baton serve", lifespan=lifespan)
+    srv.wait_queue = WaitQueue(max_queued_requests, lambda: srv.batcher.running)
+    app.add_middleware(Admission, queue=srv.wait_queue)  # innermost: after the key and body checks
     install_guards(app, api_key=api_key, max_body_bytes=max_body_bytes,  # before any route: strict JSON
                    body_limits={"/generate": (max_generate_body_bytes, "--max-generate-body-mb")})
     app.state.baton = srv
@@ -240,7 +246,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
 
     @app.get("/stats", responses=errors(*auth))
     async def stats() -> dict:
-        return dict(srv.batcher.stats)
+        return {**srv.batcher.stats, "refused_busy": srv.wait_queue.refused}
 
     add_generation_routes(app, srv, errors(400, *auth, 404, 413, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
 
@@ -299,6 +305,9 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
                          "end; default %(default)s)")
     ap.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING,
                     help="generations that take turns at once, each with its own KV cache (default %(default)s)")
+    ap.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+                    help="generation requests that may wait for the engine; past them a request gets 429 with "
+                         "Retry-After (default %(default)s)")
     ap.add_argument("--max-batch-tokens", type=int, default=65536,
                     help="engine KV-cache budget per group; n x (prompt + max_tokens) must fit it")
     ap.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when the client gives none")
@@ -329,6 +338,8 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     args = ap.parse_args(argv)
     if args.slice_steps < 0 or args.max_running < 1:
         ap.error(f"--slice-steps must be >= 0 and --max-running >= 1 (got {args.slice_steps}, {args.max_running})")
+    if args.max_queued_requests < 1:
+        ap.error(f"--max-queued-requests must be >= 1 (got {args.max_queued_requests})")
     environ = os.environ if environ is None else environ
     args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
     args.admin = is_loopback(args.host) if args.admin is None else args.admin
@@ -363,7 +374,7 @@ def serve_main(argv: list[str] | None = None) -> None:
                     wedged_after_s=args.wedged_after_s, max_body_bytes=int(args.max_body_mb * 2**20),
                     max_generate_body_bytes=int(args.max_generate_body_mb * 2**20),
                     log_requests=args.log_requests, slice_steps=args.slice_steps,
-                    max_running=args.max_running)
+                    max_running=args.max_running, max_queued_requests=args.max_queued_requests)
     sock = socket.create_server((args.host, args.port))
     print(f"baton serve: {name} on http://{args.host}:{sock.getsockname()[1]} ({device}, {dtype})", flush=True)
     print(f"baton serve: api key {'required' if api_key else 'OFF (anyone who reaches the port may call it)'}; "
