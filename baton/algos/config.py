@@ -153,7 +153,7 @@ def check_advantage_needs(name: str, critic: bool, teacher: bool = False) -> Non
                          f"(teacher.path: a local HF model with the student's tokenizer)")
     if teacher and not needs.teacher:
         teachers = sorted(n for n in ADVANTAGES if estimator_needs(n).teacher)
-        raise ValueError(f"teacher: section given but algo.advantage={name!r} does not read a teacher's logprobs; "
+        raise ValueError(f"teacher: section (teacher.path) given but algo.advantage={name!r} does not read a teacher's logprobs; "
                          f"use algo.advantage in {teachers} or drop the teacher section")
     if needs.critic and not critic:
         usable = sorted(n for n in ADVANTAGES if not estimator_needs(n).critic)
