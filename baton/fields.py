@@ -16,6 +16,7 @@ RESPONSE_MASK = "response_mask"  # [B, R] 1 on generated tokens (the loss mask)
 ROLLOUT_LOGPROBS = "rollout_logprobs"  # [B, R] behaviour logprobs from the engine
 OLD_LOGPROBS = "old_logprobs"  # [B, R] trainer logprobs before the update (PPO ratio)
 REF_LOGPROBS = "ref_logprobs"  # [B, R] frozen reference policy logprobs
+TEACHER_LOGPROBS = "teacher_logprobs"  # [B, R] a distillation teacher's logprobs of the sampled tokens
 ENTROPY = "entropy"  # [B, R] per-token entropy of the policy
 VALUES = "values"  # [B, R] critic values
 REWARDS = "rewards"  # [B] scalar sequence reward (sum of weighted reward functions)

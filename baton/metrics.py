@@ -165,7 +165,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 # One panel per kind of metric: (title, keys, y range or None). A panel whose keys no line
-# has is left out (offline DPO has no reward, GRPO no DPO margins, only PPO a critic).
+# has is left out (offline DPO has no reward, GRPO no DPO margins, only PPO a critic, only
+# distillation a teacher).
 REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ...] = (
     ("training reward", ("reward/mean", "reward/accuracy"), None),
     ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies"), (0.0, 1.0)),
@@ -176,6 +177,7 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO margins", ("rewards/margins", "rewards/chosen", "rewards/rejected", "eval/rewards/margins"), None),
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
+    ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
 )
 
 

@@ -88,6 +88,7 @@ ROWS = [
     ("grpo-data-parallel", "grpo_arithmetic", [*RL, "placement.backend=ray", "placement.world_size=2"], ("ray",)),
     ("grpo-split-reward", "grpo_arithmetic", [*RL, "placement.backend=ray", "placement.pools.aux=1",
                                               "placement.roles.reward=aux"], ("ray", "slow")),
+    ("distill", "distill_arithmetic", RL, ()),
     ("ppo-critic", "ppo_arithmetic", PPO, ()),
     ("ppo-kl-in-reward", "ppo_arithmetic", [*PPO, "algo.kl_in_reward=true"], ()),
     ("ppo-one-step-off", "ppo_arithmetic", [*PPO, "trainer.mode=one_step_off"], ("ray", "slow")),

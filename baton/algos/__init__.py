@@ -9,7 +9,8 @@ Shape legend (used in every shape comment of the package):
 
 Registries (name -> function; add a variant with the matching `register_*` decorator):
     ADVANTAGES      grpo, dr_grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline, gae,
-                    turn_grpo (multi-turn: per-turn returns, one weight per trajectory)
+                    turn_grpo (multi-turn: per-turn returns, one weight per trajectory),
+                    distill (on-policy distillation: a teacher's per-token reverse KL, discount 0)
                     (`estimator_needs(name)`: what each declares it reads, e.g. values)
     POLICY_LOSSES   ppo_clip, vanilla, gspo
     KL_ESTIMATORS   k1, k2, k3, abs
@@ -30,6 +31,7 @@ from baton.algos.advantages import (
 )
 from baton.algos.aggregate import LOSS_AGG, aggregate_loss, loss_normalisers, register_loss_agg
 from baton.algos.dapo import dynamic_sampling_filter, overlong_penalty
+from baton.algos.distill import distill_advantages, distill_metrics
 from baton.algos.dpo import (
     DPO_LOSSES, dpo_loss, dpo_sigmoid_loss, hinge_loss, ipo_loss, register_dpo_loss,
     sequence_logprobs,
@@ -57,7 +59,8 @@ __all__ = [
     "ADVANTAGE_INPUTS", "ADVANTAGES", "EstimatorNeeds", "DPO_LOSSES", "KL_CONTROLLERS", "KL_ESTIMATORS", "LOSS_AGG", "OFF_POLICY",
     "PAIRINGS", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController", "PreferencePairs",
     "Registry", "UnknownName", "actor_loss", "aggregate_loss", "all_pairs", "best_worst_pairs",
-    "compute_advantages", "critic_loss", "decoupled_ppo_loss", "discounted_returns", "dpo_loss", "dpo_sigmoid_loss",
+    "compute_advantages", "critic_loss", "decoupled_ppo_loss", "discounted_returns", "distill_advantages",
+    "distill_metrics", "dpo_loss", "dpo_sigmoid_loss",
     "dr_grpo_advantages", "dynamic_sampling_filter", "entropy_from_logits", "estimator_needs",
     "explained_variance", "gae_advantages", "grpo_advantages", "group_inverse", "group_stats",
     "gspo_loss", "hinge_loss", "ipo_loss", "kl_abs", "kl_in_reward", "kl_k1", "kl_k2", "kl_k3",

@@ -39,9 +39,10 @@ ADVANTAGES = Registry("advantage estimator")
 NEEDS = Registry("advantage estimator's needs")  # name -> EstimatorNeeds, filled by register_advantage
 
 # Data inputs an estimator may read; any other keyword is a hyper-parameter.
-# values: critic values [B, R] (gae); baseline_scores: greedy-sample scores [B] (remax).
+# values: critic values [B, R] (gae); baseline_scores: greedy-sample scores [B] (remax);
+# old_logprobs, teacher_logprobs: the student's and a teacher's logprobs [B, R] (distill).
 ADVANTAGE_INPUTS = ("scores", "response_mask", "group_index", "token_rewards", "values",
-                    "baseline_scores")
+                    "baseline_scores", "old_logprobs", "teacher_logprobs")
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,30 @@ class EstimatorNeeds:
     hyper   its hyper-parameters from the config: keyword -> `algo.<key>` (gae: whiten ->
             whiten_advantages); the driver passes them by name, the config refuses the keys
             no chosen estimator reads
+    reward_if  an `algo.<key>` whose non-zero value makes it read the task reward (scores,
+            groups); "" = always. distill: task_reward_coef (0 = the teacher alone)
     """
     inputs: tuple[str, ...]
     hyper: dict[str, str] = field(default_factory=dict)
+    reward_if: str = ""
 
     @property
     def groups(self) -> bool:
-        """It compares the samples of a prompt: rollout.n >= 2 samples that differ."""
+        """It may compare the samples of a prompt (see `compares_groups` for a given config)."""
         return "group_index" in self.inputs
+
+    def reads_reward(self, algo: Any) -> bool:
+        """Whether, with `algo` (an AlgoConfig), it reads the task reward at all."""
+        return not self.reward_if or bool(getattr(algo, self.reward_if))
+
+    def compares_groups(self, algo: Any) -> bool:
+        """With `algo`, it compares the samples of a prompt: rollout.n >= 2 samples that differ."""
+        return self.groups and self.reads_reward(algo)
+
+    @property
+    def teacher(self) -> bool:
+        """It reads a teacher's logprobs (a `teacher:` section)."""
+        return "teacher_logprobs" in self.inputs
 
     @property
     def critic(self) -> bool:
@@ -81,7 +98,7 @@ class EstimatorNeeds:
 
 
 def register_advantage(name: str, *, inputs: tuple[str, ...], hyper: dict[str, str] | None = None,
-                       ) -> Callable[[Callable], Callable]:
+                       reward_if: str = "") -> Callable[[Callable], Callable]:
     """Register an estimator under `name` with what it reads (see `EstimatorNeeds`)."""
     unknown = set(inputs) - set(ADVANTAGE_INPUTS)
     if unknown:
@@ -89,7 +106,7 @@ def register_advantage(name: str, *, inputs: tuple[str, ...], hyper: dict[str, s
 
     def deco(fn: Callable) -> Callable:
         ADVANTAGES.add(name, fn)
-        NEEDS.add(name, EstimatorNeeds(tuple(inputs), dict(hyper or {})))
+        NEEDS.add(name, EstimatorNeeds(tuple(inputs), dict(hyper or {}), reward_if))
         return fn
     return deco
 

@@ -46,6 +46,9 @@ class AlgoConfig:
     gamma: float = 1.0  # GAE / return discount
     lam: float = 1.0  # GAE lambda
     whiten_advantages: bool = True  # GAE: whiten over the batch (returns never are)
+    # distill: the weight of the task reward (group-centred, on every token) added to the
+    # teacher's per-token reverse KL; 0 = the teacher alone (no reward is needed)
+    task_reward_coef: float = 0.0
     # DAPO dynamic sampling: drop prompt groups whose rewards are all equal and sample more
     # prompts, at most `dynamic_sampling_max_rounds` extra rounds, until the batch is full.
     dynamic_sampling: bool = False
@@ -88,6 +91,7 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
         (a.kl_target > 0 and a.kl_horizon > 0,
          f"algo.kl_target and algo.kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})"),
         (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, f"algo.gamma and algo.lam must be in [0, 1] (got {a.gamma}, {a.lam})"),
+        (a.task_reward_coef >= 0, f"algo.task_reward_coef must be >= 0, got {a.task_reward_coef}"),
         (a.off_policy_cap >= 1, f"algo.off_policy_cap must be >= 1, got {a.off_policy_cap}"),
         (a.dynamic_sampling_max_rounds >= 0,
          f"algo.dynamic_sampling_max_rounds must be >= 0, got {a.dynamic_sampling_max_rounds}"),
@@ -139,10 +143,18 @@ def check_algo_dependencies(algo: AlgoConfig) -> None:
                              f"(algo.advantage={algo.advantage!r}): remove it or switch it on")
 
 
-def check_advantage_needs(name: str, critic: bool) -> None:
+def check_advantage_needs(name: str, critic: bool, teacher: bool = False) -> None:
     """Raise ValueError if estimator `name` reads values and the run has no critic, or the
-    run has a critic that `name` does not read (its declared needs, `EstimatorNeeds`)."""
+    run has a critic that `name` does not read; likewise for a teacher (its declared needs,
+    `EstimatorNeeds`)."""
     needs = estimator_needs(name)
+    if needs.teacher and not teacher:
+        raise ValueError(f"algo.advantage={name!r} learns from a teacher's logprobs: give a teacher: section "
+                         f"(teacher.path: a local HF model with the student's tokenizer)")
+    if teacher and not needs.teacher:
+        teachers = sorted(n for n in ADVANTAGES if estimator_needs(n).teacher)
+        raise ValueError(f"teacher: section (teacher.path) given but algo.advantage={name!r} does not read a teacher's logprobs; "
+                         f"use algo.advantage in {teachers} or drop the teacher section")
     if needs.critic and not critic:
         usable = sorted(n for n in ADVANTAGES if not estimator_needs(n).critic)
         raise ValueError(f"algo.advantage={name!r} needs values from a critic, which this trainer does not run; "

@@ -14,11 +14,13 @@ One step, top to bottom, as the controller sees it:
     rows    --reward_model.compute_rm_scores-->      reward/model     } at once: concurrent
     rows    --reference.compute_ref_logprobs-->      ref logprobs     } when the roles sit on
     rows    --critic.compute_values-->               values           } different pools
+    rows    --teacher.compute_teacher_logprobs-->    teacher logprobs } (distill)
     rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs or
                                                      algo.off_policy)
     scores  --token_level_rewards (- beta KL_t, algo.kl_in_reward)--> token rewards
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
-                                                     before whitening)
+                                                     before whitening; distill: A_t = log
+                                                     teacher - log student, discount 0)
     rows    --OFF_POLICY[algo.off_policy]-->         advantages x w(pi_prox / mu)
     rows    --actor.update  ||  critic.update_critic-->   both launched, then both awaited;
                                                      the update's first forward also gives
@@ -48,8 +50,9 @@ from typing import Any
 import torch
 
 from baton import fields as F
-from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, dynamic_sampling_filter, estimator_needs,
-                         explained_variance, kl_in_reward, masked_mean, overlong_penalty, token_level_rewards)
+from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, distill_metrics, dynamic_sampling_filter,
+                         estimator_needs, explained_variance, kl_in_reward, masked_mean, overlong_penalty,
+                         token_level_rewards)
 from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
@@ -194,7 +197,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
     with RunSession(cfg) as run:
         state = RunState.fresh(cfg.data)
         run.roles = roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
-        actor, ref, critic = roles["actor"], roles.get("reference"), roles.get("critic")
+        actor, ref, critic, teacher = roles["actor"], roles.get("reference"), roles.get("critic"), roles.get("teacher")
         source = row_source(cfg, roles, state)
         run.closing.append(source)
         if critic is not None or len({cfg.placement.pool_of(r) for r in roles}) > 1 and t.mode == "sync":
@@ -233,6 +236,8 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     pending.append(ref.compute_ref_logprobs(batch))
                 if critic is not None:
                     pending.append(critic.compute_values(batch))
+                if teacher is not None:  # the teacher's logprobs of the student's tokens
+                    pending.append(teacher.compute_teacher_logprobs(batch))
                 if proximal:  # pi_prox: the trainer's logprobs at the step's start
                     pending.append(actor.compute_logprobs(batch))
                 for future in pending:
@@ -257,7 +262,10 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             batch[F.ADVANTAGES], batch[F.RETURNS] = compute_advantages(
                 algo.advantage, scores=batch[F.REWARDS], response_mask=mask, token_rewards=token_rewards,
                 group_index=groups, values=batch[F.VALUES] if critic is not None else None,
-                baseline_scores=batch["baseline_scores"] if cfg.remax else None, **hyper)
+                baseline_scores=batch["baseline_scores"] if cfg.remax else None, old_logprobs=batch[F.OLD_LOGPROBS],
+                teacher_logprobs=batch[F.TEACHER_LOGPROBS] if teacher is not None else None, **hyper)
+            if teacher is not None:  # how far the student is from the teacher, on its own samples
+                metrics.update(distill_metrics(batch[F.OLD_LOGPROBS], batch[F.TEACHER_LOGPROBS], mask))
             if proximal:  # mu (the engine; older when generated ahead) against the trainer's pi_prox
                 weights, stats = OFF_POLICY[algo.off_policy](batch[F.OLD_LOGPROBS], batch[F.ROLLOUT_LOGPROBS],
                                                              mask, cap=algo.off_policy_cap)

@@ -14,6 +14,8 @@ next to what they configure:
                                                              DAPO) and the actor (its loss)
     actor         baton.workers.actor.ActorConfig            actor
     critic        baton.workers.critic.CriticConfig | null   critic (present = on)
+    teacher       baton.workers.teacher.TeacherConfig | null teacher (on-policy distillation:
+                                                             algo.advantage=distill)
     placement     baton.controller.placement.PlacementConfig
     trainer       RLTrainerConfig: TrainerConfig + check_weight_sync, mode, max_staleness
 
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from baton.agents.config import AgentConfig, GatewayAgentConfig
-from baton.algos import estimator_needs
+from baton.algos import ADVANTAGES, estimator_needs
 from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_dependencies, check_algo_names,
                                 check_algo_ranges)
 from baton.controller.placement import PlacementConfig
@@ -54,6 +56,7 @@ from baton.workers.critic import CriticConfig
 from baton.workers.reward import RewardConfig
 from baton.workers.reward_model import RewardModelConfig
 from baton.workers.rollout import RolloutConfig
+from baton.workers.teacher import TeacherConfig
 
 DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae"}
 GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
@@ -104,6 +107,7 @@ class PPOConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig | None = None
+    teacher: TeacherConfig | None = None  # algo.advantage: distill (on-policy distillation)
     agent: AgentConfig | None = None  # data.source: agent (multi-turn episodes with tools)
     gateway: GatewayAgentConfig | None = None  # data.source: gateway (an OpenAI-speaking agent)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -121,6 +125,8 @@ class PPOConfig:
             out.append("reference")
         if self.critic is not None:
             out.append("critic")
+        if self.teacher is not None:
+            out.append("teacher")
         return out
 
     @property
@@ -141,9 +147,9 @@ class PPOConfig:
             section.check()
         if self.reward.functions:
             self.reward.check()
-        elif self.reward_model is None and not self.source.scored:
+        elif self.reward_model is None and not self.source.scored and self._reads_reward:
             raise ValueError("reward.functions is empty and there is no reward_model: nothing scores the rollouts")
-        for section in (self.reward_model, self.critic, self.agent, self.gateway):
+        for section in (self.reward_model, self.critic, self.teacher, self.agent, self.gateway):
             if section is not None:
                 section.check()
         self._check_algo()
@@ -153,13 +159,20 @@ class PPOConfig:
         self._check_weight_sync()
         self._check_sizes()
 
+    @property
+    def _reads_reward(self) -> bool:
+        """Whether the estimator reads a task reward (distill with task_reward_coef 0 does not:
+        its teacher is the signal; a reward given then is scored for the metrics only)."""
+        name = self.algo.advantage  # an unknown name is _check_algo's to refuse
+        return name not in ADVANTAGES or estimator_needs(name).reads_reward(self.algo)
+
     def _check_algo(self) -> None:
         a, n = self.algo, self.rollout.n
         check_algo_names(a)
         check_algo_ranges(a)
         check_algo_dependencies(a)
-        check_advantage_needs(a.advantage, critic=self.critic is not None)
-        groups = estimator_needs(a.advantage).groups  # it compares the samples of a prompt
+        check_advantage_needs(a.advantage, critic=self.critic is not None, teacher=self.teacher is not None)
+        groups = estimator_needs(a.advantage).compares_groups(a)  # it compares the samples of a prompt
         if groups or a.dynamic_sampling:
             what = f"algo.advantage={a.advantage!r}" if groups else "algo.dynamic_sampling"
             if n < 2:

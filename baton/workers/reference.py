@@ -3,6 +3,8 @@
 Consumes prompt/response ids; produces ref_logprobs [B, R]. Loaded only when
 `algo.kl_coef > 0` (GRPO) or unless `dpo.reference_free` (DPO). Online DPO may refresh it
 to the current policy every K steps (`load_weights`, iterative / SPIN-style).
+The teacher of on-policy distillation (`baton.workers.teacher`) is this worker on another
+model: `frozen_logprobs` is the one computation both run.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ class ReferenceWorker(Worker):
         self.model.eval().requires_grad_(False)
         self.par = wrap(self.model, self.mesh, strategy)
 
+    def frozen_logprobs(self, batch: Batch) -> Any:
+        """[B, R] logprobs of the rows' response tokens under the frozen model (fp32: logits
+        are upcast before the softmax), at the rollout temperature."""
+        with autocast(self.device, self.bf16):
+            return batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)["logprobs"]
+
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        with autocast(self.device, self.bf16):
-            out = batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
-        return Batch({F.REF_LOGPROBS: out["logprobs"]})
+        return Batch({F.REF_LOGPROBS: self.frozen_logprobs(batch)})
 
     # --- refresh (online DPO's dpo.ref_refresh_every) ------------------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -4,9 +4,9 @@ config sections.
 By default every role is colocated on the pool "main" of `placement.world_size` slots: each
 slot is one process hosting the actor, the rollout engine (which reads the actor's `Policy`
 in place), the reward functions and, when KL is on, the reference; with a PPO config also
-the critic and the reward model when their sections are present. `placement.pools` and
-`placement.roles` move the reward, reference, critic and/or reward model to pools of their
-own (split placement), where their calls run concurrently with the actor's. On the `local` backend every pool is the
+the critic, the reward model and a distillation teacher when their sections are present.
+`placement.pools` and `placement.roles` move the reward, reference, teacher, critic and/or
+reward model to pools of their own (split placement), where their calls run concurrently with the actor's. On the `local` backend every pool is the
 driver's own process (world size 1; breakpoints in workers work).
 
 A rollout on a pool other than the actor's (disaggregated; `trainer.mode` one_step_off /
@@ -32,6 +32,7 @@ from baton.workers.reference import ReferenceWorker
 from baton.workers.reward import RewardWorker
 from baton.workers.reward_model import RewardModelWorker
 from baton.workers.rollout import RolloutWorker
+from baton.workers.teacher import TeacherWorker
 
 
 def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
@@ -53,6 +54,10 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
     }
     if cfg.reward_model is not None:
         classes["reward_model"] = (RewardModelWorker, (cfg.reward_model,), {})
+    if cfg.teacher is not None:  # the reference's machinery on the teacher's model
+        classes["teacher"] = (TeacherWorker, (cfg.teacher,),
+                              dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
+                                   strategy=cfg.actor.strategy))
     if cfg.critic is not None:
         classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
                              dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,

@@ -76,7 +76,7 @@ class TiedGroups:
         from baton.algos import estimator_needs
 
         self.names = reward_names(cfg)
-        self.group_relative = estimator_needs(cfg.algo.advantage).groups  # it compares a prompt's samples
+        self.group_relative = estimator_needs(cfg.algo.advantage).compares_groups(cfg.algo)  # it compares a prompt's samples
         self.metrics_path = Path(cfg.trainer.run_dir) / METRICS_FILE
         self.steps: int | None = None  # steps in which most groups tied (read at the first check)
         self.warned = False

@@ -52,7 +52,8 @@ class NonFiniteError(FloatingPointError):
 
 def check_inputs(cfg: Any) -> None:
     """What must exist before a run writes anything (a ConfigError, one line): the model dir
-    (with a config.json), a critic's own backbone, and an export path that holds no model."""
+    (with a config.json), a critic's own backbone, a teacher with the student's vocabulary,
+    and an export path that holds no model."""
     model = getattr(cfg, "model", None)
     if hasattr(model, "check"):
         model.check()
@@ -61,6 +62,9 @@ def check_inputs(cfg: Any) -> None:
     critic = getattr(cfg, "critic", None)  # a critic's own backbone ("" = the actor's model.path)
     if getattr(critic, "path", ""):
         check_model_path(critic.path, "critic.path")
+    teacher = getattr(cfg, "teacher", None)  # a distillation teacher: its dir, and the student's vocabulary
+    if teacher is not None:
+        teacher.check_files(cfg.model.path)
     check_export_path(getattr(cfg.trainer, "save_path", None))  # an export never overwrites a model (the shipped one)
 
 

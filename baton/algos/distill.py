@@ -1,0 +1,68 @@
+"""On-policy distillation: the `distill` advantage estimator and its metrics.
+
+The student samples, a frozen teacher scores every sampled token, and the per-token reverse
+KL is the learning signal (GKD, Agarwal et al. 2024; Thinking Machines' "On-Policy
+Distillation" and the Tinker cookbook, whose shape this follows):
+
+    A_t = -(log pi_s(x_t) - log pi_t(x_t))  +  c * (r - mean_group r)       on policy tokens
+        = log pi_t(x_t) - log pi_s(x_t)       (c = algo.task_reward_coef = 0: pure distillation)
+
+with discount 0: each token is credited only with its own log-ratio (no return-to-go), so the
+signal is dense and exact per token, and the policy-gradient step with this advantage is the
+gradient of the sampled reverse KL, KL(pi_s || pi_t) = E_{x ~ pi_s}[log pi_s - log pi_t].
+The task term (optional) is Dr. GRPO's group-centred reward on every token of the row, as the
+cookbook mixes it; it needs groups (rollout.n >= 2). No whitening: the log-ratio has a scale
+of its own (nats), which whitening would throw away.
+
+`old_logprobs` are the student's logprobs at the step's start (the engine's behaviour
+logprobs, or the trainer's recomputed proximal ones with an off-policy correction: either way
+the policy the step moves away from), `teacher_logprobs` the teacher's of the same tokens at
+the same temperature. Observation tokens of agent rows (mask 0) get 0.
+
+`distill_metrics` says how far the student is from the teacher on its own samples:
+    distill/reverse_kl        mean over policy tokens of log pi_s - log pi_t (the k1 estimate)
+    distill/teacher_logprob   mean teacher logprob of the student's tokens
+    distill/teacher_below     fraction of tokens the teacher finds at least 2x less likely
+                              than the student does (log pi_t < log pi_s - log 2): a stand-in
+                              for "the teacher disagrees", since the teacher's full logits are
+                              not kept (logprobs come from the fused head, no [V] row per token)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from baton.algos.advantages import dr_grpo_advantages, register_advantage
+from baton.algos.masked import masked_mean
+
+DISAGREE_MARGIN = math.log(2.0)  # teacher_below: the teacher gives the token < half the student's probability
+
+
+@register_advantage("distill", inputs=("old_logprobs", "teacher_logprobs", "response_mask", "scores", "group_index"),
+                    hyper={"task_reward_coef": "task_reward_coef"}, reward_if="task_reward_coef")
+def distill_advantages(*, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, response_mask: torch.Tensor,
+                       scores: torch.Tensor | None = None, group_index: torch.Tensor | None = None,
+                       group_size: int | None = None, task_reward_coef: float = 0.0):
+    """See the module docstring. old_logprobs, teacher_logprobs, response_mask [B, R];
+    scores [B] and groups only with task_reward_coef != 0. Returns (advantages, returns),
+    equal, 0 off the mask."""
+    mask = response_mask.bool()  # [B, R]
+    gap = teacher_logprobs.detach().float() - old_logprobs.detach().float()  # [B, R] -(log s - log t)
+    adv = torch.where(mask, gap, 0.0)  # `where`: whatever sits on padding / observations stays out
+    if task_reward_coef:
+        task, _ = dr_grpo_advantages(scores=scores.float(), response_mask=response_mask,
+                                     group_index=group_index, group_size=group_size)  # [B, R]
+        adv = adv + task_reward_coef * task
+    return adv, adv
+
+
+def distill_metrics(old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+                    response_mask: torch.Tensor) -> dict[str, float]:
+    """The step's distill/* metrics (module docstring), means over the policy tokens."""
+    student, teacher = old_logprobs.float(), teacher_logprobs.float()  # [B, R] each
+    below = (teacher < student - DISAGREE_MARGIN).float()  # [B, R]
+    return {"distill/reverse_kl": masked_mean(student - teacher, response_mask).item(),
+            "distill/teacher_logprob": masked_mean(teacher, response_mask).item(),
+            "distill/teacher_below": masked_mean(below, response_mask).item()}
