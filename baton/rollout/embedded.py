@@ -163,20 +163,25 @@ class EmbeddedEngine:
             raise ValueError("empty prompt: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        return Generation(self, self._steps(prompts, params, should_stop))
+        live: dict[str, Any] = {}  # what `Generation.partial` reads between slices (streaming)
+        return Generation(self, self._steps(prompts, params, should_stop, live), live)
 
     def _steps(self, prompts: list[list[int]], params: SamplingParams,
-               should_stop: Callable[[], bool] | None):
+               should_stop: Callable[[], bool] | None, live: dict[str, Any] | None = None):
         """The generation as a Python generator: yields after each prefill / decode step,
-        returns the completions. Runs inside `Generation.advance` (inference mode, eval)."""
+        returns the completions. Runs inside `Generation.advance` (inference mode, eval).
+        `live` is kept current: `results`, `n`, the running `group`, its buffers and step."""
         results: list[list[Completion]] = [[] for _ in prompts]
+        live = {} if live is None else live
+        live.update(results=results, n=params.n)
         self.runner.pack(self._lora_for(params))
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         for group in self._groups(prompts, params):
+            live.update(group=group, t=0, buffers=None)
             comps_by_prompt = yield from self._generate_group([prompts[i] for i in group], params, generator,
-                                                              should_stop)
+                                                              should_stop, live)
             for i, comps in zip(group, comps_by_prompt):
                 for c in comps:
                     c.prompt_index = i
@@ -199,9 +204,9 @@ class EmbeddedEngine:
         return groups
 
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
-                        should_stop: Callable[[], bool] | None = None):
+                        should_stop: Callable[[], bool] | None = None, live: dict[str, Any] | None = None):
         """Generator: yields after the prefill and after each decode step; returns the
-        group's completions, per prompt."""
+        group's completions, per prompt. `live` gets the token buffers and the step count."""
         if should_stop is not None and should_stop():  # before this group's prefill
             raise GenerationCancelled("generation cancelled before prefill")
         device, n, max_new = self.device, params.n, params.max_new_tokens
@@ -228,6 +233,8 @@ class EmbeddedEngine:
         alive_list = list(range(rows))
         done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
         every = 1 if texts is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        if live is not None:
+            live["buffers"] = (out_tokens, hits)
 
         for t in range(max_new):
             if should_stop is not None and should_stop():
@@ -241,6 +248,8 @@ class EmbeddedEngine:
                     hit |= texts.push(alive_list, tokens.tolist()).to(device)
                 hits[alive, t] = hit
                 done |= hit
+            if live is not None:
+                live["t"] = t + 1  # tokens recorded so far
             if t == max_new - 1:
                 break
             if stops and (t + 1) % every == 0:

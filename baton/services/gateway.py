@@ -71,7 +71,7 @@ from baton.data.turns import assistant_close, boundary_after  # whatever ended t
 from baton.rollout._http_guards import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
                                         quiet_clients_left_open, run_uvicorn)
 from baton.rollout.server.schemas import ChatCompletionRequest, stop_list, unsupported
-from baton.rollout.server.stream import chat_chunks, include_usage, sse
+from baton.rollout.server.stream import ChatStream, include_usage, stream_response
 from baton.rollout.server.tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
 from baton.services.gateway_engines import HttpEngine
@@ -272,7 +272,9 @@ class Gateway:
         `app()`: on the caller's loop)."""
         return fn(*args) if self.tok_thread is None else await self.tok_thread.run(fn, *args)
 
-    async def chat(self, sid: str, req: ChatCompletionRequest) -> dict[str, Any]:
+    async def chat(self, sid: str, req: ChatCompletionRequest, on_progress: Any = None) -> dict[str, Any]:
+        """One turn; `on_progress` (streaming) gets the sampled tokens as they come (engines
+        that report them: `InProcessEngine` over a sliced engine)."""
         s = self.session(sid)
         check_model(req.model, self.served_names)
         reason = unsupported(req)
@@ -309,7 +311,8 @@ class Gateway:
             except ValueError as exc:
                 raise HTTPException(400, str(exc)) from exc
             try:
-                out = await self.engine.sample(list(s.tokens), params)
+                kw = {} if on_progress is None else {"on_progress": on_progress}  # engines without it: whole
+                out = await self.engine.sample(list(s.tokens), params, **kw)
             except HTTPException:
                 raise
             except ValueError as exc:  # e.g. the trajectory outgrew the model's context
@@ -388,8 +391,12 @@ class Gateway:
 
         @app.post("/sessions/{sid}/v1/chat/completions")
         async def chat(sid: str, req: ChatCompletionRequest, request: Request) -> Any:
-            out = await gw.chat(sid, req)
-            return sse(chat_chunks(out, include_usage(req.stream_options))) if req.stream else out
+            if req.stream:
+                return await stream_response(
+                    lambda progress: gw.chat(sid, req, progress),
+                    ChatStream(gw.model_name, gw.tok, stop_list(req.stop), tools=bool(req.tools),
+                               include_usage=include_usage(req.stream_options)))
+            return await gw.chat(sid, req)
 
         return app
 

@@ -18,7 +18,8 @@ Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requ
                                     ignore_eos, return_token_ids, return_tokens_as_token_ids
   POST /v1/chat/completions         OpenAI chat; the prompt is the tokenizer's chat template
                                     (with `tools`; tool calls parsed: tools.py)
-  stream=True on both /v1 routes:   server-sent events, OpenAI chunks (stream.py)
+  stream=True on both /v1 routes:   server-sent events, OpenAI chunks, token by token
+                                    (stream.py); stream_options.include_usage
   POST /generate                    token-in / token-out, SGLang's shape (below)
   GET  /get_model_info, /get_weight_version, /stats
 Admin endpoints (off with --no-admin: 403):
