@@ -88,6 +88,7 @@ class EmbeddedEngine:
     """
 
     shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
+    structured_outputs = True  # enforces SamplingParams.grammar (baton.rollout.constrained)
 
     @classmethod
     def build(cls, module: nn.Module, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> "EmbeddedEngine":
@@ -163,6 +164,10 @@ class EmbeddedEngine:
             raise ValueError("empty prompt: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        if params.grammar is not None:
+            from baton.rollout.constrained import check_grammar  # llguidance: the `structured` extra
+
+            check_grammar(params.grammar)
         live: dict[str, Any] = {}  # what `Generation.partial` reads between slices (streaming)
         return Generation(self, self._steps(prompts, params, should_stop, live), live)
 
@@ -227,18 +232,21 @@ class EmbeddedEngine:
         out_tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [rows, max_new]
         out_logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
-        stops = stop_ids_t.numel() > 0 or texts is not None
+        guide = self._guide(params, logits.shape[-1], rows)  # a grammar's per-row state (None: no grammar)
+        stops = stop_ids_t.numel() > 0 or texts is not None or guide is not None
         hits = torch.zeros(rows, max_new, dtype=torch.bool, device=device) if stops else None  # a stop at [row, t]
         alive = torch.arange(rows, device=device)  # batch row -> group row
         alive_list = list(range(rows))
         done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
-        every = 1 if texts is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        every = 1 if texts is not None or guide is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
         if live is not None:
             live["buffers"] = (out_tokens, hits)
 
         for t in range(max_new):
             if should_stop is not None and should_stop():
                 raise GenerationCancelled(f"generation cancelled after {t} of {max_new} steps")
+            if guide is not None:
+                logits = guide.mask(logits, alive_list)  # [b, V] -inf where the grammar forbids
             tokens, logprobs = sample(logits, params, generator)  # [b], [b]
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
@@ -246,6 +254,8 @@ class EmbeddedEngine:
                 hit = torch.isin(tokens, stop_ids_t)  # [b]
                 if texts is not None:
                     hit |= texts.push(alive_list, tokens.tolist()).to(device)
+                if guide is not None:
+                    hit |= guide.advance(alive_list, tokens.tolist()).to(device)
                 hits[alive, t] = hit
                 done |= hit
             if live is not None:
@@ -264,6 +274,13 @@ class EmbeddedEngine:
             logits = decoder.decode(tokens)  # [b, V]
             yield
         return self._completions(out_tokens, out_logprobs, hits, B, n)
+
+    def _guide(self, params: SamplingParams, vocab: int, rows: int) -> Any:
+        if params.grammar is None:
+            return None
+        from baton.rollout.constrained import Guide  # llguidance: the `structured` extra
+
+        return Guide(params.grammar, self.tokenizer, vocab, self.eos_token_ids, rows)
 
     def _completions(self, out_tokens: torch.Tensor, out_logprobs: torch.Tensor, hits: torch.Tensor | None,
                      B: int, n: int) -> list[list[Completion]]:

@@ -37,6 +37,7 @@ class InProcessEngine:
 
     def __init__(self, engine: Any, max_batch_wait_ms: float = 2.0, max_batch_seqs: int = 256):
         self.engine = engine
+        self.structured_outputs = bool(getattr(engine, "structured_outputs", False))  # SamplingParams.grammar
         self._args = (max_batch_wait_ms, max_batch_seqs)
         self._batcher: Batcher | None = None
 
@@ -51,6 +52,8 @@ class InProcessEngine:
 class HttpEngine:
     """A `baton serve` (or SGLang) server, token in / token out through /generate."""
 
+    structured_outputs = True  # a grammar goes as /generate's `grammar`; the server refuses it if it cannot
+
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
@@ -62,6 +65,8 @@ class HttpEngine:
               "stop_token_ids": params.stop_token_ids or None, "ignore_eos": params.ignore_eos}
         if params.seed is not None:
             sp["sampling_seed"] = params.seed
+        if params.grammar is not None:
+            sp["grammar"] = params.grammar
         r = await self.client.post("/generate", json={"input_ids": ids, "sampling_params": sp, "return_logprob": True})
         if r.status_code != 200:
             raise HTTPException(r.status_code if 400 <= r.status_code < 500 else 502, f"engine: {_reason(r)}")

@@ -95,8 +95,9 @@ Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen 
 OpenAI `top_logprobs` (chat) and `logprobs` (completions) up to 20, as vLLM's server: the
 alternatives come from one teacher-forced forward pass (`logprobs.py`; engines
 without an in-process model and LoRA requests: a 400 above 1). `tool_choice` "required" or a
-named function prefills the Hermes call's opening (`tools.py`). `response_format`
-is a 400.
+named function and `response_format` (json_object, json_schema) are guaranteed by
+constrained decoding (`structured.py`; the `structured` extra, llguidance); /generate takes
+SGLang's `json_schema` / `regex` and baton's `grammar` (Lark) the same way.
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one

@@ -2,7 +2,8 @@
 
 Request/response shapes are documented in `baton/rollout/server/app.py`. Every request is
 checked by `srv.check_request` (token ids, context length, token caps) before it is queued.
-Top-N logprobs: `logprobs.py`; tools and tool_choice: `tools.py`.
+Top-N logprobs: `logprobs.py`; tools and tool_choice: `tools.py`; response_format and forced
+tool calls by constrained decoding: `structured.py`; streaming: `stream.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from baton.rollout.server.logprobs import alternatives, can_score
 from baton.rollout.server.stream import ChatStream, CompletionStream, include_usage, stream_response
 from baton.rollout.server.tools import (assistant_message, check_tools, forced_message, forced_opening,
                                         message_dicts, render)
+from baton.rollout.server.structured import chat_grammar, constrains, generate_grammar
 from baton.rollout.server.schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
                                           unsupported)
 from baton.rollout.protocol import Completion, SamplingParams
@@ -40,7 +42,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         params = _params(n=req.n, max_new_tokens=max_new,
                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                          stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos,
-                         lora=lora)
+                         lora=lora, grammar=chat_grammar(srv.engine, req.response_format, None, None))
 
         async def answer(on_progress: Any = None) -> dict[str, Any]:
             comps = await srv.generate(request, prompts, params, on_progress)
@@ -58,7 +60,9 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         _reject_unsupported(req, can_score(srv.engine, lora))
         tok = srv.need_tokenizer()
         tools = check_tools(req.tools, req.tool_choice)
-        opening = forced_opening(req.tool_choice) if tools else ""
+        grammar = chat_grammar(srv.engine, req.response_format, tools, req.tool_choice)
+        # a forced tool_choice: a grammar, or (engines without one) the call's opening prefilled
+        opening = forced_opening(req.tool_choice) if tools and not constrains(srv.engine) else ""
         try:
             messages = message_dicts(req.messages)
         except ValueError as exc:
@@ -72,7 +76,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         max_new = req.max_completion_tokens or req.max_tokens or srv.default_tokens([prompt])
         params = _params(n=req.n, max_new_tokens=max_new, temperature=req.temperature, top_p=req.top_p,
                          top_k=req.top_k, min_p=req.min_p, stop=stops, stop_token_ids=req.stop_token_ids,
-                         seed=req.seed, ignore_eos=req.ignore_eos, lora=lora)
+                         seed=req.seed, ignore_eos=req.ignore_eos, lora=lora, grammar=grammar)
 
         async def answer(on_progress: Any = None) -> dict[str, Any]:
             comps = await srv.generate(request, [prompt], params, on_progress)
@@ -105,7 +109,8 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         params = _params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
                          top_k=sp.top_k, min_p=sp.min_p, stop=stops, stop_token_ids=sp.stop_token_ids,
                          seed=sp.seed if sp.seed is not None else sp.sampling_seed, ignore_eos=sp.ignore_eos,
-                         lora=srv.lora_for(req.lora_path))
+                         lora=srv.lora_for(req.lora_path),
+                         grammar=generate_grammar(srv.engine, sp.json_schema, sp.regex, sp.grammar))
         comps = await srv.generate(request, prompts, params)
         rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
         outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
@@ -156,7 +161,8 @@ async def _chat_answer(srv, req: ChatCompletionRequest, prompt: list[int], stops
         else:
             message, called = assistant_message(srv.text(c, stops), parse=tools is not None)
         choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
-                                  "finish_reason": "tool_calls" if called else c.finish_reason}
+                                  "finish_reason": "tool_calls" if called and c.finish_reason != "length"
+                                  else c.finish_reason}  # a call cut short is "length", as OpenAI's
         if req.logprobs:
             content = []
             for j, (t, lp) in enumerate(zip(c.token_ids, c.logprobs)):
@@ -180,13 +186,13 @@ async def _chat_answer(srv, req: ChatCompletionRequest, prompt: list[int], stops
 
 def _params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
             stop: list[str], stop_token_ids: list[int] | None, seed: int | None, ignore_eos: bool,
-            lora: str | None = None) -> SamplingParams:
+            lora: str | None = None, grammar: str | None = None) -> SamplingParams:
     if 0 < temperature < MIN_TEMPERATURE:
         raise HTTPException(400, f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {temperature:g}")
     try:
         return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               top_k=max(top_k, 0), min_p=min_p, stop=stop, stop_token_ids=list(stop_token_ids or []),
-                              seed=seed, ignore_eos=ignore_eos, lora=lora)
+                              seed=seed, ignore_eos=ignore_eos, lora=lora, grammar=grammar)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from exc
 
