@@ -12,7 +12,7 @@ weights through it, `baton.envs` evaluates through it), so none of those import 
 
 Logprob convention: `Completion.logprobs[t]` is log_softmax(logits / temperature) of the
 chosen token (temperature 0 -> greedy, logprobs at temperature 1), taken *before*
-top-k / top-p / min-p filtering. The trainer computes its logprobs the same way, so the PPO
+top-k / top-p / min-p filtering (but after a `grammar`'s mask: baton.rollout.constrained). The trainer computes its logprobs the same way, so the PPO
 ratio of an unchanged policy is exactly 1.
 """
 
@@ -40,6 +40,10 @@ class SamplingParams:
     # a LoRA adapter the engine serves by name (baton serve / vLLM / SGLang load_lora_adapter);
     # None: the engine's own weights (a colocated LoRA policy: its live adapter)
     lora: str | None = None
+    # structured outputs: a Lark grammar (llguidance's dialect, `baton.rollout.grammars`) every
+    # completion must match; enforced by masking the logits before sampling, and the logprobs
+    # are then the masked distribution's (baton.rollout.constrained). None: unconstrained.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -23,8 +23,10 @@ def evaluate(
     max_new_tokens: int = 16,
     temperature: float = 1.0,
     seed: int = 0,
+    grammar: str | None = None,
 ) -> dict[str, float]:
     """Accuracy of `engine`'s completions on `rows`: {"accuracy", "stop_rate", "samples"}.
+    grammar: the constraint the run's completions are sampled under (rollout.response_format).
 
     greedy=True takes one temperature-0 completion per prompt (n is ignored); otherwise n
     seeded samples per prompt at `temperature`, and accuracy is the mean over all of them.
@@ -39,6 +41,7 @@ def evaluate(
         temperature=0.0 if greedy else temperature,
         max_new_tokens=max_new_tokens,
         seed=seed,
+        grammar=grammar,
     )
     done = engine.generate(prompts, params)
     texts = tokenizer.batch_decode([c.token_ids for c in done], skip_special_tokens=True)

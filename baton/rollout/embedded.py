@@ -91,6 +91,7 @@ class EmbeddedEngine:
     """
 
     shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
+    structured_outputs = True  # enforces SamplingParams.grammar (baton.rollout.constrained)
 
     @classmethod
     def build(cls, module: nn.Module, tokenizer: Any, *, model_path: str | None = None, **options: Any) -> "EmbeddedEngine":
@@ -167,7 +168,12 @@ class EmbeddedEngine:
             raise ValueError("empty prompt: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        gen = Generation(self, self._steps(prompts, params, should_stop))
+        if params.grammar is not None:
+            from baton.rollout.constrained import check_grammar  # llguidance: the `structured` extra
+
+            check_grammar(params.grammar)
+        live: dict[str, Any] = {}  # what `Generation.partial` reads between slices (streaming)
+        gen = Generation(self, self._steps(prompts, params, should_stop, live), live)
         self._in_flight.add(gen)
         return gen
 
@@ -179,17 +185,21 @@ class EmbeddedEngine:
             self.runner.unpack()
 
     def _steps(self, prompts: list[list[int]], params: SamplingParams,
-               should_stop: Callable[[], bool] | None):
+               should_stop: Callable[[], bool] | None, live: dict[str, Any] | None = None):
         """The generation as a Python generator: yields after each prefill / decode step,
-        returns the completions. Runs inside `Generation.advance` (inference mode, eval)."""
+        returns the completions. Runs inside `Generation.advance` (inference mode, eval).
+        `live` is kept current: `results`, `n`, the running `group`, its buffers and step."""
         results: list[list[Completion]] = [[] for _ in prompts]
+        live = {} if live is None else live
+        live.update(results=results, n=params.n)
         self.runner.pack(self._lora_for(params), reuse=len(self._in_flight) > 1)  # shared with those in flight
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         for group in self._groups(prompts, params):
+            live.update(group=group, t=0, buffers=None)
             comps_by_prompt = yield from self._generate_group([prompts[i] for i in group], params, generator,
-                                                              should_stop)
+                                                              should_stop, live)
             for i, comps in zip(group, comps_by_prompt):
                 for c in comps:
                     c.prompt_index = i
@@ -212,9 +222,9 @@ class EmbeddedEngine:
         return groups
 
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
-                        should_stop: Callable[[], bool] | None = None):
+                        should_stop: Callable[[], bool] | None = None, live: dict[str, Any] | None = None):
         """Generator: yields after the prefill and after each decode step; returns the
-        group's completions, per prompt."""
+        group's completions, per prompt. `live` gets the token buffers and the step count."""
         if should_stop is not None and should_stop():  # before this group's prefill
             raise GenerationCancelled("generation cancelled before prefill")
         device, n, max_new = self.device, params.n, params.max_new_tokens
@@ -235,16 +245,21 @@ class EmbeddedEngine:
         out_tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [rows, max_new]
         out_logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         texts = StopStringMatcher(self.tokenizer, params.stop, rows) if params.stop else None
-        stops = stop_ids_t.numel() > 0 or texts is not None
+        guide = self._guide(params, logits.shape[-1], rows)  # a grammar's per-row state (None: no grammar)
+        stops = stop_ids_t.numel() > 0 or texts is not None or guide is not None
         hits = torch.zeros(rows, max_new, dtype=torch.bool, device=device) if stops else None  # a stop at [row, t]
         alive = torch.arange(rows, device=device)  # batch row -> group row
         alive_list = list(range(rows))
         done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
-        every = 1 if texts is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        every = 1 if texts is not None or guide is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        if live is not None:
+            live["buffers"] = (out_tokens, hits)
 
         for t in range(max_new):
             if should_stop is not None and should_stop():
                 raise GenerationCancelled(f"generation cancelled after {t} of {max_new} steps")
+            if guide is not None:
+                logits = guide.mask(logits, alive_list)  # [b, V] -inf where the grammar forbids
             tokens, logprobs = sample(logits, params, generator)  # [b], [b]
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
@@ -252,8 +267,12 @@ class EmbeddedEngine:
                 hit = torch.isin(tokens, stop_ids_t)  # [b]
                 if texts is not None:
                     hit |= texts.push(alive_list, tokens.tolist()).to(device)
+                if guide is not None:
+                    hit |= guide.advance(alive_list, tokens.tolist()).to(device)
                 hits[alive, t] = hit
                 done |= hit
+            if live is not None:
+                live["t"] = t + 1  # tokens recorded so far
             if t == max_new - 1:
                 break
             if stops and (t + 1) % every == 0:
@@ -268,6 +287,13 @@ class EmbeddedEngine:
             logits = decoder.decode(tokens)  # [b, V]
             yield
         return self._completions(out_tokens, out_logprobs, hits, B, n)
+
+    def _guide(self, params: SamplingParams, vocab: int, rows: int) -> Any:
+        if params.grammar is None:
+            return None
+        from baton.rollout.constrained import Guide  # llguidance: the `structured` extra
+
+        return Guide(params.grammar, self.tokenizer, vocab, self.eos_token_ids, rows)
 
     def _completions(self, out_tokens: torch.Tensor, out_logprobs: torch.Tensor, hits: torch.Tensor | None,
                      B: int, n: int) -> list[list[Completion]]:

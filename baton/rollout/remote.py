@@ -176,6 +176,10 @@ class RemoteEngine:
             sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             sp["seed" if self.dialect == "baton" else "sampling_seed"] = params.seed
+        if params.grammar is not None:  # baton's /generate extension (SGLang's ebnf is another dialect)
+            if self.dialect != "baton":
+                raise ValueError(f"SamplingParams.grammar: the {self.dialect} dialect cannot send a grammar")
+            sp["grammar"] = params.grammar
         body: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": sp,
                                 "return_logprob": True}
         if params.lora is not None:
@@ -225,6 +229,8 @@ class RemoteEngine:
             return None
 
     def _generate_vllm(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if params.grammar is not None:
+            raise ValueError("SamplingParams.grammar: the vllm dialect cannot send a grammar")
         body: dict[str, Any] = {
             "model": params.lora or self._model_name(), "prompt": [list(p) for p in prompts], "n": params.n,
             "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,

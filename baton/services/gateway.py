@@ -50,8 +50,11 @@ strict JSON (NaN, lone surrogates: 400); chat templates rendered and prompts tok
 thread, so /health answers meanwhile; a `model` other than the served name (or its
 aliases) is a 404; `tools` for a template that does not render them is a 400; every error
 is OpenAI's `{"error": {"message", "type", "param", "code"}}`. `tool_choice` "required" or a
-named function is a 400 here: a forced call would put tokens the policy did not choose
-into the trajectory.
+named function and `response_format` are enforced by constrained decoding
+(`baton.rollout.server.structured`): the policy samples every token under the grammar's mask
+and the trajectory keeps the masked distribution's logprobs (`baton.rollout.constrained`).
+An engine without constrained decoding makes them a 400 (a prefilled call would put tokens
+the policy did not choose into the trajectory).
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ from baton.data.turns import assistant_close, boundary_after  # whatever ended t
 from baton.rollout._http_guards import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
                                         quiet_clients_left_open, run_uvicorn)
 from baton.rollout.server.schemas import ChatCompletionRequest, stop_list, unsupported
-from baton.rollout.server.stream import chat_chunks, include_usage, sse
+from baton.rollout.server.stream import ChatStream, include_usage, stream_response
+from baton.rollout.server.structured import chat_grammar, constrains
 from baton.rollout.server.tools import assistant_message, check_tools, message_dicts, render, template_message
 from baton.rollout.protocol import SamplingParams
 from baton.services.gateway_engines import HttpEngine
@@ -272,18 +276,21 @@ class Gateway:
         `app()`: on the caller's loop)."""
         return fn(*args) if self.tok_thread is None else await self.tok_thread.run(fn, *args)
 
-    async def chat(self, sid: str, req: ChatCompletionRequest) -> dict[str, Any]:
+    async def chat(self, sid: str, req: ChatCompletionRequest, on_progress: Any = None) -> dict[str, Any]:
+        """One turn; `on_progress` (streaming) gets the sampled tokens as they come (engines
+        that report them: `InProcessEngine` over a sliced engine)."""
         s = self.session(sid)
         check_model(req.model, self.served_names)
         reason = unsupported(req)
         if reason or req.n != 1:
             raise APIError(400, reason or "n must be 1 in a gateway session (one trajectory)",
                            param=None if reason else "n")
-        if req.tool_choice not in (None, "auto", "none"):
-            raise APIError(400, f"tool_choice={req.tool_choice!r} is not supported in a gateway session: a forced "
-                                f"call would put tokens the policy did not choose into the trajectory (use 'auto')",
-                           param="tool_choice")
+        if req.tool_choice not in (None, "auto", "none") and not constrains(self.engine):
+            raise APIError(400, f"tool_choice={req.tool_choice!r} needs constrained decoding, which this gateway's "
+                                f"engine does not do: a prefilled call would put tokens the policy did not choose "
+                                f"into the trajectory (use 'auto')", param="tool_choice")
         tools = check_tools(req.tools, req.tool_choice)
+        grammar = chat_grammar(self.engine, req.response_format, tools, req.tool_choice)
         try:
             messages = message_dicts(req.messages)
         except ValueError as exc:
@@ -305,11 +312,12 @@ class Gateway:
                 params = SamplingParams(n=1, max_new_tokens=max_new, temperature=temperature, top_p=req.top_p,
                                         top_k=max(req.top_k, 0), min_p=req.min_p, stop=stop_list(req.stop),
                                         stop_token_ids=list(req.stop_token_ids or []), seed=req.seed,
-                                        ignore_eos=req.ignore_eos)
+                                        ignore_eos=req.ignore_eos, grammar=grammar)
             except ValueError as exc:
                 raise HTTPException(400, str(exc)) from exc
             try:
-                out = await self.engine.sample(list(s.tokens), params)
+                kw = {} if on_progress is None else {"on_progress": on_progress}  # engines without it: whole
+                out = await self.engine.sample(list(s.tokens), params, **kw)
             except HTTPException:
                 raise
             except ValueError as exc:  # e.g. the trajectory outgrew the model's context
@@ -334,7 +342,8 @@ class Gateway:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": "tool_calls" if called else out.finish_reason}],
+                             "finish_reason": "tool_calls" if called and out.finish_reason != "length"
+                             else out.finish_reason}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(out.token_ids),
                           "total_tokens": n_prompt + len(out.token_ids)}}
 
@@ -388,8 +397,12 @@ class Gateway:
 
         @app.post("/sessions/{sid}/v1/chat/completions")
         async def chat(sid: str, req: ChatCompletionRequest, request: Request) -> Any:
-            out = await gw.chat(sid, req)
-            return sse(chat_chunks(out, include_usage(req.stream_options))) if req.stream else out
+            if req.stream:
+                return await stream_response(
+                    lambda progress: gw.chat(sid, req, progress),
+                    ChatStream(gw.model_name, gw.tok, stop_list(req.stop), tools=bool(req.tools),
+                               include_usage=include_usage(req.stream_options)))
+            return await gw.chat(sid, req)
 
         return app
 

@@ -136,7 +136,7 @@ class OfflineDPOConfig:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
         # the rollout only evaluates data.task: greedy, and 4 samples at rollout.temperature
-        for key in ("n", "top_p", "top_k"):
+        for key in ("n", "top_p", "top_k", "response_format"):
             if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                 raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
                                  f"greedy, and 4 samples at rollout.temperature)")

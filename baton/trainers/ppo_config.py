@@ -214,7 +214,7 @@ class PPOConfig:
             raise ValueError(f"the `{key}:` section is read only with data.source={'/'.join(readers)} (this run's "
                              f"rows come from data.source={d.source}): remove it, or set data.source={readers[0]}")
         if spec.own_sampling:  # keys that rest: the environments / the agent sample with their own settings
-            for key in ("top_p", "top_k"):
+            for key in ("top_p", "top_k", "response_format"):
                 if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                     raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
                                      f"{spec.own_sampling} sample(s) with their own settings; remove it")

@@ -47,6 +47,7 @@ from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
 from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
+from baton.rollout.grammars import response_format_grammar
 from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 from baton.sync.registry import check_weight_sync_name
@@ -68,10 +69,34 @@ class RolloutConfig:
     # how the engines get the trainer's weights (baton.sync.registry): auto = inplace / copy
     # when colocated, object_store for a generator on its own pool, broadcast for data.servers
     weight_sync: str = "auto"
+    # constrain every completion, as OpenAI's response_format: {type: json_object} or
+    # {type: json_schema, json_schema: {name, schema}} (constrained decoding, the embedded
+    # engine, the `structured` extra; logprobs are the masked distribution's: see
+    # baton.rollout.constrained for what PPO then needs). None: free text.
+    response_format: dict | None = None
+
+    @property
+    def grammar(self) -> str | None:
+        """`response_format` as the grammar SamplingParams carries (None: unconstrained)."""
+        return response_format_grammar(self.response_format)
 
     def check(self) -> None:
         check_engine_name(self.engine)
         check_weight_sync_name(self.weight_sync)
+        try:
+            grammar = self.grammar
+        except ValueError as e:
+            raise ValueError(f"rollout.response_format: {e}") from None
+        if grammar is not None and self.engine != "embedded":
+            raise ValueError(f"rollout.response_format needs constrained decoding, which rollout.engine="
+                             f"{self.engine} does not do here: use rollout.engine=embedded")
+        if grammar is not None:
+            from baton.rollout.constrained import check_grammar
+
+            try:
+                check_grammar(grammar)
+            except (ImportError, ValueError) as e:
+                raise ValueError(f"rollout.response_format: {e}") from None
         # SamplingParams owns the ranges; build one to check them with its messages.
         try:
             SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -181,7 +206,7 @@ class RolloutWorker(Worker):
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         r = self.cfg
         return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, seed=seed)
+                              max_new_tokens=r.max_new_tokens, seed=seed, grammar=r.grammar)
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def generate(self, prompts: Batch, step: int, greedy_baseline: bool = False) -> Batch:
@@ -202,7 +227,7 @@ class RolloutWorker(Worker):
         rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
                                     self.tokenizer)
         if greedy_baseline:
-            greedy = self.engine.generate(ids, SamplingParams(n=1, temperature=0.0,
+            greedy = self.engine.generate(ids, SamplingParams(n=1, temperature=0.0, grammar=self.cfg.grammar,
                                                               max_new_tokens=self.cfg.max_new_tokens))
             texts = self.tokenizer.batch_decode([c.token_ids for c in sorted(greedy, key=lambda c: c.prompt_index)],
                                                 skip_special_tokens=True)
@@ -266,6 +291,6 @@ class RolloutWorker(Worker):
         self._wake(collective=False)
         accuracy = evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
                             max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                            seed=self.seed)["accuracy"]
+                            seed=self.seed, grammar=r.grammar)["accuracy"]
         self._rest(generated=False)
         return accuracy

@@ -1,6 +1,6 @@
 """`baton serve` stays responsive and answers what it accepts (issues 22 §2, 21 §5): a body
 cap, tokenizing off the event loop, /health telling busy from wedged, admin endpoints a web
-page cannot reach, top-N logprobs past 20 refused, response_format refused, unknown model names 404,
+page cannot reach, top-N logprobs past 20 refused, an unknown response_format refused, unknown model names 404,
 a request log line. Real HTTP against a tiny model on 127.0.0.1."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_openai_options_it_cannot_honour_are_refused(served):
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                                                      "logprobs": True, "top_logprobs": 21}),
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                                                     "response_format": {"type": "json_object"}})):
+                                                     "response_format": {"type": "xml"}})):
             r = c.post(path, json=body)
             assert r.status_code in (400, 422), (body, r.text)
         r = c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2, "logprobs": 1})

@@ -59,7 +59,11 @@ def tiny_model(seed: int = 0) -> torch.nn.Module:
 
 
 class ScriptedEngine(EmbeddedEngine):
-    """`script(prompt_text) -> str | None`: the text to return (None: sample for real)."""
+    """`script(prompt_text) -> str | None`: the text to return (None: sample for real).
+    Its scripted text ignores grammars, so it does not claim constrained decoding: a forced
+    tool_choice is prefilled (the fallback for such engines)."""
+
+    structured_outputs = False
 
     def __init__(self, model, tokenizer, script: Callable[[str], str | None] | None = None):
         super().__init__(model, tokenizer)

@@ -11,14 +11,17 @@ uvicorn). Endpoints, options and request shapes: `app.py`'s docstring.
   schemas.py    request bodies (pydantic) and the OpenAPI error responses
   guards.py     admin requests (JSON only, no cross-site) and checkpoint checks
   tools.py      OpenAI tool calling: chat templates with tools, Hermes tool-call parsing
-  stream.py     `stream=True`: server-sent events in the `openai` client's chunk shape
+  stream.py     `stream=True`: server-sent events in the `openai` client's chunk shape,
+                token by token
+  structured.py response_format / a forced tool_choice / regex as a grammar (constrained
+                decoding)
   logprobs.py   OpenAI top-N logprobs from one teacher-forced forward pass
   log.py        `--log-requests`: one log line per request
 
 The HTTP guards shared with the gateway (API key, body caps, strict JSON, OpenAI-shaped
 errors) are in `baton/rollout/_http_guards.py`. The names below come from `app.py`, imported
 on first use, so the gateway's imports of `schemas`, `stream`, `tools` and `batcher` stay
-light (no torch, no uvicorn).
+light (no torch, no uvicorn; `structured` loads llguidance only to check a grammar).
 """
 
 from __future__ import annotations

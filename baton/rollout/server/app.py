@@ -18,7 +18,8 @@ Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requ
                                     ignore_eos, return_token_ids, return_tokens_as_token_ids
   POST /v1/chat/completions         OpenAI chat; the prompt is the tokenizer's chat template
                                     (with `tools`; tool calls parsed: tools.py)
-  stream=True on both /v1 routes:   server-sent events, OpenAI chunks (stream.py)
+  stream=True on both /v1 routes:   server-sent events, OpenAI chunks, token by token
+                                    (stream.py); stream_options.include_usage
   POST /generate                    token-in / token-out, SGLang's shape (below)
   GET  /get_model_info, /get_weight_version, /stats
 Admin endpoints (off with --no-admin: 403):
@@ -97,8 +98,9 @@ Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen 
 OpenAI `top_logprobs` (chat) and `logprobs` (completions) up to 20, as vLLM's server: the
 alternatives come from one teacher-forced forward pass (`logprobs.py`; engines
 without an in-process model and LoRA requests: a 400 above 1). `tool_choice` "required" or a
-named function prefills the Hermes call's opening (`tools.py`). `response_format`
-is a 400.
+named function and `response_format` (json_object, json_schema) are guaranteed by
+constrained decoding (`structured.py`; the `structured` extra, llguidance); /generate takes
+SGLang's `json_schema` / `regex` and baton's `grammar` (Lark) the same way.
 A temperature must be 0 (greedy) or >= 1e-5 (smaller ones overflow logits / T).
 
 Concurrency: requests arriving together with identical sampling params share one

@@ -88,6 +88,7 @@ class _Item:
     prompts: list[list[int]]
     params: SamplingParams
     future: asyncio.Future
+    on_progress: Callable[[list[tuple[list[int], bool]]], None] | None = None  # streaming (submit)
 
 
 @dataclasses.dataclass
@@ -153,12 +154,18 @@ class Batcher:
         """time.monotonic() at which the oldest running generation started (None: none)."""
         return min((j.started for j in self._running if j.started is not None), default=None)
 
-    async def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    async def submit(self, prompts: list[list[int]], params: SamplingParams,
+                     on_progress: Callable[[list[tuple[list[int], bool]]], None] | None = None) -> list[Completion]:
         """Completions for `prompts` (prompt-major, prompt_index local to this request).
-        Cancelling the awaiting task withdraws the request if its batch has not started."""
+        Cancelling the awaiting task withdraws the request if its batch has not started.
+        `on_progress(rows)`: called on the event loop as a sliced engine's generation steps
+        with, per sample row (prompt-major), the tokens new since the last call and whether
+        the row has stopped (`Generation.partial`, read on the engine thread after each
+        decode step and posted to the loop: the engine never waits for the stream), so a
+        stream's first chunk waits for a prefill and one decode step."""
         self._ensure_task()
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(prompts, params, fut))
+        self._pending.append(_Item(prompts, params, fut, on_progress))
         self.stats["requests"] += 1
         self._wake.set()
         return await fut
@@ -270,12 +277,21 @@ class Batcher:
                 return job.stop.is_set()
             kwargs["should_stop"] = should_stop
 
+        post = None
+        if self.sliced and any(it.on_progress is not None for it in job.items):
+            loop = asyncio.get_running_loop()
+
+            def post() -> None:  # on the engine thread, after a step: the new tokens to the loop
+                rows = job.gen.partial()
+                if any(toks for toks, _ in rows):
+                    loop.call_soon_threadsafe(self._progress, job, params.n, rows)
+
         def step() -> list[Completion] | None:
             if not self.sliced:
                 return engine.generate(prompts, params, **kwargs)
             if job.gen is None:
                 job.gen = engine.start_generation(prompts, params, **kwargs)
-            return job.gen.result if job.gen.advance(self.slice_steps) else None
+            return job.gen.result if job.gen.advance(self.slice_steps, on_step=post) else None
 
         try:
             outs = await runner.call(step, label="generate")
@@ -291,6 +307,16 @@ class Batcher:
             return True
         self._deliver(job, prompts, outs)
         return False
+
+    @staticmethod
+    def _progress(job: _Job, n: int, rows: list[tuple[list[int], bool]]) -> None:
+        """Hands each streaming request its own rows of a step's `Generation.partial`."""
+        offset = 0
+        for it in job.items:
+            mine = rows[offset * n:(offset + len(it.prompts)) * n]
+            offset += len(it.prompts)
+            if it.on_progress is not None and not it.future.done() and any(toks for toks, _ in mine):
+                it.on_progress(mine)
 
     @staticmethod
     def _deliver(job: _Job, prompts: list[list[int]], outs: list[Completion]) -> None:

@@ -1,7 +1,7 @@
 """Request bodies of `baton serve` (pydantic): OpenAI, SGLang-style /generate, weight updates.
 
 Type errors and out-of-range values are rejected by pydantic with a 422 that names the
-field; sampling options baton does not implement (penalties, constrained decoding, ...)
+field; sampling options baton does not implement (penalties, SGLang's ebnf, ...)
 are accepted only at their neutral values and otherwise rejected with a 400 by
 `unsupported()`, so a client never silently gets different sampling than it asked for.
 Unknown top-level keys are ignored (OpenAI clients send many); unknown keys inside
@@ -109,7 +109,7 @@ class CompletionRequest(_SamplingExtras):
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
     best_of: int | None = None
     suffix: str | None = None
-    response_format: Any = None  # refused (400) until supported
+    response_format: Any = None  # json_object / json_schema: constrained decoding (server/structured.py)
 
 
 class ChatMessage(_Lenient):
@@ -147,7 +147,7 @@ class ChatCompletionRequest(_SamplingExtras):
     tools: list[Any] | None = None
     tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...} (tools.check_tools)
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
-    response_format: Any = None  # refused (400) until supported
+    response_format: Any = None  # json_object / json_schema: constrained decoding (server/structured.py)
 
 
 class GenerateSamplingParams(BaseModel):
@@ -171,9 +171,10 @@ class GenerateSamplingParams(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    json_schema: str | None = None
+    json_schema: str | None = None  # constrained decoding (server/structured.py)
     regex: str | None = None
-    ebnf: str | None = None
+    ebnf: str | None = None  # refused: SGLang's EBNF dialect is not llguidance's Lark
+    grammar: str | None = None  # baton: a Lark grammar, llguidance's dialect (baton.rollout.grammars)
 
 
 class GenerateRequest(_Lenient):
@@ -241,8 +242,7 @@ def unsupported(req: BaseModel, top_logprobs_why: str | None = "it returns the c
     """The first option set to a value baton cannot honour, as a reason string.
     `top_logprobs_why`: why logprobs / top_logprobs above 1 cannot be given (None: they can)."""
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-               "echo": False, "suffix": None, "min_new_tokens": 0, "json_schema": None, "regex": None,
-               "ebnf": None, "response_format": None}
+               "echo": False, "suffix": None, "min_new_tokens": 0, "ebnf": None}
     for name, value in neutral.items():
         if name in type(req).model_fields and getattr(req, name) != value:
             return f"{name}={getattr(req, name)!r} is not supported by baton serve"

@@ -149,12 +149,14 @@ class _Server:
         return HTTPException(503, "the engine is asleep (/release_memory_occupation); "
                                   "call /resume_memory_occupation first")
 
-    async def generate(self, request: Request, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """Batched generate that gives up (and withdraws the request) if the client leaves."""
+    async def generate(self, request: Request, prompts: list[list[int]], params: SamplingParams,
+                       on_progress: Any = None) -> list[Completion]:
+        """Batched generate that gives up (and withdraws the request) if the client leaves.
+        on_progress: a stream's listener for each slice's new tokens (`Batcher.submit`)."""
         self.check_request(prompts, params)
         if self.asleep:
             raise self.asleep_error()
-        task = asyncio.ensure_future(self.batcher.submit(prompts, params))
+        task = asyncio.ensure_future(self.batcher.submit(prompts, params, on_progress))
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
             done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -18,10 +18,11 @@ A request with `tools` for a model whose chat template does not write tool defin
 without a word.
 
 `tool_choice` as vLLM's server takes it: "auto" / "none", "required" (some call) and
-{"type": "function", "function": {"name": ...}} (that function). vLLM forces the last two
-with a grammar; baton's engines have none, so `forced_opening` gives the text the prompt is
-prefilled with: the opening of a Hermes block, `<tool_call>\n` (required) or
-`<tool_call>\n{"name": "NAME", "arguments": ` (named). The model writes the rest; a model
+{"type": "function", "function": {"name": ...}} (that function). The embedded engine forces
+the last two with a grammar (`structured.py`): the call parses and its arguments match the
+function's schema. For an engine without constrained decoding, `forced_opening` gives the
+text the prompt is prefilled with: the opening of a Hermes block, `<tool_call>\n` (required)
+or `<tool_call>\n{"name": "NAME", "arguments": ` (named). The model writes the rest; a model
 that does not finish a well-formed block gets its text back as content, with no tool call.
 """
 
