@@ -28,10 +28,18 @@ def test_readme_controller_example(tmp_path):
 def test_quickstart_is_the_two_commands():
     block = re.search(r"## Quickstart\n.*?```bash\n(.*?)```", README.read_text(), re.S).group(1)
     commands = [ln for ln in block.splitlines() if ln and not ln.startswith("#")]
+    cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu"  # torch's CPU build wherever it runs
     assert commands == [
-        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu]" && .venv/bin/baton train '
+        f'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu]" {cpu_index} && .venv/bin/baton train '
         'recipes/grpo_arithmetic.yaml',
-        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu,test]" && .venv/bin/python -m pytest -q']
+        f'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu,test]" {cpu_index} && .venv/bin/python -m pytest -q']
+    # CI runs the README's test command as it is written
+    assert commands[1] in (README.parent / ".ci" / "run").read_text().splitlines()
+    # a GPU machine's test install leaves torch alone: the test extra does not name torch
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any(d.startswith("torch") for d in extras["test"]) and '".[test]"' in README.read_text()
 
 
 def test_commands_files_and_agent_evals_the_readme_names_exist():
