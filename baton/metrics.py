@@ -69,14 +69,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
-# What a plain progress line shows, when the step has it: (key, label, format).
-_LINE_FIELDS = (("reward/mean", "reward", ".3f"), ("actor/loss", "loss", ".4f"), ("rewards/margins", "margin", ".3f"),
-                ("rewards/accuracies", "pref_acc", ".3f"), ("actor/approx_kl", "kl", ".4f"),
-                ("eval/accuracy_greedy", "eval", ".3f"), ("timing/step_s", "step", ".2f"))
+# What a plain progress line shows, when the step has it: (key, label, format). `kl_ref`: the
+# KL penalty's estimate against the reference (algo.kl_coef > 0; TRL's `kl`); `kl_old`: the
+# k3 approximate KL of the updated policy to the one that sampled the rows (PPO's approx_kl).
+_LINE_FIELDS = (("reward/mean", "reward", ".3f"), ("actor/loss", "loss", ".4f"), ("sft/loss", "loss", ".4f"),
+                ("rm/loss", "loss", ".4f"), ("rm/accuracy", "pair_acc", ".3f"),
+                ("rewards/margins", "margin", ".3f"),
+                ("rewards/accuracies", "pref_acc", ".3f"), ("actor/kl", "kl_ref", ".4f"),
+                ("actor/approx_kl", "kl_old", ".4f"),
+                ("eval/accuracy_greedy", "eval", ".3f"), ("eval/accuracy", "eval", ".3f"),
+                ("timing/step_s", "step", ".2f"))
 
 
 def progress_line(step: int, total: int, record: dict[str, Any], elapsed_s: float) -> str:
-    """`step 20/300  reward 0.412  loss 0.0123  kl 0.0004  step 0.52s  eta 2m26s`."""
+    """`step 20/300  reward 0.412  loss 0.0123  kl_old 0.0004  step 0.52s  eta 2m26s`."""
     parts = [f"step {step}/{total}"]
     for key, label, fmt in _LINE_FIELDS:
         v = record.get(key)
@@ -146,10 +152,7 @@ class MetricsLogger:
             print(progress_line(step, self.total_steps, record,
                                 (time.perf_counter() - self._t0) * step / max(1, step - self._start_step)), flush=True)
         if self._progress is not None:
-            info = (f"reward {record.get('reward/mean', float('nan')):.3f}  "
-                    f"step {record.get('timing/step_s', float('nan')):.2f}s")
-            if "eval/accuracy_greedy" in record:
-                info += f"  eval {record['eval/accuracy_greedy']:.3f}"
+            info = "  ".join(progress_line(step, self.total_steps, record, 0.0).split("  ")[1:])
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:
@@ -168,8 +171,9 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 # has is left out (offline DPO has no reward, GRPO no DPO margins, only PPO a critic).
 REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ...] = (
     ("training reward", ("reward/mean", "reward/accuracy"), None),
-    ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies"), (0.0, 1.0)),
-    ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll"), None),
+    ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies",
+                           "eval/accuracy"), (0.0, 1.0)),
+    ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll", "sft/loss", "rm/loss", "eval/loss"), None),
     ("KL", ("actor/approx_kl", "actor/kl", "dpo/kl", "rollout/logprob_mismatch_kl", "rollout/behaviour_kl"), None),
     ("entropy", ("actor/entropy",), None),
     ("response length", ("response/length_mean",), None),
