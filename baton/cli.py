@@ -68,7 +68,18 @@ def _train(args: argparse.Namespace) -> int:
     if name == "dpo":
         _print_preferences(result)
     _print_accuracy(result, cfg.trainer.run_dir)  # an RM run has no task accuracy: its samples and run dir
+    _print_queue(cfg.trainer.run_dir)
     return 0
+
+
+def _print_queue(run_dir: str) -> None:
+    """The run's bottleneck in one line (RL runs: baton/trainers/report/queue_health.py)."""
+    from baton.metrics import read_metrics
+    from baton.trainers.report.queue_health import summary
+
+    line = summary(read_metrics(run_dir))
+    if line:
+        print(line)
 
 
 def _print_preferences(result: dict[str, float]) -> None:

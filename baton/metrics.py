@@ -8,7 +8,8 @@
     tells a missing package at config time).
 `write_report(run_dir)` plots into `report.png` one panel per kind of metric the run has
 (`REPORT_PANELS`: reward, held-out accuracy, loss, KL, entropy, response length, DPO margins
-and accuracies, critic explained variance); a panel with no data is left out.
+and accuracies, critic explained variance, queue health and the staleness histogram of the
+trained rows); a panel with no data is left out.
 `Timer` collects per-phase wall times as `timing/<phase>_s`.
 """
 
@@ -180,7 +181,12 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO margins", ("rewards/margins", "rewards/chosen", "rewards/rejected", "eval/rewards/margins"), None),
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
+    ("queue: idle share", ("queue/trainer_idle", "queue/generator_idle"), (0.0, 1.0)),
+    ("queue: rows/s", ("queue/rows_trained_per_s", "queue/rows_generated_per_s"), None),
+    ("update: share of the matmul rate", ("queue/update_matmul_share",), None),
 )
+AGE_COUNTS = "queue/age_counts"  # a list a step (rows per policy age): one bar chart over the run
+AGE_PANEL = "staleness of trained rows"
 
 
 def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tuple[float, float] | None]]:
@@ -190,7 +196,19 @@ def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tupl
         present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
         if present:
             out.append((title, present, ylim))
+    if any(r.get(AGE_COUNTS) for r in rows):
+        out.append((AGE_PANEL, [AGE_COUNTS], None))
     return out
+
+
+def _age_histogram(rows: list[dict[str, Any]]) -> list[int]:
+    """Trained rows per policy age over the run (the steps' AGE_COUNTS summed)."""
+    total: list[int] = []
+    for r in rows:
+        for age, n in enumerate(r.get(AGE_COUNTS) or []):
+            total.extend([0] * (age + 1 - len(total)))
+            total[age] += n
+    return total
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -205,6 +223,13 @@ def write_report(run_dir: str | Path) -> Path:
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.3 * nrows), squeeze=False)
     for ax, (title, keys, ylim) in zip(axes.flat, panels):
+        if title == AGE_PANEL:
+            hist = _age_histogram(rows)
+            ax.bar(range(len(hist)), hist)
+            ax.set_title(title)
+            ax.set_xlabel("policy age (versions behind the trained weights)")
+            ax.set_ylabel("rows")
+            continue
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             ax.plot(*zip(*pts), marker="o" if len(pts) < 12 else None, markersize=3, label=key)
