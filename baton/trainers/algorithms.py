@@ -69,9 +69,13 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     say = say or sys.stdout
 
     from baton.config import ConfigError, load_config, merge_recipe
+    from baton.models.hub import is_hub_id, resolve_model_path
 
     cls = config_class(name)
     merged = merge_recipe(recipe, overrides)
+    model = merged.get("model")
+    if isinstance(model, dict) and is_hub_id(model.get("path")):  # a hub id: its local snapshot (baton.models.hub)
+        merged["model"] = {**model, "path": resolve_model_path(model["path"])}
     if merged.get("placement") == "auto":
         merged["placement"] = {"auto": True}
     has_placement = "placement" in {f.name for f in dataclasses.fields(cls)}
