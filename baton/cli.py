@@ -67,9 +67,19 @@ def _train(args: argparse.Namespace) -> int:
     result = driver(name)(cfg)
     if name == "dpo":
         _print_preferences(result)
-    if name not in ("sft", "rm"):
-        _print_accuracy(result, cfg.trainer.run_dir)
+    _print_accuracy(result, cfg.trainer.run_dir)  # an RM run has no task accuracy: its samples and run dir
+    _print_queue(cfg.trainer.run_dir)
     return 0
+
+
+def _print_queue(run_dir: str) -> None:
+    """The run's bottleneck in one line (RL runs: baton/trainers/report/queue_health.py)."""
+    from baton.metrics import read_metrics
+    from baton.trainers.report.queue_health import summary
+
+    line = summary(read_metrics(run_dir))
+    if line:
+        print(line)
 
 
 def _print_preferences(result: dict[str, float]) -> None:
@@ -96,7 +106,8 @@ def _print_accuracy(result: dict[str, float], run_dir: str) -> None:
             table.add_row(name, *(f"{result[prefix + k]:.3f}" if prefix + k in result else "-"
                                   for k in ("accuracy_greedy", *extra)))
     console = Console()
-    console.print(table)
+    if table.row_count:
+        console.print(table)
     print_last_samples(run_dir, console)  # baton/trainers/report/samples.py: what the policy wrote, and its reward
     console.print(f"run dir: {run_dir} (metrics.jsonl, samples.jsonl, report.png, checkpoints/)")
 

@@ -35,6 +35,9 @@ COMPLETION_TEXT = "completion"  # str, the decoded response
 FINISH_REASON = "finish_reason"  # "stop" | "length"
 TOOL_STATUS = "tool_status"  # list[str] per row: tool-call parse status per turn (agents)
 
+# --- batch-level meta (Batch.meta) ------------------------------------------------------
+GENERATE_S = "generate_s"  # float, seconds the rollout worker spent generating the rows (queue health)
+
 # Which side a field is padded on when batches of different widths are concatenated
 # (rows from different ranks): prompts are left-padded, everything else right-padded.
 LEFT_PADDED = frozenset({PROMPT_IDS, PROMPT_MASK})

@@ -8,7 +8,8 @@
     tells a missing package at config time).
 `write_report(run_dir)` plots into `report.png` one panel per kind of metric the run has
 (`REPORT_PANELS`: reward, held-out accuracy, loss, KL, entropy, response length, DPO margins
-and accuracies, critic explained variance); a panel with no data is left out.
+and accuracies, critic explained variance, queue health and the staleness histogram of the
+trained rows); a panel with no data is left out.
 `Timer` collects per-phase wall times as `timing/<phase>_s`.
 """
 
@@ -69,14 +70,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
-# What a plain progress line shows, when the step has it: (key, label, format).
-_LINE_FIELDS = (("reward/mean", "reward", ".3f"), ("actor/loss", "loss", ".4f"), ("rewards/margins", "margin", ".3f"),
-                ("rewards/accuracies", "pref_acc", ".3f"), ("actor/approx_kl", "kl", ".4f"),
-                ("eval/accuracy_greedy", "eval", ".3f"), ("timing/step_s", "step", ".2f"))
+# What a plain progress line shows, when the step has it: (key, label, format). `kl_ref`: the
+# KL penalty's estimate against the reference (algo.kl_coef > 0; TRL's `kl`); `kl_old`: the
+# k3 approximate KL of the updated policy to the one that sampled the rows (PPO's approx_kl).
+_LINE_FIELDS = (("reward/mean", "reward", ".3f"), ("actor/loss", "loss", ".4f"), ("sft/loss", "loss", ".4f"),
+                ("rm/loss", "loss", ".4f"), ("rm/accuracy", "pair_acc", ".3f"),
+                ("rewards/margins", "margin", ".3f"),
+                ("rewards/accuracies", "pref_acc", ".3f"), ("actor/kl", "kl_ref", ".4f"),
+                ("actor/approx_kl", "kl_old", ".4f"),
+                ("eval/accuracy_greedy", "eval", ".3f"), ("eval/accuracy", "eval", ".3f"),
+                ("timing/step_s", "step", ".2f"))
 
 
 def progress_line(step: int, total: int, record: dict[str, Any], elapsed_s: float) -> str:
-    """`step 20/300  reward 0.412  loss 0.0123  kl 0.0004  step 0.52s  eta 2m26s`."""
+    """`step 20/300  reward 0.412  loss 0.0123  kl_old 0.0004  step 0.52s  eta 2m26s`."""
     parts = [f"step {step}/{total}"]
     for key, label, fmt in _LINE_FIELDS:
         v = record.get(key)
@@ -146,10 +153,7 @@ class MetricsLogger:
             print(progress_line(step, self.total_steps, record,
                                 (time.perf_counter() - self._t0) * step / max(1, step - self._start_step)), flush=True)
         if self._progress is not None:
-            info = (f"reward {record.get('reward/mean', float('nan')):.3f}  "
-                    f"step {record.get('timing/step_s', float('nan')):.2f}s")
-            if "eval/accuracy_greedy" in record:
-                info += f"  eval {record['eval/accuracy_greedy']:.3f}"
+            info = "  ".join(progress_line(step, self.total_steps, record, 0.0).split("  ")[1:])
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:
@@ -169,8 +173,9 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 # distillation a teacher).
 REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ...] = (
     ("training reward", ("reward/mean", "reward/accuracy"), None),
-    ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies"), (0.0, 1.0)),
-    ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll"), None),
+    ("held-out accuracy", ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/rewards/accuracies",
+                           "eval/accuracy"), (0.0, 1.0)),
+    ("loss", ("actor/loss", "actor/pg_loss", "critic/vf_loss", "dpo/nll", "sft/loss", "rm/loss", "eval/loss"), None),
     ("KL", ("actor/approx_kl", "actor/kl", "dpo/kl", "rollout/logprob_mismatch_kl", "rollout/behaviour_kl"), None),
     ("entropy", ("actor/entropy",), None),
     ("response length", ("response/length_mean",), None),
@@ -178,7 +183,12 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
     ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
+    ("queue: idle share", ("queue/trainer_idle", "queue/generator_idle"), (0.0, 1.0)),
+    ("queue: rows/s", ("queue/rows_trained_per_s", "queue/rows_generated_per_s"), None),
+    ("update: share of the matmul rate", ("queue/update_matmul_share",), None),
 )
+AGE_COUNTS = "queue/age_counts"  # a list a step (rows per policy age): one bar chart over the run
+AGE_PANEL = "staleness of trained rows"
 
 
 def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tuple[float, float] | None]]:
@@ -188,7 +198,19 @@ def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tupl
         present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
         if present:
             out.append((title, present, ylim))
+    if any(r.get(AGE_COUNTS) for r in rows):
+        out.append((AGE_PANEL, [AGE_COUNTS], None))
     return out
+
+
+def _age_histogram(rows: list[dict[str, Any]]) -> list[int]:
+    """Trained rows per policy age over the run (the steps' AGE_COUNTS summed)."""
+    total: list[int] = []
+    for r in rows:
+        for age, n in enumerate(r.get(AGE_COUNTS) or []):
+            total.extend([0] * (age + 1 - len(total)))
+            total[age] += n
+    return total
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -203,6 +225,13 @@ def write_report(run_dir: str | Path) -> Path:
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.3 * nrows), squeeze=False)
     for ax, (title, keys, ylim) in zip(axes.flat, panels):
+        if title == AGE_PANEL:
+            hist = _age_histogram(rows)
+            ax.bar(range(len(hist)), hist)
+            ax.set_title(title)
+            ax.set_xlabel("policy age (versions behind the trained weights)")
+            ax.set_ylabel("rows")
+            continue
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             ax.plot(*zip(*pts), marker="o" if len(pts) < 12 else None, markersize=3, label=key)

@@ -17,9 +17,10 @@ SMALL = 820_000  # the demo model's parameters
 
 def test_two_cores_small_model_one_process_on_policy():
     c = choose(2, 0, SMALL, DEMO)
-    assert (c.backend, c.world_size, c.mode, c.threads_per_worker, c.gpus_per_worker) == ("local", 1, "sync", 2, 0)
+    assert (c.backend, c.world_size, c.mode, c.threads_per_worker, c.gpus_per_worker) == ("local", 1, "sync", 1, 0)
     assert c.overrides() == ["placement.backend=local", "placement.world_size=1",
-                             "placement.threads_per_worker=2", "placement.gpus_per_worker=0"]
+                             "placement.threads_per_worker=1", "placement.gpus_per_worker=0"]
+    assert "1 thread: so small a model's ops do not split" in c.line()
     assert not any(o.startswith("trainer.mode") for o in c.overrides())  # never what is computed
     assert "0.82M params < 4M: one process" in c.line() and "on cpu" in c.line()
     # the 2.2M preset stays one process; the 5M one (4.8M) takes a rank per core
@@ -47,6 +48,29 @@ def test_two_cores_two_ranks_one_thread_each():
                              "placement.threads_per_worker=1", "placement.gpus_per_worker=0"]
     assert c.line().startswith("placement auto: 2 rank(s) on ray, 1 thread(s) each, actor, rollout and every "
                                "other role on cpu (2 cores: one rank per core")
+
+
+def test_threads_one_for_small_cpu_models_else_the_idle_cores():
+    """bench/threads.py (BENCHMARKS.md "Threads"): 2 threads a process on 2 cores running other
+    work were 5-14x slower than 1; a small model gains nothing from a second thread even on a
+    quiet machine, so it gets one whatever the load; a larger one gets the cores left idle."""
+    one = AutoView(prompts_per_step=3)  # 3 prompts: one rank, however many cores
+    assert choose(2, 0, SMALL, one, idle_cores=2.0).threads_per_worker == 1  # quiet, small: 1
+    assert choose(2, 0, P, one, idle_cores=2.0).threads_per_worker == 2  # quiet, large: both cores
+    assert choose(2, 0, P, one, idle_cores=1.6).threads_per_worker == 2  # rounds: 1.6 idle cores of 2
+    c = choose(2, 0, P, one, idle_cores=0.1)  # a busy loop on each core: 1
+    assert c.threads_per_worker == 1 and "2 of 2 cores busy with other work at start" in c.line()
+    assert choose(8, 0, P, AutoView(prompts_per_step=3, world_size=1), idle_cores=5.0).threads_per_worker == 5  # 3 busy
+    assert choose(16, 1, P, DEMO, idle_cores=4.0).threads_per_worker == 4  # a GPU rank: the idle cores
+    assert choose(16, 1, SMALL, DEMO, idle_cores=16.0).threads_per_worker == 16  # not the CPU small-model rule
+    assert choose(2, 0, P, AutoView(prompts_per_step=3, threads_per_worker=2), idle_cores=0.0).threads_per_worker == 2
+
+
+def test_idle_cores_probe():
+    from baton.trainers.placement.auto import detect_idle_cores
+
+    idle = detect_idle_cores(window_s=0.05)
+    assert 0.0 <= idle <= len(__import__("os").sched_getaffinity(0))
 
 
 def test_one_core_one_process():

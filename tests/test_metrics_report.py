@@ -21,6 +21,13 @@ def test_without_a_terminal_a_line_every_few_steps(tmp_path, capsys):
 def test_progress_line_shows_what_the_step_has():
     line = progress_line(3, 9, {"rewards/margins": 1.5, "rewards/accuracies": 0.75}, 30.0)
     assert line == "step 3/9  margin 1.500  pref_acc 0.750  eta 1m00s"
+    # the KLs named for what they are: to the reference (the penalty's) and to the sampling policy
+    line = progress_line(3, 9, {"actor/loss": 0.1, "actor/kl": 0.02, "actor/approx_kl": 0.001}, 0.0)
+    assert line == "step 3/9  loss 0.1000  kl_ref 0.0200  kl_old 0.0010"
+    # SFT and reward-model runs show their loss (and the RM its pair accuracy)
+    assert progress_line(2, 4, {"sft/loss": 1.25, "eval/accuracy_greedy": 0.5}, 0.0) == "step 2/4  loss 1.2500  eval 0.500"
+    assert progress_line(2, 4, {"rm/loss": 0.5, "rm/accuracy": 0.75, "eval/accuracy": 0.625}, 0.0) == \
+        "step 2/4  loss 0.5000  pair_acc 0.750  eval 0.625"
 
 
 GRPO = {"reward/mean": 0.4, "actor/loss": 0.1, "actor/approx_kl": 0.01, "actor/entropy": 1.2,

@@ -28,10 +28,19 @@ def test_readme_controller_example(tmp_path):
 def test_quickstart_is_the_two_commands():
     block = re.search(r"## Quickstart\n.*?```bash\n(.*?)```", README.read_text(), re.S).group(1)
     commands = [ln for ln in block.splitlines() if ln and not ln.startswith("#")]
+    # torch's CPU build wherever it runs (PyTorch's CPU index asked for torch alone), then baton
+    torch = ".venv/bin/pip install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
     assert commands == [
-        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu]" && .venv/bin/baton train '
+        f'python3 -m venv .venv && {torch} && .venv/bin/pip install -q -e ".[cpu]" && .venv/bin/baton train '
         'recipes/grpo_arithmetic.yaml',
-        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[cpu,test]" && .venv/bin/python -m pytest -q']
+        f'python3 -m venv .venv && {torch} && .venv/bin/pip install -q -e ".[cpu,test]" && .venv/bin/python -m pytest -q']
+    # CI runs the README's test command as it is written
+    assert commands[1] in (README.parent / ".ci" / "run").read_text().splitlines()
+    # a GPU machine's test install leaves torch alone: the test extra does not name torch
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any(d.startswith("torch") for d in extras["test"]) and '".[test]"' in README.read_text()
 
 
 def test_commands_files_and_agent_evals_the_readme_names_exist():

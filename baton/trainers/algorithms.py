@@ -69,9 +69,13 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     say = say or sys.stdout
 
     from baton.config import ConfigError, load_config, merge_recipe
+    from baton.models.hub import is_hub_id, resolve_model_path
 
     cls = config_class(name)
     merged = merge_recipe(recipe, overrides)
+    model = merged.get("model")
+    if isinstance(model, dict) and is_hub_id(model.get("path")):  # a hub id: its local snapshot (baton.models.hub)
+        merged["model"] = {**model, "path": resolve_model_path(model["path"])}
     if merged.get("placement") == "auto":
         merged["placement"] = {"auto": True}
     has_placement = "placement" in {f.name for f in dataclasses.fields(cls)}
@@ -93,11 +97,12 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     from baton.trainers.session.run import check_inputs
 
     check_inputs(cfg)  # the model dir exists before its size is read
-    from baton.trainers.placement.auto import (choose, count_model_params, detect_machine, detect_memory,
-                                                 view_from_config)
+    from baton.trainers.placement.auto import (choose, count_model_params, detect_idle_cores, detect_machine,
+                                                 detect_memory, view_from_config)
 
     view = view_from_config(cfg, explicit_keys(merged))
-    choice = choose(*detect_machine(), count_model_params(cfg.model.path), view, memory_bytes=detect_memory())
+    choice = choose(*detect_machine(), count_model_params(cfg.model.path), view, memory_bytes=detect_memory(),
+                    idle_cores=detect_idle_cores())
     print(choice.line(), file=say, flush=True)
     if not choice.overrides():  # every key was set: the config validated above is the placed one
         return cfg

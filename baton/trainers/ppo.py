@@ -63,6 +63,7 @@ from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
 from baton.trainers.report.step_metrics import check_sync, step_metrics, sync_tolerance
+from baton.trainers.report.queue_health import QueueHealth, matmul_rate
 from baton.trainers.report.signal_watch import StepSignal
 from baton.trainers.session.timeline import TIMELINE_FILE, Timeline
 from baton.workers.reward_model import RM_SCORE
@@ -77,6 +78,20 @@ class CriticAwareGuard(NonFiniteGuard):
     finite (the critic skipped those optimizer steps, as the actor does)."""
 
     KEYS = (*NonFiniteGuard.KEYS, "critic/vf_loss", "critic/grad_norm")
+
+
+def queue_health(cfg: PPOConfig) -> QueueHealth:
+    """The run's queue metrics, against the matmul rate of the update's processes (one
+    thread's fp32 rate x threads x ranks on the CPU; a GPU's bf16 rate x ranks)."""
+    from baton.trainers.placement.auto import count_model_params
+
+    p = cfg.placement
+    ranks = max(1, p.world_size)
+    if p.gpus_per_worker and torch.cuda.is_available():
+        rate = matmul_rate("cuda") * ranks
+    else:
+        rate = matmul_rate("cpu", threads=1) * ranks * max(1, p.threads_per_worker)
+    return QueueHealth(count_model_params(cfg.model.path), rate, epochs=cfg.actor.epochs)
 
 
 def sampled_mismatch_kl(actor: Any, batch: Batch) -> float:
@@ -204,6 +219,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             run.timeline = Timeline(roles, run.path / TIMELINE_FILE)  # which role ran when (split pools)
         kl_ctl = kl_controller(algo)
         watch = StepSignal(cfg)  # reward/tied_group_frac (a warning when most groups tie), samples.jsonl
+        health = queue_health(cfg)  # queue/*: rows/s, idle shares, the rows' ages, the update's matmul share
         # the trainer's own (proximal) logprobs: PPO's "old" ones, and what the rows'
         # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
         proximal = algo.recompute_old_logprobs or algo.off_policy != "none"
@@ -288,6 +304,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             if t.check_weight_sync:
                 check_sync(parity, step, sync_tolerance(cfg))
             metrics.update(watch.check(step, batch, groups))
+            metrics.update(health.step(batch, timed.times, version=step - 1))
             run.end_step(step, {**metrics, **step_metrics(batch, update, version=step - 1)},
                          save=lambda: checkpoint(step))
     return run.result()

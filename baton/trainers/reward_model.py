@@ -32,6 +32,7 @@ from baton.data.prompts import PromptSampler
 from baton.data.rows import load_pairs as read_pairs
 from baton.envs import TASKS, get_task
 from baton.models import load_tokenizer
+from baton.trainers.report.samples import SampleLog
 from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.session.run import RunSession
 from baton.trainers.session.state import RunState
@@ -141,6 +142,20 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict[str, str]], max_length: in
             "eval/loss": -functional.logsigmoid(m).mean().item()}
 
 
+@torch.no_grad()
+def pair_samples(model, tokenizer, pairs: list[dict[str, str]], max_length: int, step: int,
+                 k: int = 8) -> list[dict[str, Any]]:
+    """samples.jsonl's lines for a reward-model evaluation: the first `k` held-out pairs, the
+    chosen answer as the completion with its score as the reward, the rejected one beside it."""
+    was = model.training
+    model.eval()
+    chosen, rejected = pair_scores(model, tokenizer, pairs[:k], max_length)
+    model.train(was)
+    return [{"step": step, "prompt": p["prompt"], "completion": p["chosen"], "reward": round(float(c), 6),
+             "rejected": p["rejected"], "rejected_reward": round(float(r), 6)}
+            for p, c, r in zip(pairs[:k], chosen.tolist(), rejected.tolist())]
+
+
 def run_rm(cfg: RMConfig) -> dict[str, Any]:
     t, o = cfg.trainer, cfg.optim
     with RunSession(cfg) as run:
@@ -158,7 +173,11 @@ def run_rm(cfg: RMConfig) -> dict[str, Any]:
         def loss_fn(model, rows) -> tuple[torch.Tensor, dict[str, float]]:
             return bt_loss(*pair_scores(model, tokenizer, rows, cfg.data.max_length))
 
-        def evaluate() -> dict[str, float]:
+        samples = SampleLog(run.path, t.eval_every, t.steps)
+
+        def evaluate() -> dict[str, float]:  # at step 0, every trainer.eval_every steps and the last
+            samples.write_records(state.step, pair_samples(model, tokenizer, eval_pairs, cfg.data.max_length,
+                                                           state.step))
             return evaluate_pairs(model, tokenizer, eval_pairs, cfg.data.max_length)
 
         result = fit(run, o.grad_clip, model, tokenizer, optim, sched, state, loss_fn,

@@ -6,9 +6,11 @@ The loss is next-token cross-entropy on the completion tokens only (target + EOS
 prompt tokens are context, not targets. Batches come from the run's resumable
 `PromptSampler`, so the data order is a function of the seed. The run is a run like any
 other (`baton.trainers.session.in_process.fit` inside a `RunSession`): locked run dir, config.yaml,
-metrics.jsonl, atomic HF checkpoints in `checkpoints/step_N` that `trainer.resume=auto`
-continues from exactly, and the held-out accuracy (greedy and sampled, through the embedded
-rollout engine) at the end. `trainer.save_path` also exports the final model (nothing is
+metrics.jsonl (`sft/loss` on the progress line and in report.png), atomic HF checkpoints in
+`checkpoints/step_N` that `trainer.resume=auto` continues from exactly, and the held-out
+accuracy (greedy and sampled, through the embedded rollout engine) at step 0, every
+`trainer.eval_every` steps and at the end, with a few greedy held-out completions in
+samples.jsonl. `trainer.save_path` also exports the final model (nothing is
 exported by default: the shipped `checkpoints/arith-sft` is never overwritten by accident).
 
     cfg = SFTConfig(model=SFTModelConfig(preset="0.75m"), trainer=InProcessTrainerConfig(steps=5))
@@ -35,6 +37,7 @@ from baton.envs import get_task
 from baton.envs.evaluate import evaluate_modes
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer
 from baton.padding import pad_right
+from baton.trainers.report.samples import SampleLog
 from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.session.run import RunSession
 from baton.trainers.session.config import DataConfig, check_task
@@ -155,6 +158,26 @@ def evaluate_model(model, tokenizer, task, rows: list[dict], samples: int, seed:
     return evaluate_modes(build_engine(DEFAULT_ENGINE, model, tokenizer), tokenizer, task, rows, n=samples, seed=seed)
 
 
+def held_out_samples(model, tokenizer, task, rows: list[dict], step: int, k: int = 8) -> list[dict[str, Any]]:
+    """samples.jsonl's lines for an SFT evaluation: the greedy completions of the first `k`
+    held-out rows, each with its reward (1.0 when the task's verifier accepts it and the
+    model stopped), as the RL drivers write theirs."""
+    from baton.protocol import SamplingParams
+    from baton.rollout.engines import DEFAULT_ENGINE, build_engine
+
+    rows = rows[:k]
+    prompts = [tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows]
+    done = build_engine(DEFAULT_ENGINE, model, tokenizer).generate(prompts, SamplingParams(temperature=0.0,
+                                                                                          max_new_tokens=16))
+    out = []
+    for c in done:
+        row, text = rows[c.prompt_index], tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        ok = c.finish_reason == "stop" and task.is_correct(text, row)
+        out.append({"step": step, "prompt": row["prompt"], "completion": text, "reward": float(ok),
+                    **({"answer": str(row["answer"])} if row.get("answer") is not None else {})})
+    return out
+
+
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:
     t, o = cfg.trainer, cfg.optim
     with RunSession(cfg) as run:
@@ -174,11 +197,14 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
             batch = collate_examples(rows, tokenizer.pad_token_id)
             return completion_loss(model, {k: v.to(model.device) for k, v in batch.items()}), {}
 
-        def evaluate() -> dict[str, float]:
+        samples = SampleLog(run.path, t.eval_every, t.steps)
+
+        def evaluate() -> dict[str, float]:  # at step 0, every trainer.eval_every steps and the last
+            samples.write_records(state.step, held_out_samples(model, tokenizer, task, eval_rows, state.step))
             return evaluate_model(model, tokenizer, task, eval_rows, cfg.data.eval_samples, seed=t.seed)
 
         result = fit(run, o.grad_clip, model, tokenizer, optim, sched, state, loss_fn,
-                     evaluate if eval_rows else None, prefix="sft", evaluate_at_start=False)
+                     evaluate if eval_rows else None, prefix="sft", evaluate_at_start=True)
     result["params"] = count_params(model)
     if "eval/accuracy_greedy" in result:
         print(f"sft held-out accuracy ({len(eval_rows)} prompts): greedy {result['eval/accuracy_greedy']:.3f}  "

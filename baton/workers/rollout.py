@@ -31,6 +31,7 @@ rollout phase: `memory/peak_gib_rollout` (CUDA only, reported with the actor's u
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -217,6 +218,7 @@ class RolloutWorker(Worker):
         greedy_baseline: also decode one greedy response per prompt (ReMax's baseline) and
         put its text on each of the prompt's rows as `baseline_completion`; the driver scores
         it like any completion."""
+        t0 = time.perf_counter()
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         ids = [prompt_ids(self.tokenizer, p) for p in prompts[F.PROMPT_TEXT]]  # text, or chat messages
         params = self.sampling_params(seed=seed)
@@ -233,6 +235,7 @@ class RolloutWorker(Worker):
                                                 skip_special_tokens=True)
             rows[BASELINE_COMPLETION] = [t for t in texts for _ in range(params.n)]
         self._rest()  # the KV cache (and an own copy: sync refills it) freed while the actor trains
+        rows.meta[F.GENERATE_S] = time.perf_counter() - t0  # queue health (baton.trainers.report.queue_health)
         return rows
 
     @register(dispatch=EPISODES)  # every rank's rows and counts (a rank may drop all its rows)
@@ -244,6 +247,7 @@ class RolloutWorker(Worker):
         from baton.agents.config import AgentConfig
         from baton.agents.rollout import run_episodes
 
+        t0 = time.perf_counter()
         seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
         params = SamplingParams(n=1, temperature=0.0) if greedy else self.sampling_params(seed=seed)
         self._wake()
@@ -251,6 +255,7 @@ class RolloutWorker(Worker):
             rows, _ = run_episodes(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
                                    AgentConfig(**agent_cfg), params)
         self._rest()
+        rows.meta[F.GENERATE_S] = time.perf_counter() - t0
         return rows
 
     @register(dispatch=Dispatch.DP_COMPUTE)
@@ -261,11 +266,13 @@ class RolloutWorker(Worker):
         from baton.agents.config import GatewayAgentConfig
         from baton.agents.gateway_run import run_sessions
 
+        t0 = time.perf_counter()
         self._wake()
         with memory_phase("rollout", self.device):
             rows = run_sessions(self.engine, self.tokenizer, prompts.unpadded(), 1 if greedy else self.cfg.n,
                                 GatewayAgentConfig(**gateway_cfg), 0.0 if greedy else self.cfg.temperature)
         self._rest()
+        rows.meta[F.GENERATE_S] = time.perf_counter() - t0
         return rows
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -136,6 +136,16 @@ def test_openai_options_it_cannot_honour_are_refused(served):
         assert r.status_code == 404 and "tiny-qwen" in r.json()["error"]["message"]
 
 
+def test_request_log_lines_reach_stderr(fresh_served, capsys):
+    """Without a caplog (as `baton serve` runs): the line is on stderr (the subprocess form:
+    tests/rollout/test_serve_request_log.py)."""
+    s = fresh_served(log_requests=True)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.post("/generate", json={"input_ids": [5], "sampling_params": GREEDY}).status_code == 200
+    err = capsys.readouterr().err
+    assert "baton.serve POST /generate 200 1+4 tokens" in err, err
+
+
 def test_request_log_line(fresh_served, caplog):
     s = fresh_served(log_requests=True)
     with caplog.at_level(logging.INFO, logger="baton.serve"), httpx.Client(base_url=s.url, timeout=30) as c:

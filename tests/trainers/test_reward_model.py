@@ -55,6 +55,14 @@ def test_rm_training_learns_and_writes_its_run_dir(trained):
     rows = read_metrics(out / "run")
     assert [r["step"] for r in rows] == list(range(61)) and "rm/accuracy" in rows[1]
     assert rows[0]["eval/accuracy"] == result["start/eval/accuracy"]
+    samples = [json.loads(line) for line in (out / "run" / "samples.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in samples}) == [0, 60] and len(samples) == 16  # 8 held-out pairs, 2 evaluations
+    assert all(set(r) >= {"prompt", "completion", "reward", "rejected", "rejected_reward"} for r in samples)
+    last = [r for r in samples if r["step"] == 60]  # the trained model ranks most chosen answers first
+    assert sum(r["reward"] > r["rejected_reward"] for r in last) >= 5
+    from baton.metrics import report_panels
+    panels = {t: k for t, k, _ in report_panels(rows)}
+    assert "rm/loss" in panels["loss"] and "eval/accuracy" in panels["held-out accuracy"]
     assert (out / "run" / "config.yaml").exists() and (out / "model" / "model.safetensors").exists()
 
 

@@ -38,7 +38,15 @@ def test_five_steps_lower_the_loss_and_save(tmp_path):
     assert res["loss_last"] < res["loss_first"] - 0.5, res["losses"]  # random init starts near ln(260)=5.6
     assert 0.0 <= res["eval/accuracy_greedy"] <= 1.0 and 0.0 <= res["eval/accuracy_sampled"] <= 1.0
     logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in logged] == [0, 1, 2, 3, 4, 5]  # step 0: the starting model's evaluation
+    assert "eval/accuracy_greedy" in logged[0] and res["start/eval/accuracy_greedy"] == logged[0]["eval/accuracy_greedy"]
+    assert all("sft/loss" in r for r in logged[1:])
+    # samples.jsonl: a few greedy held-out completions at step 0 and at the last evaluation
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert sorted({r["step"] for r in samples}) == [0, 5] and len(samples) == 8  # 4 held-out rows, 2 evaluations
+    assert all(set(r) >= {"prompt", "completion", "reward", "answer"} and r["reward"] in (0.0, 1.0) for r in samples)
+    from baton.metrics import report_panels
+    assert "sft/loss" in dict((t, k) for t, k, _ in report_panels(logged))["loss"]
     assert load_config(SFTConfig, tmp_path / "run" / "config.yaml").trainer.steps == 5  # a GRPO run's config.yaml
     model, tok = load_model(tmp_path / "ckpt"), load_tokenizer(tmp_path / "ckpt")
     assert model.config.num_hidden_layers == 2 and len(tok) == 260

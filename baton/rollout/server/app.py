@@ -140,6 +140,7 @@ from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEP
 from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
+from baton.rollout.server.log import enable as enable_request_log
 from baton.rollout.server.routes import add_generation_routes
 from baton.rollout.server.schemas import errors
 from baton.rollout.server.state import (DEFAULT_MAX_GENERATE_BODY_BYTES,
@@ -189,6 +190,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     app.state.baton = srv
     instance = os.environ.get("BATON_INSTANCE")
     if log_requests:
+        enable_request_log()  # the logger's lines reach stderr
         app.add_middleware(RequestLog)
     auth = (401,) if api_key is not None else ()
 

@@ -8,11 +8,34 @@ Pure ASGI, so a client's disconnect still reaches the app."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("baton.serve")
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever sys.stderr is when a line is logged."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def enable() -> None:
+    """Send `baton.serve`'s lines to stderr at INFO (`--log-requests`): without a handler of
+    its own the logger's INFO lines went nowhere (the root logger passes WARNING and up)."""
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s baton.serve %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 class RequestLog:

@@ -19,7 +19,13 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores.
 - A recipe that generates ahead (`trainer.mode` one_step_off / async) runs its generator in a
   process of its own: one core is left to it (ranks <= cores - 1).
-- Threads per process: cores / processes, at least 1.
+- Threads per process (`_threads`): one on a CPU machine for a model below MIN_DP_PARAMS (its
+  ops are too small to split, and a second thread that spins at a barrier while its core runs
+  other work stalls every op); otherwise the cores left idle per process, at least 1: cores /
+  processes, less the cores the machine's other work keeps busy at start (`idle_cores`:
+  `detect_idle_cores`, the load average and a 0.25 s sample of /proc/stat, whichever is busier).
+  Measured (bench/threads.py, 2 cores, the demo recipe without its placement section): under
+  other work 2 threads a process were 5-14x slower than 1 (BENCHMARKS.md "Threads").
 - CPU memory (given `memory_bytes`): every CPU rank holds a whole replica (weights, gradients,
   AdamW's two moments in fp32, a reference, activations: ~RANK_BYTES_PER_PARAM a parameter),
   the generator a copy of the weights and its KV cache (~GENERATOR_BYTES_PER_PARAM); no more
@@ -29,7 +35,8 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
 A driver calls it after the config validated (`baton.trainers.algorithms.load_recipe`):
     cfg = load_config(cls, data=merged)                  # validated first: bad input is one line
     choice = choose(*detect_machine(), count_model_params(cfg.model.path),
-                    view_from_config(cfg, explicit), memory_bytes=detect_memory())
+                    view_from_config(cfg, explicit), memory_bytes=detect_memory(),
+                    idle_cores=detect_idle_cores())
     print(choice.line())
     cfg = load_config(cls, data=merged + choice.overrides())   # only the keys auto decided
 A resumed run reads its saved config, where every key is explicit: the choice is kept.
@@ -168,9 +175,25 @@ def _cpu_ranks(cores: int, model_params: int, view: AutoView, memory_bytes: int 
     return ws, why + gen
 
 
-def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_bytes: int | None = None) -> Choice:
-    """The placement for a machine with `cores` CPU cores, `gpus` GPUs and (CPU ranks only)
-    `memory_bytes` of memory (None: not limited); see the module doc."""
+def _threads(cores: int, gpus: int, procs: int, model_params: int, idle_cores: float | None) -> tuple[int, str]:
+    """(torch threads a process, why) for `procs` processes on `cores` cores of which
+    `idle_cores` are idle at start (None: all)."""
+    share = max(1, cores // procs)
+    if share == 1:
+        return 1, ""
+    if not gpus and model_params < MIN_DP_PARAMS:
+        return 1, "; 1 thread: so small a model's ops do not split"
+    idle = cores if idle_cores is None else max(0, min(cores, round(idle_cores)))
+    if idle // procs < share:
+        return max(1, idle // procs), f"; {cores - idle} of {cores} cores busy with other work at start"
+    return share, ""
+
+
+def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_bytes: int | None = None,
+           idle_cores: float | None = None) -> Choice:
+    """The placement for a machine with `cores` CPU cores (`idle_cores` of them idle at
+    start; None: all), `gpus` GPUs and (CPU ranks only) `memory_bytes` of memory (None: not
+    limited); see the module doc."""
     if cores < 1 or gpus < 0 or model_params < 0:
         raise ValueError(f"choose: cores >= 1, gpus >= 0, model_params >= 0 (got {cores}, {gpus}, {model_params})")
     if not view.auto or view.has_pools:
@@ -188,7 +211,10 @@ def choose(cores: int, gpus: int, model_params: int, view: AutoView, memory_byte
         ws, why = _cpu_ranks(cores, model_params, view, memory_bytes)
     backend = view.backend or ("ray" if ws > 1 else "local")
     procs = ws + (1 if view.generator else 0)  # the generator is a process of its own
-    threads = view.threads_per_worker if view.threads_per_worker is not None else max(1, cores // procs)
+    threads, why_threads = _threads(cores, gpus if gpw else 0, procs, model_params, idle_cores)
+    if view.threads_per_worker is not None:
+        threads, why_threads = view.threads_per_worker, ""
+    why += why_threads
     decided = tuple(k for k, v in (("placement.backend", view.backend), ("placement.world_size", view.world_size),
                                    ("placement.threads_per_worker", view.threads_per_worker),
                                    ("placement.gpus_per_worker", view.gpus_per_worker)) if v is None)
@@ -230,6 +256,38 @@ def detect_machine() -> tuple[int, int]:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores, torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def detect_idle_cores(window_s: float = 0.25) -> float:
+    """Cores of this process's affinity that other work leaves idle now: `choose`'s
+    `idle_cores`. The busier of two views: the 1-minute load average (spread over the host's
+    CPUs, as a container sees the host's) and the idle share of each core over a `window_s`
+    sample of /proc/stat (what the load average is slow to show)."""
+    import os
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    host = os.cpu_count() or len(cpus)
+    idle = len(cpus) * max(0.0, 1.0 - os.getloadavg()[0] / host)
+
+    def ticks() -> dict[int, tuple[int, int]]:  # cpu -> (idle + iowait, total) jiffies
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *vals = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    v = [int(x) for x in vals]
+                    out[int(name[3:])] = (v[3] + v[4], sum(v[:8]))
+        return out
+
+    try:
+        a = ticks()
+        time.sleep(window_s)
+        b = ticks()
+    except OSError:  # no /proc (macOS): the load average alone
+        return idle
+    sampled = sum((b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in cpus if c in a and c in b)
+    return min(idle, sampled)
 
 
 def count_model_params(path: str) -> int:

@@ -7,6 +7,7 @@ validation generations).
 
     log = SampleLog(run_dir, eval_every, steps)
     log.write(step, batch, group_index)   # a no-op unless step 1 or an evaluation step
+    log.write_records(step, records)      # SFT / RM: their evaluation's own lines (step 0 too)
 """
 
 from __future__ import annotations
@@ -67,9 +68,13 @@ class SampleLog:
         return step in (1, self.steps) or bool(self.eval_every and step % self.eval_every == 0)
 
     def write(self, step: int, batch: Batch, group_index: torch.Tensor) -> None:
-        if not self.due(step):
-            return
-        records = sample_records(step, batch, group_index)
+        if self.due(step):
+            self.write_records(step, sample_records(step, batch, group_index))
+
+    def write_records(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Append `records` (lines of this file's shape) as step `step`'s: what a driver
+        without scored rollouts writes at each evaluation (SFT's held-out completions, a
+        reward model's held-out pairs)."""
         if self.fresh:
             truncate_after(self.path, step - 1)
             self.fresh = False
