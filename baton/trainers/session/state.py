@@ -14,7 +14,7 @@ from typing import Any
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
-from baton.envs import get_task
+from baton.envs import configured_task
 from baton.trainers.session.config import DataConfig
 
 
@@ -51,7 +51,7 @@ def task_rows(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
     rendered with the tokenizer's template when sampled). A file-backed task (gsm8k) reads it
     with its own loader; any other task's verifier scores the file's rows. Held out:
     `data.eval_path`'s rows, else every 10th row of the file (never trained on)."""
-    task = get_task(data.task)
+    task = configured_task(data.task, data.task_args)
     if not data.path:
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
     if hasattr(task, "path") and hasattr(task, "eval_path"):
