@@ -90,6 +90,6 @@ def require_extra(module: str, extra: str, who: str) -> Any:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
-            raise MissingExtra(f"{who} needs the {extra!r} extra ({module} is not installed): "
+            raise MissingExtra(f"{who} needs the {extra!r} extra ({module.split('.')[0]} is not installed): "
                                f"pip install -e '.[{extra}]'") from None
         raise

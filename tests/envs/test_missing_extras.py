@@ -11,12 +11,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("module,extra,argv", [
-    ("reasoning_gym", "reasoning-gym", ["train", "recipes/grpo_reasoning_gym.yaml"]),
+    ("reasoning_gym", "reasoning-gym", ["train", "recipes/envs/grpo_reasoning_gym.yaml"]),
+    ("verifiers", "verifiers", ["train", "recipes/envs/grpo_verifiers.yaml"]),
 ])
 def test_missing_extra_is_one_line_exit_2(module, extra, argv, monkeypatch, capsys, tmp_path):
     from baton.cli import main
 
-    monkeypatch.setitem(sys.modules, module, None)  # `import module` -> ModuleNotFoundError
+    for name in [module, *(m for m in sys.modules if m.startswith(module + "."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import module(.sub)` -> ModuleNotFoundError
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "never-written"
     assert main([*argv, f"trainer.run_dir={run_dir}"]) == 2

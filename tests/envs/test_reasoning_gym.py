@@ -73,7 +73,7 @@ def test_bad_task_args_refused(args, match):
     from baton.trainers.ppo_config import PPOConfig
 
     with pytest.raises(ConfigError, match=match):
-        load_config(PPOConfig, REPO / "recipes/grpo_reasoning_gym.yaml", [f"data.task_args={args}"])
+        load_config(PPOConfig, REPO / "recipes/envs/grpo_reasoning_gym.yaml", [f"data.task_args={args}"])
 
 
 def test_task_args_refused_for_a_task_without_them():
@@ -91,10 +91,10 @@ def test_recipes_run_two_steps(tmp_path, monkeypatch):
 
     monkeypatch.chdir(REPO)
     model = tmp_path / "sft-model"
-    assert main(["train", "recipes/sft_reasoning_gym.yaml", "trainer.steps=2", f"trainer.run_dir={tmp_path}/sft",
+    assert main(["train", "recipes/envs/sft_reasoning_gym.yaml", "trainer.steps=2", f"trainer.run_dir={tmp_path}/sft",
                  f"trainer.save_path={model}", "data.eval_size=4", "data.num_examples=64",
                  "trainer.progress=false"]) == 0
-    assert main(["train", "recipes/grpo_reasoning_gym.yaml", "trainer.steps=2", f"trainer.run_dir={tmp_path}/grpo",
+    assert main(["train", "recipes/envs/grpo_reasoning_gym.yaml", "trainer.steps=2", f"trainer.run_dir={tmp_path}/grpo",
                  f"model.path={model}", "data.prompts_per_step=4", "data.eval_size=4", "actor.mini_batch_size=0",
                  "actor.micro_batch_size=32", "trainer.progress=false"]) == 0
     from baton.metrics import read_metrics
