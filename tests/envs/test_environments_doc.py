@@ -12,6 +12,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs/ENVIRONMENTS.md"
 EXTRA_OF_TASK = {"reasoning_gym": "reasoning_gym", "verifiers": "verifiers"}
+EXTRA_OF_AGENT_ENV = {"openenv": "openenv"}
 
 
 def doc_recipes() -> list[str]:
@@ -21,7 +22,7 @@ def doc_recipes() -> list[str]:
 
 def test_doc_names_the_recipes():
     assert {"recipes/envs/grpo_reasoning_gym.yaml", "recipes/envs/sft_reasoning_gym.yaml",
-            "recipes/envs/grpo_verifiers.yaml"} <= set(doc_recipes())
+            "recipes/envs/grpo_verifiers.yaml", "recipes/envs/grpo_openenv.yaml"} <= set(doc_recipes())
 
 
 @pytest.mark.parametrize("recipe", doc_recipes())
@@ -32,7 +33,7 @@ def test_doc_recipe_passes_its_config_check(recipe, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO))
     raw = yaml.safe_load((REPO / recipe).read_text())
-    module = EXTRA_OF_TASK.get(raw.get("data", {}).get("task"))
+    module = EXTRA_OF_TASK.get(raw.get("data", {}).get("task")) or EXTRA_OF_AGENT_ENV.get(raw.get("agent", {}).get("env"))
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{recipe} needs the {module} extra")
     load_config(config_class(raw.get("algorithm", "grpo")), REPO / recipe)
