@@ -17,8 +17,9 @@ the completion: every `@vf.reward`, weighted, as `trace.reward`), registered as
 `verifiers/reward`. The verifier (`is_correct`) is that reward >= 1.
 
 A task whose key's crc32 falls in 1 of `heldout_every` is held out (never trained on). A row
-carries the taskset's id, its arguments and the task's index, so a reward worker or a Ray
-worker loads the taskset itself (once per process) and scores without the driver.
+carries the taskset's id, its arguments, size and the task's index, so a reward worker or a Ray
+worker loads the taskset itself (once per process) and scores without the driver; verifiers'
+import (seconds) runs as a reward worker starts (`prepare`), not under a call's deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 import importlib
 import json
 import random
+import threading
 import zlib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -88,21 +90,36 @@ def _trace(task: Any, completion: str) -> Any:
                     agent=AgentInfo(config=vf.AgentConfig()), nodes=nodes, is_completed=True, ok=True)
 
 
+_LOOPS = threading.local()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop for scoring, made once (not one per call, as asyncio.run does)."""
+    loop = getattr(_LOOPS, "loop", None)
+    if loop is None:
+        loop = _LOOPS.loop = asyncio.new_event_loop()
+    return loop
+
+
 def task_reward(task: Any, completion: str) -> float:
     """The task's own weighted reward for `completion` (its `@vf.reward` functions)."""
     trace = _trace(task, completion.split("<eos>", 1)[0])
-    asyncio.run(task.score(trace))
+    _loop().run_until_complete(task.score(trace))
     return float(trace.reward)
 
 
 def _task_of(row: Row) -> Any:
-    return load_tasks(row["vf_taskset"], row["vf_args"], int(row["vf_index"]) + 1)[int(row["vf_index"])]
+    """The row's task: its taskset loaded once per process (the key holds the run's size)."""
+    return load_tasks(row["vf_taskset"], row["vf_args"], int(row["vf_size"]))[int(row["vf_index"])]
 
 
 @register_reward("verifiers/reward")
 def verifiers_reward(prompt: Any, completion: str, **row: Any) -> float:
     """The verifiers task's own reward (its `@vf.reward` functions, weighted)."""
     return task_reward(_task_of(row), completion)
+
+
+verifiers_reward.prepare = _vf  # verifiers' import (seconds) at a reward worker's start, not in its first call
 
 
 def _prompt(task: Any) -> Any:
@@ -145,7 +162,7 @@ class VerifiersTask:
     def _rows(self, held: bool) -> list[Row]:
         args = json.dumps(self.taskset_args, sort_keys=True)
         return [{"prompt": _prompt(t), "answer": str(getattr(t.data, "answer", "") or ""), "vf_taskset": self.taskset,
-                 "vf_args": args, "vf_index": i}
+                 "vf_args": args, "vf_size": self.size, "vf_index": i}
                 for i, t in enumerate(self._tasks())
                 if (zlib.crc32(t.key.encode()) % self.heldout_every == 0) == held]
 

@@ -71,3 +71,6 @@ def test_recipe_runs_two_steps(tmp_path):
                  "trainer.progress=false"]) == 0
     steps = [r for r in read_metrics(tmp_path) if "actor/loss" in r]
     assert len(steps) == 2 and all(0 <= s["reward/mean"] <= 1 for s in steps)
+    # every call scored: verifiers' import (seconds) runs as a reward worker starts, not in a
+    # call under its 5 s deadline (where it timed out in every fresh worker: all rewards 0)
+    assert all(s["reward/timeouts"] == 0 and s["reward/errors"] == 0 for s in steps), steps
