@@ -91,3 +91,20 @@ def load_object(spec: str, what: str = "object") -> Any:
         if obj is None:
             raise ValueError(f"{what} {spec!r}: module {module!r} has no {attr!r}")
     return obj
+
+
+class MissingExtra(ValueError):
+    """An optional package a run chose is not installed: one line naming the pip command
+    (a ValueError, so a config check turns it into `baton: config error: ...`, exit 2)."""
+
+
+def require_extra(module: str, extra: str, who: str) -> Any:
+    """The optional package `module` (imported now, by the run that chose it), or
+    MissingExtra: "{who} needs the {extra} extra: pip install -e '.[{extra}]'"."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            raise MissingExtra(f"{who} needs the {extra!r} extra ({module.split('.')[0]} is not installed): "
+                               f"pip install -e '.[{extra}]'") from None
+        raise

@@ -40,6 +40,9 @@ class AgentConfig:
         for name in ("tool_timeout_s", "env_timeout_s", "trajectory_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"agent.{name} must be > 0, got {getattr(self, name)}")
+        check_args = getattr(AGENT_ENVS[self.env], "check_args", None)
+        if check_args is not None:  # an env that validates its env_args (openenv: the URL, the extra)
+            check_args(self.env_args)
         known = AGENT_ENVS[self.env].TOOLS
         bad = [t for t in (self.tools or []) if t not in known]
         if bad:

@@ -2,6 +2,7 @@
 
 calculator  multi-digit multiplication with a `calc` tool; reward 1 for the exact product
             as the final answer (a turn without a tool call)
+openenv     an OpenEnv server's episodes (baton/agents/openenv_env.py; the openenv extra)
 guess       guess a number in [lo, hi] (from a prompt "LO..HI=" as the task `guess` writes,
             else env_args lo / hi): the env answers "higher" / "lower" (+ env_args suffix);
             per-turn reward 0.1 for a guess consistent with all feedback so far, final
@@ -15,6 +16,7 @@ import random
 import re
 
 from baton.agents.episode import AssistantTurn, Observation, ToolEpisode
+from baton.agents.openenv_env import OpenEnvEpisode
 from baton.agents.tools import NONE
 
 AGENT_ENVS: dict[str, type] = {}
@@ -97,3 +99,6 @@ class GuessEnv(ToolEpisode):
 
     def finish(self, turn: AssistantTurn) -> Observation:  # unused: step handles every turn
         raise AssertionError(NONE)
+
+
+register_env("openenv")(OpenEnvEpisode)

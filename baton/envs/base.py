@@ -11,6 +11,11 @@ adds one. A user's task needs no registration: `data.task: my_tasks:MyTask` (a T
 a factory, or an instance in an importable module; the working directory of `baton` is
 importable in every process, `baton.user_modules`) is imported and registered under that
 name by `get_task` in whichever process asks first (driver, Ray worker, service).
+
+A task that takes arguments (reasoning-gym's datasets, a verifiers environment's id) has
+`configure(**data.task_args) -> Task`: the driver builds its rows from the configured task
+(`configured_task`); every other process scores with the registered instance, so such a
+task's verifier and reward functions read all they need from the row.
 """
 
 from __future__ import annotations
@@ -74,6 +79,20 @@ def row_fields(task: Task) -> tuple[str, ...]:
     loads: the task's own `row_fields`, else ("answer",) (what a verifier reads; a task that
     scores rows by other fields says so with `row_fields = (...)`)."""
     return tuple(getattr(task, "row_fields", ("answer",)))
+def configured_task(name: str, args: dict[str, Any] | None = None) -> Task:
+    """The task `name` configured by the recipe's `data.task_args`: a task that takes arguments
+    has `configure(**args) -> Task` (called even with none, so it can say what it needs);
+    arguments for a task without one are a ValueError."""
+    task = get_task(name)
+    configure = getattr(task, "configure", None)
+    if configure is None:
+        if args:
+            raise ValueError(f"data.task_args: task {name!r} takes no arguments (it has no configure())")
+        return task
+    try:
+        return configure(**(args or {}))
+    except TypeError as e:  # an argument the task does not take
+        raise ValueError(f"data.task_args for task {name!r}: {e}") from None
 
 
 def row_kwargs(row: Row) -> Row:

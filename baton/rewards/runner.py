@@ -45,6 +45,10 @@ inside a Ray actor, Ray's worker script), and forkserver is one process-wide ser
 global preload list. A worker starts in about 0.1 s, in the background from construction
 on; the first `score()` waits for one.
 
+A function's `prepare()` (an attribute, if it has one: e.g. an optional package's slow
+import) runs once where the functions are loaded, a worker's start, never under a call's
+deadline (`baton.rewards.serve.prepare`).
+
 Workers end with the runner: `close()` (also run when the runner is collected, and at
 interpreter exit) SIGKILLs worker processes without waiting on their calls; worker threads
 are daemons. A worker process also exits when its parent does (PR_SET_PDEATHSIG where the
@@ -67,7 +71,7 @@ from typing import Any, Callable
 
 from baton.rewards.pool import BUSY, DEAD, IDLE, STARTING, ProcessSlot, Slot, ThreadSlot, dump_functions, shutdown
 from baton.rewards.registry import REWARD_FUNCTIONS, RewardFn, register_reward  # noqa: F401  (re-exported)
-from baton.rewards.serve import ERROR, NONFINITE, OK, PENDING
+from baton.rewards.serve import ERROR, NONFINITE, OK, PENDING, prepare
 
 SANDBOXES = ("auto", "process", "thread")
 log = logging.getLogger(__name__)
@@ -151,6 +155,8 @@ class RewardRunner:
         self._slots: list[Slot] = []  # shared with the finalizer; it must not hold self
         self._finalizer = weakref.finalize(self, shutdown, self._slots)
         self.sandbox = "thread" if sandbox == "thread" else self._check_process(sandbox)
+        if self.sandbox == "thread":
+            prepare(self._fn_list)  # a process worker runs it as it loads them (serve.load_functions)
         self._fill()
 
     def _check_process(self, sandbox: str) -> str:

@@ -142,7 +142,20 @@ def load_functions(specs: list[Any], files: dict[str, str]) -> list[Callable[...
             raise LookupError(f"importing {module} did not register reward function {name!r} "
                               f"(registered at run time, not at import?)")
         fns.append(REWARD_FUNCTIONS[name])
+    prepare(fns)
     return fns
+
+
+def prepare(fns: list[Callable[..., Any]]) -> None:
+    """Run each function's `prepare()` (an attribute, if it has one) once, where the functions
+    are loaded: in a worker before it says ready (within the worker's start budget), never
+    under a call's deadline. For what every call needs and is slow to get the first time,
+    e.g. an optional package's import (verifiers takes seconds: its first call would run past
+    a 5 s deadline in every fresh worker, each replacement too)."""
+    for fn in fns:
+        ready = getattr(fn, "prepare", None)
+        if callable(ready):
+            ready()
 
 
 def _exit(code: int) -> None:

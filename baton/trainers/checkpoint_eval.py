@@ -31,7 +31,7 @@ class EvalPlan:
 def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
     """What `--recipe` evaluates: the recipe's task, held-out rows and generation length."""
     from baton.config import load_config, merge_recipe
-    from baton.envs import get_task
+    from baton.envs import configured_task
     from baton.trainers.algorithms import DEFAULT, config_class
     from baton.trainers.session.config import DataConfig
     from baton.trainers.session.state import task_rows
@@ -50,7 +50,7 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
         raise ConfigError("a data.source=gateway recipe's agent is evaluated by its training run (eval/* in "
                           "metrics.jsonl): baton eval runs tasks and data.source=agent recipes")
     if not data.path:  # the task's held-out rows (no training split built just to be dropped)
-        rows = get_task(data.task).eval_rows(data.eval_size)
+        rows = configured_task(data.task, data.task_args).eval_rows(data.eval_size)
     else:
         rows = task_rows(data)[1] if isinstance(data, DataConfig) else sft_rows(data)[1]
     rollout = getattr(cfg, "rollout", None)

@@ -33,7 +33,7 @@ from torch.nn import functional
 
 from baton.data.prompts import PromptSampler
 from baton.data.rows import render_prompt
-from baton.envs import get_task
+from baton.envs import configured_task, get_task
 from baton.envs.evaluate import evaluate_modes
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer
 from baton.padding import pad_right
@@ -60,6 +60,7 @@ class SFTModelConfig:
 class SFTDataConfig:
     TARGET_FIELD: ClassVar[str] = "target"  # a training row's own completion (else the task's target of it)
     task: str = "arithmetic"  # a name in baton.envs.TASKS, or a user task module:Class
+    task_args: dict[str, Any] = field(default_factory=dict)  # the task's configure(**task_args) (reasoning_gym)
     path: str = ""  # rows from a local jsonl / parquet file instead of the task's (docs/OWN_DATA.md)
     eval_path: str = ""  # held-out rows from a file ("" = every 10th row of `path`, or the task's split)
     num_examples: int = 20_000  # training rows (at most: a file's rows are all of them)
@@ -68,7 +69,7 @@ class SFTDataConfig:
     eval_samples: int = 4  # samples per held-out prompt for the sampled (T=1) accuracy
 
     def check(self) -> None:
-        check_task(self.task)
+        check_task(self.task, self.task_args)
         if self.eval_path and not self.path:
             raise ValueError("data.eval_path is read only with data.path (a task's held-out rows are its own)")
         if self.num_examples < 1 or self.eval_size < 0 or self.eval_samples < 1:
@@ -115,11 +116,12 @@ def build_model_and_tokenizer(cfg: SFTModelConfig):
 def sft_rows(data: SFTDataConfig) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows): the task's (`num_examples` seeded rows), or the file's
     (`data.path`, split as `baton train` splits it: `baton.trainers.session.state.task_rows`)."""
-    task = get_task(data.task)
+    task = configured_task(data.task, data.task_args)
     if not data.path:
         return task.train_rows(data.num_examples, seed=data.seed), task.eval_rows(data.eval_size)
-    train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
-                                       eval_size=max(data.eval_size, 1), seed=data.seed), data.TARGET_FIELD)
+    train, held = task_rows(DataConfig(task=data.task, task_args=data.task_args, path=data.path,
+                                       eval_path=data.eval_path, eval_size=max(data.eval_size, 1), seed=data.seed),
+                            data.TARGET_FIELD)
     return train[:data.num_examples], held[:data.eval_size]
 
 

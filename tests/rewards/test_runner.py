@@ -60,3 +60,27 @@ def test_unknown_function_and_import_path():
     with pytest.raises(ValueError, match="unknown reward function 'nope'"):
         resolve_reward("nope")
     assert resolve_reward("os.path:basename")("a/b") == "b"
+
+
+_PREPARED: list[int] = []  # pids of the processes where _prepared's prepare() ran
+
+
+@register_reward("test/prepared")
+def _prepared(prompt, completion, **row):
+    """1 where prepare() ran in this process before the call (e.g. a slow import done)."""
+    import os
+
+    return float(os.getpid() in _PREPARED)
+
+
+_prepared.prepare = lambda: _PREPARED.append(__import__("os").getpid())
+
+
+@pytest.mark.parametrize("sandbox", ["process", "thread"])
+def test_prepare_runs_where_functions_load_not_in_calls(sandbox):
+    """A function's prepare() (verifiers/reward: verifiers' import, seconds) runs once as a
+    worker loads it (thread sandbox: as the runner is built), before any call and its deadline."""
+    runner = RewardRunner({"test/prepared": 1.0}, max_workers=2, sandbox=sandbox)
+    totals, _, stats = runner.score(["p"] * 4, ["a"] * 4, [{}] * 4)
+    assert totals == [1.0] * 4 and stats.errors == [0] * 4
+    runner.close()

@@ -4,26 +4,29 @@ is driven, logged, saved and resumed (`trainer:`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from baton.envs import TASKS, get_task
+from baton.envs import TASKS, configured_task, get_task
 from baton.metrics import SINKS, check_sinks
 from baton.sources import data_sources, source_reads, unread_keys
 from baton.user_modules import is_spec
 
 
-def check_task(name: str) -> None:
-    """`data.task` names a built-in task or a user's `module:Class` that imports as a Task
-    (one-line ValueError otherwise): what every driver's `data.task` accepts."""
+def check_task(name: str, args: dict[str, Any] | None = None) -> None:
+    """`data.task` names a built-in task or a user's `module:Class` that imports as a Task,
+    and `data.task_args` configure it (one-line ValueError otherwise, a missing extra's
+    naming its pip command): what every driver's `data.task` accepts."""
     if name not in TASKS and is_spec(name):
         get_task(name)  # a user's module:Class: importable and a Task, or a one-line error
     elif name not in TASKS:
         raise ValueError(f"data.task={name!r} is not one of {sorted(TASKS)} (or a user task module:Class)")
+    configured_task(name, args)  # the task's configure() checks its arguments (and imports its extra)
 
 
 @dataclass
 class DataConfig:
     task: str = "arithmetic"  # a name in baton.envs.TASKS
+    task_args: dict[str, Any] = field(default_factory=dict)  # the task's configure(**task_args) (reasoning_gym)
     prompts_per_step: int = 16
     eval_size: int = 200  # held-out prompts for evaluation
     seed: int = 0
@@ -43,7 +46,7 @@ class DataConfig:
     envs: list[str] = field(default_factory=list)  # what `baton launch` starts: "NAME [baton env options]"
 
     def check(self) -> None:
-        check_task(self.task)
+        check_task(self.task, self.task_args)
         if self.prompts_per_step < 1 or self.eval_size < 1:
             raise ValueError(f"data.prompts_per_step and data.eval_size must be >= 1 "
                              f"(got {self.prompts_per_step}, {self.eval_size})")

@@ -14,7 +14,7 @@ from typing import Any
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
-from baton.envs import get_task
+from baton.envs import configured_task
 from baton.envs.base import row_fields
 from baton.runs.rundir import RunDirError
 from baton.trainers.session.config import DataConfig
@@ -60,7 +60,7 @@ def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, 
     `data.eval_path`'s rows, else every 10th row of the file (never trained on). Each row
     needs the fields the task scores against (`row_fields`: a one-line DataError naming the
     row otherwise); `target_field` (SFT's "target") stands in for them in `data.path`'s rows."""
-    task = get_task(data.task)
+    task = configured_task(data.task, data.task_args)
     if not data.path:
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
     if hasattr(task, "path") and hasattr(task, "eval_path"):
