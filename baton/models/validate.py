@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,8 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
 
     arch = (config.get("architectures") or [None])[0]
     cls = getattr(transformers, str(arch), None) if arch else None
-    if cls is None:
-        return  # an architecture transformers does not name: left to its loader
+    if cls is None or config.get("quantization_config"):
+        return  # an architecture transformers does not name, quantized weights: left to its loader
     try:
         hf_config = transformers.AutoConfig.for_model(**config)
     except Exception as e:  # noqa: BLE001 - any library error is one line here
@@ -132,7 +133,11 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
         groups.setdefault(id(t), []).append(name)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing = [names[0] for names in groups.values() if not any(n in tensors for n in names)]
-    unexpected = sorted(set(tensors) - set(expected))
+    # buffers the model recomputes, which older files hold (per layer: `...rotary_emb.inv_freq`)
+    buffers = {name.rsplit(".", 1)[-1] for name, _ in model.named_buffers()}
+    ignored = [re.compile(p) for p in getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or []]
+    unexpected = sorted(n for n in set(tensors) - set(expected)
+                        if n.rsplit(".", 1)[-1] not in buffers and not any(p.search(n) for p in ignored))
     if missing:
         raise _error(f"{path}: the weights lack {len(missing)} tensor(s) that {arch} (config.json) has, e.g. "
                      f"{missing[0]!r}: weights of another architecture? (they would load as newly initialized)")
@@ -140,7 +145,7 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
         raise _error(f"{path}: the weights hold {len(unexpected)} tensor(s) that {arch} (config.json) does not "
                      f"have, e.g. {unexpected[0]!r}: weights of another architecture?")
     for name, meta in tensors.items():
-        if tuple(meta["shape"]) != expected[name]:
+        if name in expected and tuple(meta["shape"]) != expected[name]:
             raise _error(f"{path}: tensor {name!r} has shape {list(meta['shape'])}, {arch} as config.json "
                          f"describes it needs {list(expected[name])}: weights of another size?")
 

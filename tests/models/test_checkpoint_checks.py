@@ -137,3 +137,16 @@ def test_launch_refuses_a_damaged_checkpoint_before_starting_anything(tmp_path, 
                  f"trainer.run_dir={run_dir}"]) == 2
     assert f"{d}/model.safetensors: is " in one_line(capsys)
     assert not run_dir.exists()  # no API queue, no process started
+
+
+def test_a_recomputed_buffer_an_older_file_holds_is_not_unexpected(tmp_path):
+    """Older Llama files hold each layer's rotary `inv_freq` (a buffer the model recomputes):
+    they load as before; a tensor the model has no buffer of that name for still refuses."""
+    from baton.models.validate import ModelLoadError, check_checkpoint
+
+    d = damaged(tmp_path, tensors_edit(lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq":
+                                                            torch.ones(8)})))
+    check_checkpoint(d)
+    tensors_edit(lambda t: t.update({"model.layers.0.self_attn.rotary_emb.freq": torch.ones(8)}))(d)
+    with pytest.raises(ModelLoadError, match="rotary_emb.freq"):
+        check_checkpoint(d)
