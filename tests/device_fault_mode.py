@@ -11,10 +11,10 @@ tensor's storage as on the worker's device or on the host, as CUDA would place i
     `t.device` answers WORKER for a device tensor (code that follows a tensor's device moves
     its own tensors there, as on a GPU).
 Faults: an op whose inputs mix device tensors with host tensors of more than one element
-(CUDA accepts 0-dim CPU scalars, host indices, and `copy_` across devices) raises
-`DeviceFault` naming the op. Host reads of a device tensor (`.item()`, `.tolist()`,
-`bool(t)`, `int(t)`, `float(t)`, `.numpy()`, `.cpu()` / `.to("cpu")`) are what a GPU
-waits for: each is counted under the region it ran in (`region("generate")`, ...), for the
+(CUDA accepts 0-dim CPU scalars, host indices, and `copy_` across devices), or `.numpy()` of
+a device tensor, raises `DeviceFault` naming the op. Host reads of a device tensor
+(`.item()`, `.tolist()`, `bool(t)`, `int(t)`, `float(t)`, `.cpu()` / `.to("cpu")`) are what a GPU
+waits for: each is counted under the region it ran in (`in_region("generate")`, ...), for the
 test to hold against a budget.
 """
 
@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 WORKER = torch.device("cpu", 1)
 HOST = torch.device("cpu")
 T = torch.Tensor
-READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__, T.numpy}
+READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__}
 TO_DEVICE = {T.to, T.cuda, T.cpu}
 ACROSS = {T.copy_, T.__getitem__, T.__setitem__, T.index_select, T.index_put_, torch.index_select,  # host indices, copies
           torch._has_compatible_shallow_copy_type, T.set_, torch.utils.swap_tensors}  # moving parameters
@@ -89,6 +89,8 @@ class DeviceFaultMode(TorchFunctionMode):
             return func(*args, **kwargs)
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         dev = [self.on_device(t) for t in tensors]
+        if func is T.numpy and any(dev):  # CUDA refuses outright
+            raise DeviceFault("numpy() of a worker-device tensor: move it to the CPU first")
         if func in READS and any(dev):
             self._read()
             return func(*args, **kwargs)
