@@ -81,7 +81,7 @@ else
   row "wheels (.whl -> .site)" "MISSING" 0 "-" "error: .whl/ missing: fastapi, pydantic, openai, trl, ... not installed"
 fi
 STEP=15; step "environment" $STEP 1_env.log "$PY" -c '
-import importlib, torch, transformers
+import importlib.util, torch, transformers
 print(f"torch {torch.__version__} cuda {torch.version.cuda} | transformers {transformers.__version__}")
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA")
 missing = [m for m in ("fastapi", "uvicorn", "pydantic", "openai", "math_verify", "trl", "datasets")

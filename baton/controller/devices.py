@@ -22,8 +22,8 @@ from baton.batch import Batch
 
 
 def to_worker(args: tuple, kwargs: dict, device: torch.device | None) -> tuple[tuple, dict]:
-    """`args` / `kwargs` with every `Batch` on `device` (the CPU or None: unchanged)."""
-    if device is None or device.type == "cpu":
+    """`args` / `kwargs` with every `Batch` on `device` (the host or None: unchanged)."""
+    if is_host(device):
         return args, kwargs
 
     def move(v: Any) -> Any:
@@ -35,16 +35,22 @@ def to_worker(args: tuple, kwargs: dict, device: torch.device | None) -> tuple[t
 def to_driver(value: Any, device: torch.device | None) -> Any:
     """The result `value` of a worker on `device`, with every tensor on the CPU (recursing
     into Batch, list, tuple, dict). A CPU worker's result is returned as it is."""
-    if device is None or device.type == "cpu":
+    if is_host(device):
         return value
     return _cpu(value)
 
 
+def is_host(device: torch.device | None) -> bool:
+    """The driver's own memory: None or the CPU. Another CPU index (cpu:1) is a device of its
+    own: tests/test_device_faults.py gives workers one to catch device faults on the CPU."""
+    return device is None or (device.type == "cpu" and device.index in (None, 0))
+
+
 def _cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value if value.device.type == "cpu" else value.cpu()
+        return value if is_host(value.device) else value.cpu()
     if isinstance(value, Batch):
-        if all(t.device.type == "cpu" for t in value.tensors.values()):
+        if all(is_host(t.device) for t in value.tensors.values()):
             return value
         return value.to("cpu")
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):  # not a namedtuple
