@@ -1,8 +1,10 @@
-"""The PPO-family driver: GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, ReMax, GSPO and PPO with a
-critic and GAE — one step, roles and options switched on by config (`baton.trainers.ppo_config`).
+"""The PPO-family driver: GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, ReMax, GSPO, PPO with a
+critic and GAE, and on-policy distillation (a teacher role, `algo.advantage: distill`) — one
+step, roles and options switched on by config (`baton.trainers.ppo_config`).
 
     baton train recipes/grpo_arithmetic.yaml [trainer.steps=N ...]     algorithm: grpo
     baton train recipes/ppo_arithmetic.yaml [placement.backend=ray ...] algorithm: ppo
+    baton train recipes/distill_arithmetic.yaml                         a teacher: section
 
 One step, top to bottom, as the controller sees it:
     source  --rows(step)-->                          rows (n per prompt, behaviour logprobs, version):

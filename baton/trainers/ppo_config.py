@@ -1,6 +1,6 @@
 """The typed config of a PPO-family run (`baton.trainers.ppo`: GRPO, Dr. GRPO, DAPO, RLOO,
-REINFORCE++, ReMax, GSPO, PPO with a critic and GAE), assembled from the sections that live
-next to what they configure:
+REINFORCE++, ReMax, GSPO, PPO with a critic and GAE, on-policy distillation), assembled from
+the sections that live next to what they configure:
 
     algorithm     grpo | ppo: the family's name (`baton train` picks this driver for both);
                   it only sets the default `algo.advantage` (grpo -> grpo, ppo -> gae)
