@@ -67,3 +67,27 @@ def test_commands_files_and_agent_evals_the_readme_names_exist():
 def test_the_demo_is_not_described_as_running_ahead():
     start = README.read_text().split("## Commands")[0]
     assert "one_step_off" not in start and "1.2–1.7x" not in start
+
+
+def test_readme_tools_example_runs(capsys):
+    """The README's tools example against `baton serve checkpoints/calc-tools` (in process, on
+    a free port): it prints what its comments say, a parsed call and the copied answer."""
+    import torch
+
+    from baton.models.load import load_model, load_tokenizer
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.server import ServerThread, build_app
+
+    pytest.importorskip("llguidance")  # tool_choice="required": constrained decoding
+    text = README.read_text()
+    code = re.search(r"Tools end to end with the shipped.*?```python\n(.*?)```", text, re.S).group(1)
+    expected = [c.split(": ")[0] if c[0].isdigit() else c for c in re.findall(r"^print\(.*?# (.*)$", code, re.M)]
+    model_dir = str(README.parent / "checkpoints" / "calc-tools")
+    tok = load_tokenizer(model_dir)
+    engine = EmbeddedEngine(load_model(model_dir, dtype=torch.float32, device="cpu"), tok)
+    server = ServerThread(build_app(engine, tok, "calc-tools", model_path=model_dir))
+    try:
+        exec(compile(code.replace("http://127.0.0.1:8000", server.url), "README tools example", "exec"), {})
+    finally:
+        server.stop()
+    assert capsys.readouterr().out.splitlines() == expected

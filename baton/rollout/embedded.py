@@ -23,7 +23,8 @@ How a `generate` call runs:
 (`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
 request with short ones this way, each getting the tokens it would get alone.
 Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
-own HF forward (`_hf.py`).
+own HF forward (`_hf.py`). `SamplingParams.grammar` (structured outputs) masks the logits
+before each sample (`constrained.py`, llguidance); the host then looks every step.
 
 LoRA: a peft model (a colocated LoRA policy) runs on the fast path over its base weights
 with its *live* adapter tensors applied at each `generate` (nothing merged, nothing copied,
@@ -251,7 +252,8 @@ class EmbeddedEngine:
         alive = torch.arange(rows, device=device)  # batch row -> group row
         alive_list = list(range(rows))
         done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
-        every = 1 if texts is not None or guide is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        host_each_step = texts is not None or guide is not None  # stop strings and grammars run on the host
+        every = 1 if host_each_step else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
         if live is not None:
             live["buffers"] = (out_tokens, hits)
 

@@ -8,8 +8,8 @@ llguidance import, only text, so configs and servers check requests without the 
     tool_call_grammar(tools, name=None)   # Hermes / Qwen `<tool_call>` blocks (tools.py)
     regex_grammar("[0-9]+"), json_schema_grammar({...})
 
-JSON is written compactly, as `json.dumps` does (", " and ": ", no other whitespace): a model
-cannot spend its tokens on whitespace, and an untrained one still ends its object.
+JSON may hold at most one space between tokens (`COMPACT`): a model cannot spend its tokens
+on whitespace, and an untrained one still ends its object.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# llguidance's JSON options (its `x-guidance` key): one way to write each separator
-COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance's JSON options (its `x-guidance` key): at most one space between tokens, so
+# `json.dumps`' default (", ", ": ") and its compact form (",", ":") both pass, and a model
+# cannot spend its tokens on whitespace (an untrained one still ends its object)
+COMPACT = {"whitespace_pattern": " ?"}
 
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:
@@ -84,7 +86,8 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None) -> s
     """Hermes / Qwen tool calls (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
     what `baton.rollout.server.tools.parse_tool_calls` reads): one call of function `name`,
     or (name None: tool_choice "required") one or more calls of any of `tools`, each with
-    arguments matching that function's `parameters` schema."""
+    arguments matching that function's `parameters` schema. The newlines inside the block
+    are optional (Qwen writes them, a compact writer may not)."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -97,4 +100,4 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None) -> s
         raise ValueError(f"no tool named {name!r}")
     body = calls[0] if len(calls) == 1 else {"anyOf": calls}
     start = 'start: call\n' if name is not None else 'start: call ("\\n" call)*\n'
-    return start + 'call: "<tool_call>\\n" args "\\n</tool_call>"\nargs: ' + _json(body)
+    return start + 'call: "<tool_call>" "\\n"? args "\\n"? "</tool_call>"\nargs: ' + _json(body)

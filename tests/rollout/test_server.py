@@ -116,7 +116,7 @@ def test_openai_chat(served, srv_tokenizer):
     ("/generate", {"input_ids": [1, 99999]}, 400, "outside"),
     ("/generate", {"input_ids": []}, 400, "empty"),
     ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, 422, "max_new_tokens"),
-    ("/generate", {"input_ids": [1], "sampling_params": {"regex": "a+"}}, 400, "regex"),
+    ("/generate", {"input_ids": [1], "sampling_params": {"ebnf": "root ::= 'a'"}}, 400, "ebnf"),  # regex: test_structured.py
     ("/update_weights_from_disk", {"model_path": "/nonexistent/w.safetensors"}, 400, "nonexistent"),
     ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}, 400,
      "init_weights_update_group"),

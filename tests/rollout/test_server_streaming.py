@@ -145,3 +145,48 @@ def test_gateway_streams_token_by_token():
         assert chunks[-1].usage.completion_tokens == len(sampled) == 16
     finally:
         thread.stop()
+
+
+def test_client_leaving_mid_stream_cancels_its_generation():
+    """A client that closes the stream after its first chunk: the generation nobody reads is
+    cancelled between decode steps. The engine's decode waits at a gate after 3 steps until
+    the server has withdrawn the request, so the race is under the test's control."""
+    import threading
+    import time
+
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.server import build_app
+
+    tok = tools_tokenizer()
+    engine = EmbeddedEngine(tiny_model(0), tok)
+    gate, steps, decode = threading.Event(), [0], engine.runner.decode
+
+    def gated(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] > 3:
+            gate.wait(60)
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = gated
+    app = build_app(engine, tok, "tiny")
+    thread = ServerThread(app)
+    batcher = app.state.baton.batcher
+
+    def wait_for(cond) -> bool:
+        deadline = time.monotonic() + 60
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return cond()
+
+    try:
+        body = {"prompt": "go", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=thread.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert '"text"' in first
+        assert wait_for(lambda: any(j.stop.is_set() for j in list(batcher._running)))  # withdrawn
+        gate.set()
+        assert wait_for(lambda: batcher.stats["cancelled"] == 1)
+        assert steps[0] < 10  # stopped at the gate's step, not after 1,000
+    finally:
+        gate.set()
+        thread.stop()

@@ -26,6 +26,11 @@ engines whose `generate` takes it), so a long generation nobody waits for frees 
 `paused()` lets the running generations finish and starts no new one (weight updates and
 sleep run then, so a generation never mixes two versions of the weights).
 
+Streaming (`submit(on_progress=...)`): after every decode step of a generation that a
+streamed request shares, the engine thread reads its new tokens (`Generation.partial`: one
+host read of the steps since the last, so on a GPU a streamed generation syncs every step)
+and posts them to the event loop; it never waits for the stream.
+
 `EngineRunner.current` says which call runs on the engine thread and since when, and
 `last_beat` when it last made progress (a decode step: the batcher's `should_stop` hook
 beats): /health tells a busy engine (stepping) from a wedged one (no step for the deadline).

@@ -160,6 +160,9 @@ class _Server:
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
             done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this handler was cancelled (a stream whose client left): withdraw too
+            task.cancel()
+            raise
         finally:
             watcher.cancel()
         if task not in done:
