@@ -5,7 +5,7 @@ a weight applied twice, staleness ignored), each applied alone to a scratch copy
 working tree, each run against the default-run tests that should kill it.
 
     .venv/bin/python scripts/mutants.py                 # every mutant; the table and the score
-    .venv/bin/python scripts/mutants.py --smoke         # SMOKE: a few, one per area (CI's default run)
+    .venv/bin/python scripts/mutants.py --smoke         # SMOKE: 5 of them (a step of .ci/run)
     .venv/bin/python scripts/mutants.py --only ppo-gae-negated ppo-offpolicy-dropped
     .venv/bin/python scripts/mutants.py --list          # the list, nothing run
     .venv/bin/python scripts/mutants.py --check         # every original snippet is in its file once
@@ -18,6 +18,12 @@ occur exactly once in its file) by `replacement`, runs
 mutants), and restores the file. A mutant is killed when pytest fails (exit != 0, a timeout
 included; exit 5, no test ran, is reported as NO TESTS and counts as surviving); first the
 unmutated copy must pass every selection, or the script stops.
+
+Which tests: each mutant names its own, from the default run (nothing `slow`): the unit
+tests of its module under tests/algos/ (T_* below), the direction tests of tests/direction/
+that cover its path (DIRECTION_* below: one real step of the family, observed at the
+workers' update), and for a few a worker or trainer test file; `--list` prints them. Each
+takes ~2-50 s on 2 loaded cores (pytest stops at the first failure).
 
 Adding a mutant (e.g. for a new algorithm): append a `Mutant(...)` to MUTANTS with the tests
 that should kill it (a selection below, or a test file / node id); `--check` (run by

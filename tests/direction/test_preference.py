@@ -96,17 +96,34 @@ def test_offline_dpo_raises_the_files_chosen_text(model_dir, tmp_path, monkeypat
         assert (texts[2 * i], texts[2 * i + 1]) == (p["chosen"], p["rejected"]), (texts[2 * i:2 * i + 2], p)
 
 
+def text_scores(model, tokenizer, pairs, side: str, max_length: int) -> torch.Tensor:
+    """[N] the model's score of each pair's `side` text alone, read the way the reward-model
+    role reads a completion (baton.workers.reward_model: encode_pair, sequence_scores), not
+    through the trainer's pair_scores."""
+    from baton.workers.reward_model import encode_pair, pad_right, sequence_scores
+
+    ids, mask = pad_right([encode_pair(tokenizer, p["prompt"], p[side], max_length) for p in pairs],
+                          tokenizer.pad_token_id)
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        out = sequence_scores(model, ids, mask).double()
+    model.train(was)
+    return out
+
+
 def test_reward_model_step_widens_the_chosen_margin(model_dir, tmp_path, monkeypatch):
     """One Bradley-Terry step on the task's pairs (chosen = the right answer): the margin
-    r(chosen) - r(rejected) of the step's pairs rises."""
+    r(chosen) - r(rejected) of the step's pairs rises, each side scored on its own."""
     calls = []
     real = rm.pair_scores
 
     def pair_scores(model, tokenizer, pairs, max_length):
-        out = real(model, tokenizer, pairs, max_length)
-        if model.training and not calls:  # the first training step's forward
-            calls.append((model, tokenizer, pairs, max_length, (out[0] - out[1]).detach().double()))
-        return out
+        if model.training and not calls:  # the first training step, before its forward
+            calls.append((model, tokenizer, pairs, max_length,
+                          text_scores(model, tokenizer, pairs, "chosen", max_length)
+                          - text_scores(model, tokenizer, pairs, "rejected", max_length)))
+        return real(model, tokenizer, pairs, max_length)
 
     monkeypatch.setattr(rm, "pair_scores", pair_scores)
     cfg = load_config(rm.RMConfig, REPO / "recipes" / "rm_arithmetic.yaml",
@@ -117,8 +134,6 @@ def test_reward_model_step_widens_the_chosen_margin(model_dir, tmp_path, monkeyp
     model, tokenizer, pairs, max_length, before = calls[0]
     answers = {r["prompt"]: r["answer"] for r in get_task("arithmetic").train_rows(40, seed=0)}
     assert all(p["chosen"] == answers[p["prompt"]] != p["rejected"] for p in pairs)  # chosen: the right answer
-    model.eval()
-    with torch.no_grad():
-        c, r = real(model, tokenizer, pairs, max_length)
-    after = (c - r).double()
+    after = (text_scores(model, tokenizer, pairs, "chosen", max_length)
+             - text_scores(model, tokenizer, pairs, "rejected", max_length))
     assert float((after - before).sum()) > 0, (before, after)
