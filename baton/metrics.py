@@ -183,9 +183,9 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
     ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
-    ("queue: idle share", ("queue/trainer_idle", "queue/generator_idle"), (0.0, 1.0)),
-    ("queue: rows/s", ("queue/rows_trained_per_s", "queue/rows_generated_per_s"), None),
-    ("update: share of the matmul rate", ("queue/update_matmul_share",), None),
+    ("queue: idle share", ("throughput/trainer_idle", "throughput/generator_idle"), (0.0, 1.0)),
+    ("queue: rows/s", ("throughput/rows_trained_per_s", "throughput/rows_generated_per_s"), None),
+    ("update: share of the matmul rate", ("throughput/update_matmul_share",), None),
 )
 AGE_COUNTS = "queue/age_counts"  # a list a step (rows per policy age): one bar chart over the run
 AGE_PANEL = "staleness of trained rows"

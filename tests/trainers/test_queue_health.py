@@ -20,10 +20,10 @@ def test_step_metrics_by_hand():
              "timing/eval_s": 9.0}  # evaluation is no step's work: left out of the 2.0 s
     m = QueueHealth(params=1000, rate=1e6).step(batch, times, version=5)
     close = lambda x: pytest.approx(x, rel=1e-12)  # noqa: E731 (the phases are summed in floats)
-    assert m["queue/rows_trained_per_s"] == close(4 / 2.0) and m["queue/rows_generated_per_s"] == close(4 / 0.5)
-    assert m["queue/trainer_idle"] == close(0.4) and m["queue/generator_idle"] == close(0.75)
+    assert m["throughput/rows_trained_per_s"] == close(4 / 2.0) and m["throughput/rows_generated_per_s"] == close(4 / 0.5)
+    assert m["throughput/trainer_idle"] == close(0.4) and m["throughput/generator_idle"] == close(0.75)
     assert m["queue/age_counts"] == [2, 2]
-    assert m["queue/update_matmul_share"] == close(6 * 1000 * 20 / 1.2 / 1e6)  # 0.1
+    assert m["throughput/update_matmul_share"] == close(6 * 1000 * 20 / 1.2 / 1e6)  # 0.1
 
 
 def test_age_counts_and_the_matmul_rate():
@@ -33,12 +33,12 @@ def test_age_counts_and_the_matmul_rate():
 
 
 def test_the_summary_names_the_bottleneck():
-    waits = [{"queue/trainer_idle": 0.4, "queue/generator_idle": 0.1, "queue/rows_trained_per_s": 100.0,
-              "queue/rows_generated_per_s": 400.0, "queue/age_counts": [3, 1], "queue/update_matmul_share": 0.25}]
+    waits = [{"throughput/trainer_idle": 0.4, "throughput/generator_idle": 0.1, "throughput/rows_trained_per_s": 100.0,
+              "throughput/rows_generated_per_s": 400.0, "queue/age_counts": [3, 1], "throughput/update_matmul_share": 0.25}]
     assert summary(waits) == ("queue: the trainer waited 40% of the time for rows: generation is the bottleneck "
                               "(100.0 rows/s trained, 400.0 rows/s generated; trained rows 0.25 versions old on "
                               "average, the update at 25% of the machine's matmul rate)")
-    busy = [{"queue/trainer_idle": 0.1, "queue/generator_idle": 0.6, "queue/rows_trained_per_s": 50.0}]
+    busy = [{"throughput/trainer_idle": 0.1, "throughput/generator_idle": 0.6, "throughput/rows_trained_per_s": 50.0}]
     assert summary(busy).startswith("queue: the generator waited 60% of the time for the trainer: the update is "
                                     "the bottleneck (50.0 rows/s trained; trained rows 0.00")
     assert summary([{"sft/loss": 1.0}]) == ""
@@ -57,7 +57,7 @@ def test_the_demo_reports_its_queue(tmp_path, capsys):
     rows = read_metrics(run)
     titles = [t for t, _, _ in report_panels(rows)]
     assert {"queue: idle share", "queue: rows/s", "update: share of the matmul rate", AGE_PANEL} <= set(titles)
-    steps = [r for r in rows if r.get("step", 0) >= 1 and "queue/trainer_idle" in r]
+    steps = [r for r in rows if r.get("step", 0) >= 1 and "throughput/trainer_idle" in r]
     assert len(steps) == 2 and all(r["queue/age_counts"] == [8] for r in steps)  # on-policy: 8 rows of age 0
-    assert all(0 < r["queue/rows_generated_per_s"] and 0 <= r["queue/generator_idle"] <= 1 for r in steps)
+    assert all(0 < r["throughput/rows_generated_per_s"] and 0 <= r["throughput/generator_idle"] <= 1 for r in steps)
     assert (run / "report.png").stat().st_size > 0

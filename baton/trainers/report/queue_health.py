@@ -1,17 +1,20 @@
 """Queue health: where an RL run's time goes between the generator and the trainer.
 
-Every step of the PPO-family driver logs (`QueueHealth.step`):
-    queue/rows_trained_per_s     rows the step trained / the step's wall time (its phases)
-    queue/rows_generated_per_s   rows / the generator's own time on them (F.GENERATE_S, stamped
-                                 by the rollout worker on the rows' meta: in the driver's
-                                 process or a generator's of its own)
-    queue/trainer_idle           the share of the step the update was not running (the
-                                 trainer waiting for rows: generation, scoring, the weight sync)
-    queue/generator_idle         the share of the step the generator was not generating
-    queue/age_counts             trained rows per policy age (0: sampled by the weights being
-                                 trained; k: k versions behind), a histogram in report.png
-    queue/update_matmul_share    the update's FLOPs (6 x params x tokens x epochs) per second of
-                                 it, over the machine's matmul rate (`matmul_rate`, measured once)
+Every step of the PPO-family driver logs (`QueueHealth.step`; the wall-clock figures under
+`throughput/`, with tokens/s, which comparisons of runs leave out):
+    throughput/rows_trained_per_s    rows the step trained / the step's wall time (its phases)
+    throughput/rows_generated_per_s  rows / the generator's own time on them (F.GENERATE_S,
+                                     stamped by the rollout worker on the rows' meta: in the
+                                     driver's process or a generator's of its own)
+    throughput/trainer_idle          the share of the step the update was not running (the
+                                     trainer waiting for rows: generation, scoring, the sync)
+    throughput/generator_idle        the share of the step the generator was not generating
+    queue/age_counts                 trained rows per policy age (0: sampled by the weights
+                                     being trained; k: k versions behind), a histogram in
+                                     report.png
+    throughput/update_matmul_share   the update's FLOPs (6 x params x tokens x epochs) per
+                                     second of it, over the machine's matmul rate
+                                     (`matmul_rate`, measured once)
 and `summary(rows)` names the bottleneck at the end of the run ("the trainer waited 40% of the
 time for rows: generation is the bottleneck").
 """
@@ -69,18 +72,18 @@ class QueueHealth:
         rows = len(batch)
         out: dict[str, Any] = {}
         if step_s > 0:
-            out["queue/rows_trained_per_s"] = rows / step_s
-            out["queue/trainer_idle"] = max(0.0, 1.0 - update_s / step_s)
+            out["throughput/rows_trained_per_s"] = rows / step_s
+            out["throughput/trainer_idle"] = max(0.0, 1.0 - update_s / step_s)
         gen_s = batch.meta.get(F.GENERATE_S)
         if gen_s and step_s > 0:
-            out["queue/rows_generated_per_s"] = rows / gen_s
-            out["queue/generator_idle"] = max(0.0, 1.0 - gen_s / step_s)
+            out["throughput/rows_generated_per_s"] = rows / gen_s
+            out["throughput/generator_idle"] = max(0.0, 1.0 - gen_s / step_s)
         if F.POLICY_VERSION in batch:
             out["queue/age_counts"] = age_counts(version - batch[F.POLICY_VERSION].float())
         tokens = batch[F.RESPONSE_MASK].sum().item() + (batch[F.PROMPT_MASK].sum().item()
                                                           if F.PROMPT_MASK in batch.tensors else 0)
         if update_s > 0 and self.rate > 0:
-            out["queue/update_matmul_share"] = 6 * self.params * tokens * self.epochs / update_s / self.rate
+            out["throughput/update_matmul_share"] = 6 * self.params * tokens * self.epochs / update_s / self.rate
         return out
 
 
@@ -91,11 +94,12 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def summary(rows: list[dict[str, Any]]) -> str:
     """One line naming the bottleneck from a run's metrics ("" without queue metrics)."""
-    trainer, generator = _median(rows, "queue/trainer_idle"), _median(rows, "queue/generator_idle")
+    trainer, generator = _median(rows, "throughput/trainer_idle"), _median(rows, "throughput/generator_idle")
     if trainer is None:
         return ""
-    trained, generated = _median(rows, "queue/rows_trained_per_s"), _median(rows, "queue/rows_generated_per_s")
-    share = _median(rows, "queue/update_matmul_share")
+    trained = _median(rows, "throughput/rows_trained_per_s")
+    generated = _median(rows, "throughput/rows_generated_per_s")
+    share = _median(rows, "throughput/update_matmul_share")
     ages = [0] * max((len(r["queue/age_counts"]) for r in rows if r.get("queue/age_counts")), default=0)
     for r in rows:
         for age, n in enumerate(r.get("queue/age_counts") or []):
