@@ -28,7 +28,7 @@ LAYERS = [
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},
     {"batch", "metrics", "config"},
-    {"fields", "protocol", "runs", "registry", "padding", "user_modules"},
+    {"fields", "protocol", "runs", "registry", "padding", "user_modules", "http"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 

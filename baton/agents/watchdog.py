@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import torch
 
 from baton.agents.tools import note_fault
-from baton.rollout._http_guards import quiet_clients_left_open
+from baton.http import quiet_clients_left_open
 
 GRACE_S = 0.5
 POLL_S = 0.1  # how often the watchdog looks at the phases the jobs entered meanwhile

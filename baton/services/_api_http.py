@@ -1,6 +1,6 @@
 """HTTP plumbing of the trajectory API: JSON bodies read with
 a cap on their plain and decompressed size (gzip), parsed into the request shapes with 422s
-naming the field. Its bearer token is `baton.rollout._http_guards.BearerAuth` (`detail=True`:
+naming the field. Its bearer token is `baton.http.BearerAuth` (`detail=True`:
 the 401 in FastAPI's {"detail": reason} shape, as every error here).
 
 The body streams in on the event loop (`_read_body`); decoding it (`decode_json`) runs in a

@@ -80,7 +80,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from baton.rollout._http_guards import BearerAuth
+from baton.http import BearerAuth
 from baton.services._api_http import (MAX_BODY_BYTES, _json_response, _parse, _read_body, decode_json,
                                       decode_json_array)
 from baton.services._api_schemas import (FIXED_SETTINGS, SCORED_KEYS, EnvIdentifier, RegisterEnv, Registration,

@@ -44,7 +44,7 @@ idle longer than `GatewayRows(session_idle_s=...)` is dropped as "deadline". A d
 session never becomes a row (it is not scored 0); its group completes with the sessions
 that finished, and `dropped` counts sessions by reason.
 
-Guards (`baton.rollout._http_guards`, the same as `baton serve`'s): bodies past
+Guards (`baton.http`, the same as `baton serve`'s): bodies past
 `max_body_bytes` (default 4 MiB, `--max-body-mb`) are a 413 before they are read whole;
 strict JSON (NaN, lone surrogates: 400); chat templates rendered and prompts tokenized on a
 thread, so /health answers meanwhile; a `model` other than the served name (or its
@@ -71,7 +71,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.data.turns import assistant_close, boundary_after  # whatever ended the turn (EOS, stop, length)
-from baton.rollout._http_guards import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
+from baton.http import (DEFAULT_MAX_BODY_BYTES, APIError, OffLoop, check_model, install_guards,
                                         quiet_clients_left_open, run_uvicorn)
 from baton.rollout.server.schemas import ChatCompletionRequest, stop_list, unsupported
 from baton.rollout.server.stream import ChatStream, include_usage, stream_response

@@ -1,4 +1,4 @@
-"""The OpenAI gateway shares `baton serve`'s guards (issue 29, `baton.rollout._http_guards`):
+"""The OpenAI gateway shares `baton serve`'s guards (issue 29, `baton.http`):
 a 100 MB chat body is a 413 at once (it used to be read and tokenized for minutes, RSS 13 GB,
 SIGTERM ignored), /health answers while a prompt is tokenized, non-finite and hostile values
 are 4xx (never 500), an unknown `model` is a 404 as in `baton serve`, tools a template cannot

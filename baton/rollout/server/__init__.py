@@ -19,7 +19,7 @@ uvicorn). Endpoints, options and request shapes: `app.py`'s docstring.
   log.py        `--log-requests`: one log line per request
 
 The HTTP guards shared with the gateway (API key, body caps, strict JSON, OpenAI-shaped
-errors) are in `baton/rollout/_http_guards.py`. The names below come from `app.py`, imported
+errors) are in `baton/http/`. The names below come from `app.py`, imported
 on first use, so the gateway's imports of `schemas`, `stream`, `tools` and `batcher` stay
 light (no torch, no uvicorn; `structured` loads llguidance only to check a grammar).
 """

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 
-from baton.rollout._http_guards import error_body
+from baton.http import error_body
 from baton.rollout.server.guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
 from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,

@@ -15,7 +15,7 @@ from typing import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from baton.rollout._http_guards import _send_error
+from baton.http import send_error
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 DEFAULT_MAX_QUEUED_REQUESTS = 256
@@ -49,7 +49,7 @@ class Admission:
             return
         if q.waiting() >= q.max_queued:
             q.refused += 1
-            await _send_error(send, 429, f"server busy: {q.waiting()} requests are waiting for generation "
+            await send_error(send, 429, f"server busy: {q.waiting()} requests are waiting for generation "
                                          f"(--max-queued-requests {q.max_queued}); retry after {q.retry_after_s} s",
                               "queue_full", [(b"retry-after", str(q.retry_after_s).encode())])
             return

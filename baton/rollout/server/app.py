@@ -115,7 +115,7 @@ Code (the modules of `baton.rollout.server`, listed in its `__init__.py`): this 
 builds the app (health, models, stats), runs it (`ServerThread`, `serve_main`); `state.py`
 holds the shared state and request checks, `routes.py` the generation endpoints, `admin.py`
 the admin endpoints, `batcher.py` the scheduling, `guards.py` admin requests and checkpoint
-checks, `schemas.py` the request shapes; `baton/rollout/_http_guards.py` the guards shared
+checks, `schemas.py` the request shapes; `baton/http/` the guards shared
 with the gateway (auth, body caps, strict JSON, OpenAI-shaped errors).
 """
 
@@ -137,7 +137,7 @@ from fastapi.responses import JSONResponse, Response
 from baton.rollout.server.admin import add_admin_routes
 from baton.rollout.server.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission, WaitQueue
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
-from baton.rollout._http_guards import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
+from baton.http import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
 from baton.rollout.server.log import enable as enable_request_log

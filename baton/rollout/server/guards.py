@@ -1,6 +1,6 @@
 """What keeps `baton serve`'s admin endpoints and weight loading from being misused (the
 request guards it shares with the gateway, API key, body cap, strict JSON, OpenAI-shaped
-errors, are in `baton/rollout/_http_guards.py`).
+errors, are in `baton/http/`).
 
   check_admin_request  admin endpoints take only `Content-Type: application/json` (415) and
                     no cross-site browser request (an `Origin` that is not this host, or

@@ -48,7 +48,7 @@ class ErrorInfo(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """OpenAI's error shape (baton.rollout._http_guards.error_body)."""
+    """OpenAI's error shape (baton.http.error_body)."""
     error: ErrorInfo
 
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from fastapi import HTTPException, Request
 
 from baton.rollout.server.batcher import Batcher, EngineRunner
-from baton.rollout._http_guards import APIError, BearerAuth, OffLoop, check_model
+from baton.http import APIError, BearerAuth, OffLoop, check_model
 from baton.rollout.engines import context_len
 from baton.rollout.server.guards import WeightsAllowList
 from baton.rollout.protocol import Completion, SamplingParams

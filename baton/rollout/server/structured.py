@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from baton.rollout._http_guards import APIError
+from baton.http import APIError
 from baton.rollout.grammars import regex_grammar, response_format_grammar, tool_call_grammar
 
 

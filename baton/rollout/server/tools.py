@@ -35,7 +35,7 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from baton.rollout._http_guards import APIError
+from baton.http import APIError
 
 TOOL_CALL_RE = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>", re.DOTALL)  # innermost block
 
