@@ -27,11 +27,31 @@ QWEN7 = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num
 
 def shaped_dir(path: Path, shape: dict) -> Path:
     """A model directory of `shape`: its config.json (what the config and placement read) and a
-    placeholder weights file (check_inputs asks for one; nothing here loads it)."""
-    from transformers import Qwen2Config
+    weights file with the architecture's tensors as a sparse file (the checkpoint check reads
+    its header and its length, nothing loads the values: a 7B file takes no disk)."""
+    import json
+    import shutil
+    import struct
 
-    Qwen2Config(**shape).save_pretrained(path)
-    (path / "model.safetensors").write_bytes(b"")
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**shape, architectures=["Qwen2ForCausalLM"])
+    config.save_pretrained(path)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    header, offset = {}, 0
+    for name, t in model.state_dict().items():
+        if shape.get("tie_word_embeddings") and name == "lm_head.weight":
+            continue
+        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + 2 * t.numel()]}
+        offset += 2 * t.numel()
+    head = json.dumps(header).encode()
+    with open(path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.truncate(8 + len(head) + offset)  # sparse: no bytes written for the values
+    for tok in (REPO / "checkpoints" / "arith-sft").glob("*token*"):  # rows are measured against the context
+        shutil.copy(tok, path / tok.name)
     return path
 
 
