@@ -243,8 +243,8 @@ MUTANTS: list[Mutant] = [
       "returns=mc[F.VALUES].to(values.device),", "the critic's target is its own old values",
       "tests/workers/test_critic.py", *DIRECTION_GAE),
     M("reference-temperature", "baton/workers/reference.py",
-      "out = batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)",
-      "out = batched_logprobs(self.model, batch, self.micro_batch_size, 2 * self.temperature)",
+      "batched_logprobs(self.model, batch, self.micro_batch_size, self.temperature)",
+      "batched_logprobs(self.model, batch, self.micro_batch_size, 2 * self.temperature)",
       "the reference's logprobs at another temperature (pi != ref at step 1)", *DIRECTION_KL_LOSS),
     M("logits-off-by-one", "baton/workers/sequences.py", ".logits[:, P - 1:P + R - 1]  # [B, R, X]",
       ".logits[:, P:P + R]  # [B, R, X]", "the trainer scores each response token with the next position's logits",
@@ -292,6 +292,17 @@ MUTANTS: list[Mutant] = [
       "totals = [sum(w * per_fn[name][i] for name, (_, w) in self.fns.items()) for i in range(n)]",
       "totals = [sum(per_fn[name][i] for name, (_, w) in self.fns.items()) for i in range(n)]",
       "the reward functions' weights ignored", "tests/rewards/test_runner.py"),
+    # --- on-policy distillation ------------------------------------------------------------------
+    M("distill-sign", "baton/algos/distill.py",
+      "gap = teacher_logprobs.detach().float() - old_logprobs.detach().float()",
+      "gap = old_logprobs.detach().float() - teacher_logprobs.detach().float()",
+      "distillation's advantage is +reverse KL: the student moves away from its teacher",
+      "tests/algos/test_distill.py", "tests/trainers/test_distill.py::test_the_student_moves_toward_its_teacher"),
+    M("distill-teacher-is-student", "baton/algos/distill.py",
+      "gap = teacher_logprobs.detach().float() - old_logprobs.detach().float()",
+      "gap = old_logprobs.detach().float() - old_logprobs.detach().float()",
+      "the teacher's logprobs never reach the advantage (no signal)",
+      "tests/algos/test_distill.py", "tests/trainers/test_distill.py::test_the_student_moves_toward_its_teacher"),
 ]
 
 SMOKE = ("ppo-gae-negated", "ppo-offpolicy-dropped", "grpo-sign", "dpo-sigmoid-sign", "kl-reward-sign")
