@@ -110,7 +110,7 @@ GOLDEN_RTOL, GOLDEN_ATOL = 1e-3, 1e-5  # see the module docstring
 GOLDEN_KEYS = ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl", "actor/kl", "actor/entropy",
                "critic/vf_loss", "critic/grad_norm", "critic/returns_mean", "critic/explained_var",
                "reward/mean", "reward/std", "kl_reward/kl", "dpo/kl", "rewards/margins", "rewards/accuracies",
-               "sft/loss", "sft/grad_norm", "rm/loss", "rm/grad_norm", "rm/accuracy")
+               "sft/loss", "sft/grad_norm", "rm/loss", "rm/grad_norm", "rm/accuracy", "distill/reverse_kl")
 GOLDEN_SKIP = {  # row -> why its first steps are not compared
     "agent-gateway": "the agent's sessions run concurrently: which request the engine samples first varies",
     "grpo-one-step-off-lora": "Ray worker processes; the generator's timing decides nothing, but untested here",
