@@ -4,8 +4,8 @@ flips, dropped terms, swapped clip bounds, a removed detach, mean for sum, off-b
 a weight applied twice, staleness ignored), each applied alone to a scratch copy of the
 working tree, each run against the default-run tests that should kill it.
 
-    .venv/bin/python scripts/mutants.py                 # every mutant; the table and the score
-    .venv/bin/python scripts/mutants.py --smoke         # SMOKE: 5 of them (a step of .ci/run)
+    .venv/bin/python scripts/mutants.py                 # every mutant; the table and the score (.ci/run)
+    .venv/bin/python scripts/mutants.py --smoke         # SMOKE: 5 of them, a quick check
     .venv/bin/python scripts/mutants.py --only ppo-gae-negated ppo-offpolicy-dropped
     .venv/bin/python scripts/mutants.py --list          # the list, nothing run
     .venv/bin/python scripts/mutants.py --check         # every original snippet is in its file once

@@ -1,7 +1,7 @@
 """scripts/mutants.py's list stays true to the code: every mutant's original snippet occurs
 exactly once in its file, ids are unique, each names tests that exist. (The mutation run
-itself is CI's own step in .ci/run: `scripts/mutants.py --smoke` after the main tests, the
-full list documented in BENCHMARKS.md.)"""
+itself is CI's own step in .ci/run, after the main tests: `scripts/mutants.py`, every mutant;
+its score and time are in BENCHMARKS.md.)"""
 
 from __future__ import annotations
 
