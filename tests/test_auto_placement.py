@@ -52,7 +52,7 @@ def test_two_cores_two_ranks_one_thread_each():
 
 def test_threads_one_for_small_cpu_models_else_the_idle_cores():
     """bench/threads.py (BENCHMARKS.md "Threads"): 2 threads a process on 2 cores running other
-    work were 9-30x slower than 1, so a small model gets one thread whatever the load (its gain
+    work were 2.6-30x slower than 1, so a small model gets one thread whatever the load (its gain
     from more on a quiet machine is small); a larger one gets the cores left idle at start."""
     one = AutoView(prompts_per_step=3)  # 3 prompts: one rank, however many cores
     assert choose(2, 0, SMALL, one, idle_cores=2.0).threads_per_worker == 1  # quiet, small: 1
