@@ -66,12 +66,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
+    ap.add_argument("--only", default="", help=";-separated candidate names (default: all)")
     ap.add_argument("overrides", nargs="*", help="extra dotted.key=value for every run")
     add_smoke(ap)
     a = ap.parse_args()
     cands = candidates(a.cores)
     extra = [f"trainer.steps={a.steps}", *a.overrides]
     conditions = a.conditions.split(",")
+    if a.only:
+        cands = {k: v for k, v in cands.items() if k in a.only.split(";")}
     if a.smoke:  # one short busy run on one thread: the script and its busy loops work
         a.steps = 4
         extra, conditions = ["trainer.steps=4", *SMOKE_TRAIN, *a.overrides], ["busy"]

@@ -114,7 +114,7 @@ def test_a_hub_id_without_network_is_one_line_with_the_download_command(tmp_path
     assert msg.endswith("then model.path=models/Qwen2.5-0.5B-Instruct")
 
 
-@pytest.mark.slow  # a 494M-parameter model on the CPU: minutes on a loaded 2-core machine
+@pytest.mark.slow  # a 494M-parameter model on the CPU: 63 s at load 4 on 2 cores (random weights built and saved)
 def test_the_05b_recipe_trains_a_step_on_the_cpu_with_random_weights(tmp_path):
     sys.path.insert(0, str(REPO / "bench"))
     from _common import random_model_dir  # bench/_common.py: the Qwen2.5-0.5B shape, random weights

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # ~10 s quiet, 75 s on a loaded 2-core box; the default run has the in-process form
+@pytest.mark.slow  # ~4 s quiet, 75 s on a loaded 2-core box; the default run has the in-process form
 def test_log_requests_prints_a_line_per_request():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "serve", str(REPO / "checkpoints/arith-sft"),

@@ -19,13 +19,14 @@ Rules (measured on the demo recipe, 2-core CPU, BENCHMARKS.md "placement: auto")
   Ranks must divide the step's prompts and mini-batch: the largest such count <= cores.
 - A recipe that generates ahead (`trainer.mode` one_step_off / async) runs its generator in a
   process of its own: one core is left to it (ranks <= cores - 1).
-- Threads per process (`_threads`): one on a CPU machine for a model below MIN_DP_PARAMS (its
-  ops are too small to split, and a second thread that spins at a barrier while its core runs
-  other work stalls every op); otherwise the cores left idle per process, at least 1: cores /
-  processes, less the cores the machine's other work keeps busy at start (`idle_cores`:
-  `detect_idle_cores`, the load average and a 0.25 s sample of /proc/stat, whichever is busier).
-  Measured (bench/threads.py, 2 cores, the demo recipe without its placement section): under
-  other work 2 threads a process were 5-14x slower than 1 (BENCHMARKS.md "Threads").
+- Threads per process (`_threads`): one on a CPU machine for a model below MIN_DP_PARAMS (a
+  second thread that spins at a barrier while its core runs other work stalls every op; ops
+  this small gain little from it even on idle cores); otherwise the cores left idle per
+  process, at least 1: cores / processes, less the cores the machine's other work keeps busy
+  at start (`idle_cores`: `detect_idle_cores`, the load average and a 0.25 s sample of
+  /proc/stat, whichever is busier). Measured (bench/threads.py, 2 cores, the demo recipe
+  without its placement section): 2 threads a process were 2.6-30x slower than 1 under other
+  work, and 8.3x at load 2-4, the quietest this machine was (BENCHMARKS.md "Threads").
 - CPU memory (given `memory_bytes`): every CPU rank holds a whole replica (weights, gradients,
   AdamW's two moments in fp32, a reference, activations: ~RANK_BYTES_PER_PARAM a parameter),
   the generator a copy of the weights and its KV cache (~GENERATOR_BYTES_PER_PARAM); no more
@@ -182,7 +183,7 @@ def _threads(cores: int, gpus: int, procs: int, model_params: int, idle_cores: f
     if share == 1:
         return 1, ""
     if not gpus and model_params < MIN_DP_PARAMS:
-        return 1, "; 1 thread: so small a model's ops do not split"
+        return 1, "; 1 thread: so small a model's ops gain little from more, and lose much on busy cores"
     idle = cores if idle_cores is None else max(0, min(cores, round(idle_cores)))
     if idle // procs < share:
         return max(1, idle // procs), f"; {cores - idle} of {cores} cores busy with other work at start"
