@@ -24,6 +24,8 @@ def test_step_metrics_by_hand():
     assert m["throughput/trainer_idle"] == close(0.4) and m["throughput/generator_idle"] == close(0.75)
     assert m["queue/age_counts"] == [2, 2]
     assert m["throughput/update_matmul_share"] == close(6 * 1000 * 20 / 1.2 / 1e6)  # 0.1
+    fast = QueueHealth(params=1000, rate=1e3).step(batch, times, version=5)  # a rate measured while busy
+    assert fast["throughput/update_matmul_share"] == 1.0  # the update's own rate is the machine's, at least
 
 
 def test_age_counts_and_the_matmul_rate():

@@ -14,7 +14,8 @@ Every step of the PPO-family driver logs (`QueueHealth.step`; the wall-clock fig
                                      report.png
     throughput/update_matmul_share   the update's FLOPs (6 x params x tokens x epochs) per
                                      second of it, over the machine's matmul rate
-                                     (`matmul_rate`, measured once)
+                                     (`matmul_rate`, measured once, raised to what
+                                     the update reaches if that is more: at most 1)
 and `summary(rows)` names the bottleneck at the end of the run ("the trainer waited 40% of the
 time for rows: generation is the bottleneck").
 """
@@ -83,7 +84,11 @@ class QueueHealth:
         tokens = batch[F.RESPONSE_MASK].sum().item() + (batch[F.PROMPT_MASK].sum().item()
                                                           if F.PROMPT_MASK in batch.tensors else 0)
         if update_s > 0 and self.rate > 0:
-            out["throughput/update_matmul_share"] = 6 * self.params * tokens * self.epochs / update_s / self.rate
+            flops = 6 * self.params * tokens * self.epochs / update_s  # FLOP/s the update reached
+            # the start's measurement may have caught a busy moment: the machine's rate is at least
+            # what the update itself reached, so the share never reads above 1
+            self.rate = max(self.rate, flops)
+            out["throughput/update_matmul_share"] = flops / self.rate
         return out
 
 
