@@ -73,11 +73,16 @@ def test_sigint_is_one_line_naming_the_step(model_dir, tmp_path):
     assert (run / "checkpoints" / f"step_{step}").is_dir(), line
 
 
-def test_the_corrected_rerun_of_a_run_that_failed_at_start_is_not_refused(model_dir, tmp_path, capsys):
-    """A model dir that passes the start checks but cannot load (a NaN weight: found once
-    the weights are in memory; 0-byte weights are refused before the run dir) fails after the
-    run dir got its config.yaml; the corrected rerun into the same dir just runs."""
+def test_the_corrected_rerun_of_a_run_that_failed_at_start_is_not_refused(model_dir, tmp_path, capsys, monkeypatch):
+    """A model dir that passes the start checks but cannot load (a NaN weight in weights too
+    large to read before the run: found once they are in memory; 0-byte weights are refused
+    before the run dir) fails after the run dir got its config.yaml; the corrected rerun into
+    the same dir just runs."""
     import shutil
+
+    from baton.models import validate
+
+    monkeypatch.setattr(validate, "FINITE_BEFORE_LOAD_BYTES", 0)  # as for a checkpoint over 2 GiB
 
     from safetensors.torch import load_file, save_file
 

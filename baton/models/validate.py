@@ -6,8 +6,9 @@ model that loads with weights "newly initialized" or not finite.
                                `load_model` for eval / serve / export): config.json is a JSON
                                object, every safetensors file is whole (its header's sizes = the
                                file's), and the tensors are exactly the ones the architecture
-                               config.json names has, with its shapes (built on the meta device)
-    check_finite(model, path)  after loading: every floating-point weight finite
+                               config.json names has, with its shapes (built on the meta device);
+                               weights up to 2 GiB also finite (read memory-mapped)
+    check_finite(model, path)  after loading: every floating-point weight finite (larger ones)
     check_tokenizer(tok, path) a tokenizer that encodes text to tokens
     model_context(path)        the longest sequence the model takes (max_position_embeddings)
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+FINITE_BEFORE_LOAD_BYTES = 2 * 2**30  # weights up to this are checked finite before anything loads (else at load)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -102,10 +104,29 @@ def check_checkpoint(path: str | os.PathLike) -> None:
         return
     config = read_json(p / "config.json")
     tensors: dict[str, Any] = {}
-    for file in weight_files(p):
+    files = weight_files(p)
+    for file in files:
         tensors.update(safetensors_header(file))
     if tensors:
         _check_tensors(p, config, tensors)
+    if files and sum(f.stat().st_size for f in files) <= FINITE_BEFORE_LOAD_BYTES:
+        _check_finite_files(p, files)
+
+
+def _check_finite_files(path: Path, files: list[Path]) -> None:
+    """`check_finite` on the files themselves (memory-mapped, one tensor at a time), so a
+    small enough checkpoint with a NaN weight is refused before a run dir is written."""
+    import torch
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    raise _error(f"{path}: weight {name!r} holds {bad} NaN/inf value(s): a diverged or damaged "
+                                 f"checkpoint")
 
 
 def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) -> None:
