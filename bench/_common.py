@@ -9,6 +9,9 @@ module as `_common`.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -97,3 +100,16 @@ def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0) -> str:
     tok = wide_tokenizer(QWEN25_05B["vocab_size"])
     model = build_tiny_model(None, seed=seed, max_position=1024, **QWEN25_05B)
     return str(save_pretrained(model, tok, out_dir))
+
+
+def child_paths(script: str, paths: tuple[str, ...], tmp: str, args: list[str]) -> dict[str, dict]:
+    """Run `script --path P --out tmp/P.pt *args` for each path P in a fresh process of its
+    own (one measurement each, no allocator state shared); each prints one JSON line last,
+    echoed here and returned by path."""
+    results = {}
+    for path in paths:
+        cmd = [sys.executable, script, "--path", path, "--out", str(Path(tmp) / f"{path}.pt"), *args]
+        line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        results[path] = json.loads(line)
+        print(line, flush=True)
+    return results

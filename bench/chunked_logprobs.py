@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -125,15 +124,12 @@ def main() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        results = {}
-        for path in ("plain", "fused"):
-            out = os.path.join(tmp, f"{path}.pt")
-            cmd = [sys.executable, __file__, "--path", path, "--out", out, "--rows", str(args.rows),
-                   "--prompt", str(args.prompt), "--response", str(args.response), "--layers", str(args.layers)]
-            cmd += ["--smoke"] if args.smoke else []
-            line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-            results[path] = json.loads(line)
-            print(line, flush=True)
+        sys.path.insert(0, os.path.dirname(__file__))
+        from _common import child_paths
+
+        results = child_paths(__file__, ("plain", "fused"), tmp,
+                              ["--rows", str(args.rows), "--prompt", str(args.prompt), "--response", str(args.response),
+                               "--layers", str(args.layers)] + (["--smoke"] if args.smoke else []))
         diff = (torch.load(os.path.join(tmp, "plain.pt")) - torch.load(os.path.join(tmp, "fused.pt"))).abs().max()
         p, f = results["plain"], results["fused"]
         print(json.dumps({"rows": args.rows, "tokens_per_row": args.prompt + args.response,

@@ -14,6 +14,13 @@ logits in the matmul dtype (the autocast dtype under autocast, else the inputs')
 >= float32, then multiplied by 1/T (temperature 0 = 1, as there). Gradients, for
 log p = z_y - lse(z) and H = lse(z) - sum p z with p = softmax(z):
     d log p / dz = onehot(y) - p,    dH / dz = -p (z - lse + H),    d / dlogits = d / dz / T.
+
+The weight's gradient (`accumulate_wgrad`) is summed over chunks in one buffer of the
+weight's dtype, in place: fp32 master weights under bf16 autocast get the bf16 chunk
+products summed in fp32 with no [V, H] temporary per chunk (before issue 43: a bf16
+[V, H] product, its fp32 copy and an add, ~2.7 GB of traffic a chunk at 0.5B). It differs
+from that path by the bf16 rounding of each chunk's product (<= 2^-8 of its magnitude),
+which it no longer makes; in fp32 both are the same addmm, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ def _scaled_logits(h: torch.Tensor, w: torch.Tensor, inv_t: float) -> torch.Tens
 
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, inv_t, with_entropy, chunk, mm_dtype):
+    def forward(ctx, hidden, weight, labels, inv_t, with_entropy, chunk, mm_dtype, fused_wgrad):
         ctx.set_materialize_grads(False)
         w = weight.to(mm_dtype)
         logps, lses, ents = [], [], []
@@ -54,7 +61,7 @@ class _LinearLogprobs(torch.autograd.Function):
         lse = torch.cat(lses) if lses else logp
         ent = torch.cat(ents) if ents else logp.new_zeros(0)
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
-        ctx.inv_t, ctx.chunk, ctx.mm_dtype = inv_t, chunk, mm_dtype
+        ctx.inv_t, ctx.chunk, ctx.mm_dtype, ctx.fused_wgrad = inv_t, chunk, mm_dtype, fused_wgrad
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
         return logp, ent
@@ -68,7 +75,7 @@ class _LinearLogprobs(torch.autograd.Function):
         gh = torch.empty_like(hidden) if need_h else None
         gw = torch.zeros_like(weight) if need_w else None
         if (g_logp is None and g_ent is None) or not (need_h or need_w):
-            return (gh.zero_() if gh is not None else None), gw, None, None, None, None, None
+            return (gh.zero_() if gh is not None else None), gw, None, None, None, None, None, None
         w = weight.to(ctx.mm_dtype)
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = s + ctx.chunk
@@ -88,29 +95,79 @@ class _LinearLogprobs(torch.autograd.Function):
             with torch.autocast(h.device.type, enabled=False):
                 if need_h:
                     gh[s:e] = d @ w
-                if need_w and d.dtype == gw.dtype:
-                    gw.addmm_(d.T, h)  # in place: no [V, H] temporary per chunk
-                elif need_w:
-                    gw += (d.T @ h).to(gw.dtype)
-        return gh, gw, None, None, None, None, None
+                if need_w:
+                    (accumulate_wgrad if ctx.fused_wgrad else _accumulate_wgrad_unfused)(gw, d, h, dz)
+        return gh, gw, None, None, None, None, None, None
+
+
+def accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor, scratch: torch.Tensor) -> None:
+    """gw [V, H] += d.T @ h (d [c, V], h [c, H] in the matmul dtype), accumulated in gw's
+    dtype with no [V, H] temporary: the products of the matmul-dtype values, summed in gw's
+    dtype (fp32 master weights under bf16 autocast: the bf16 inputs' exact products summed
+    in fp32, as the one GEMM of `_mixed_addmm_ok` computes them).
+
+    Same dtypes: one in-place addmm. Mixed (bf16 logits' gradient, fp32 gradient buffer):
+    on a device whose GEMM takes bf16 inputs with an fp32 output (CUDA, `_mixed_addmm_ok`),
+    that GEMM accumulating into gw in place; elsewhere the chunk's operands upcast (d's
+    values rounded to the matmul dtype are written into `scratch`, the chunk's fp32 [c, V]
+    gradient, so the only new tensor is h's [c, H] upcast) and an fp32 addmm. Exact in
+    fp32 terms either way: a bf16 value is exact in fp32 (and in TF32)."""
+    if d.dtype == gw.dtype:
+        gw.addmm_(d.T, h)
+    elif _mixed_addmm_ok(gw.device, d.dtype, gw.dtype):
+        torch.addmm(gw, d.T, h, out_dtype=gw.dtype, out=gw)
+    else:
+        up = scratch.copy_(d) if scratch.dtype == gw.dtype and scratch.shape == d.shape else d.to(gw.dtype)
+        gw.addmm_(up.T, h.to(gw.dtype))
+
+
+def _accumulate_wgrad_unfused(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor, scratch: torch.Tensor) -> None:
+    """The path before issue 43, kept to compare with (tests, bench/wgrad_backward.py): a
+    [V, H] product in the matmul dtype, its copy in gw's dtype and an add, per chunk."""
+    if d.dtype == gw.dtype:
+        gw.addmm_(d.T, h)
+    else:
+        gw += (d.T @ h).to(gw.dtype)
+
+
+_MIXED_ADDMM: dict[tuple, bool] = {}  # (device type, in dtype, out dtype) -> the probe's verdict
+
+
+def _mixed_addmm_ok(device: torch.device, in_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether `torch.addmm(c, a, b, out_dtype=, out=c)` with `in_dtype` inputs runs on this
+    device and gives the fp32-accumulated answer (CUDA in recent torch; not the CPU): probed
+    once per (device type, dtypes) on a 2 x 2 product."""
+    key = (device.type, in_dtype, out_dtype)
+    if key not in _MIXED_ADDMM:
+        a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+        c = torch.ones(2, 2, dtype=out_dtype, device=device)
+        try:
+            torch.addmm(c, a.to(in_dtype), a.T.to(in_dtype), out_dtype=out_dtype, out=c)
+            _MIXED_ADDMM[key] = bool(torch.equal(c.cpu(), torch.tensor([[6.0, 12.0], [12.0, 26.0]], dtype=out_dtype)))
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MIXED_ADDMM[key] = False
+    return _MIXED_ADDMM[key]
 
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                     temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                    chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    chunk_tokens: int | None = None, fused_wgrad: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(hidden @ weight.T / T) at `labels`, and its entropy when asked.
 
     hidden [..., H], weight [V, H] (an output projection without bias), labels [...] long
     (valid ids everywhere: mask padding separately). Returns logp [...] and entropy [...]
     or None, float32 (float64 for float64 inputs). The entropy carries a gradient only with
     `entropy_grad` (else it is a metric, detached). chunk_tokens: tokens per chunk (default:
-    CHUNK_ELEMENTS // V)."""
+    CHUNK_ELEMENTS // V). fused_wgrad=False: the weight gradient the way it was accumulated
+    before issue 43 (`_accumulate_wgrad_unfused`), for comparisons only."""
     inv_t = _inv_temperature(temperature)
     shape = labels.shape
     h = hidden.reshape(-1, hidden.shape[-1])  # [N, H]
     y = labels.reshape(-1).to(hidden.device)  # [N]
     chunk = max(1, chunk_tokens or CHUNK_ELEMENTS // weight.shape[0])
-    logp, ent = _LinearLogprobs.apply(h, weight, y, inv_t, with_entropy, chunk, _matmul_dtype(hidden))
+    logp, ent = _LinearLogprobs.apply(h, weight, y, inv_t, with_entropy, chunk, _matmul_dtype(hidden),
+                                      fused_wgrad)
     if not with_entropy:
         return logp.reshape(shape), None
     return logp.reshape(shape), (ent if entropy_grad else ent.detach()).reshape(shape)

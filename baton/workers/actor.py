@@ -65,9 +65,9 @@ class ActorConfig:
     bf16: bool | None = None
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the module sits on the mesh (baton.models.parallel)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward
-    # between phases: free the gradients and move the optimizer state to the CPU after each
-    # update (back before the next); fsdp2 on CUDA also keeps parameters on the CPU (FSDP2's
-    # CPUOffloadPolicy). On a CPU-only machine only the freed gradients change anything.
+    # between phases: move the optimizer state to the CPU after each update (back before the
+    # next; the gradients are freed after every update, offload or not); fsdp2 on CUDA also
+    # keeps parameters on the CPU (FSDP2's CPUOffloadPolicy). On a CPU-only machine: a no-op.
     offload: bool = False
 
     def check(self) -> None:

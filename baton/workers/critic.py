@@ -72,7 +72,7 @@ class CriticConfig:
     loss_agg: str = "token-mean"  # a name in baton.algos.LOSS_AGG
     bf16: bool | None = None  # as actor.bf16: None = on CUDA yes, on the CPU no
     strategy: Literal["ddp", "fsdp2"] = "ddp"  # how the model sits on the mesh (baton.models.parallel)
-    offload: bool = False  # as actor.offload: optimizer state on the CPU and gradients freed between updates
+    offload: bool = False  # as actor.offload: optimizer state on the CPU between updates
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:

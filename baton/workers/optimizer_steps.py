@@ -22,8 +22,12 @@ each, gradients accumulated), and around that does what every role must do alike
   frees the gradients (`prefix/nonfinite_skipped` counts them; the same verdict on every
   rank, both values being all-reduced; the drivers stop after K such steps);
 - one LR-schedule step per trainer step (`prefix/lr`: the LR after it);
+- the gradients freed after the update (`zero_grad(set_to_none=True)`), offload or not: a
+  colocated engine generates next and the next update's first `zero_grad` would drop them
+  anyway (at 0.5B, 2 GB of fp32 gradients otherwise held through rollout);
 - `offload`: the optimizer state comes to the device for the update and goes back to the
-  CPU after it, with the gradients freed (the rollout phase holds neither).
+  CPU after it (into pinned buffers kept from one update to the next, `HostStash`), so the
+  rollout phase holds neither.
 
 The role supplies the shuffle, `prepare(mini_batch)` (its global normalisers) and
 `loss(micro_batch, prepared) -> scalar` (collecting its own metrics on the way), and bumps
@@ -125,8 +129,8 @@ class OptimizerSteps:
         self._pass, self._pass_counts, self._at = [], None, -1
         total = self.par.all_reduce(loss_sum).item()  # the ranks' shares of every step's loss
         self.sched.step()
+        self.optim.zero_grad(set_to_none=True)  # the rollout that follows holds no gradients
         if self.offload:
-            self.optim.zero_grad(set_to_none=True)
             move_optimizer_state(self.optim, "cpu")
         n = max(n_steps, 1)
         return {f"{p}/{self.loss_key}": total / n, f"{p}/grad_norm": norm_sum / n,

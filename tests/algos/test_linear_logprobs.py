@@ -1,15 +1,19 @@
 """`baton.algos.linear_logprobs`: logprobs and entropies from hidden states and the output
 projection in chunks equal the plain computation through full logits (values and gradients,
 float64), by hand on a two-token vocabulary, under torch.autograd.gradcheck, and autograd
-keeps nothing of size [N, V]."""
+keeps nothing of size [N, V]; the weight's gradient under bf16 autocast is the bf16 chunk
+products summed in fp32 and its backward allocates no [V, H] tensor per chunk (issue 43)."""
 
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+import baton.algos.linear_logprobs as ll
 from baton.algos import entropy_from_logits, logprobs_from_logits
-from baton.algos.linear_logprobs import linear_logprobs
+from baton.algos.linear_logprobs import accumulate_wgrad, linear_logprobs
 
 
 def test_two_token_vocabulary_by_hand():
@@ -98,3 +102,86 @@ def test_bf16_autocast_matches_the_plain_autocast_path():
     assert fused.dtype == want.dtype == torch.float32
     # the same bf16 logits up to the matmul's blocking: a bf16 ulp of |logits| ~ 10 (0.06)
     torch.testing.assert_close(fused, want, atol=0.1, rtol=0)
+
+
+class FreshTensors(TorchDispatchMode):
+    """Records the bytes of every tensor an op returns in storage none of its inputs hold
+    (a new allocation; views and in-place / out= results are not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        held = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if torch.is_tensor(t)}
+        self.nbytes += [t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
+                        if torch.is_tensor(t) and t.untyped_storage().data_ptr() not in held]
+        return out
+
+
+def bf16_backward(fused: bool, N=40, H=64, V=300, chunk=8, spy=None):
+    """fp32 master weight and hidden under bf16 autocast (the actor on a GPU); returns the
+    weight's gradient and the sizes of the tensors the backward allocated."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(N, H, generator=g, requires_grad=True)
+    weight = (torch.randn(V, H, generator=g) / 4).requires_grad_()
+    labels = torch.randint(0, V, (N,), generator=g)
+    a = torch.randn(N, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = linear_logprobs(hidden, weight, labels, 0.7, with_entropy=True, entropy_grad=True,
+                                    chunk_tokens=chunk, fused_wgrad=fused)
+    loss = (logp * a + ent).sum()
+    with FreshTensors() as rec:
+        loss.backward()
+    return weight.grad, rec.nbytes
+
+
+def test_fp32_weight_gradient_is_the_unfused_one_bit_for_bit():
+    g = torch.Generator().manual_seed(4)
+    hidden, weight = torch.randn(23, 16, generator=g), torch.randn(50, 16, generator=g)
+    labels = torch.randint(0, 50, (23,), generator=g)
+    grads = []
+    for fused in (True, False):
+        w = weight.clone().requires_grad_()
+        logp, ent = linear_logprobs(hidden, w, labels, 0.7, with_entropy=True, entropy_grad=True,
+                                    chunk_tokens=5, fused_wgrad=fused)
+        (logp.sum() + ent.sum()).backward()
+        grads.append(w.grad)
+    assert torch.equal(*grads)
+
+
+def test_bf16_weight_gradient_sums_exact_chunk_products_in_fp32(monkeypatch):
+    """Under bf16 autocast with an fp32 weight: grad W = sum over chunks of d_c.T @ h_c (bf16
+    values) summed in fp32, within fp32's rounding of the fp64 sum (a few tokens' worth of
+    2^-24 |d|.T|h|); the unfused path, which rounds each chunk's product to bf16, is within
+    2^-8 sum_c |d_c|.T |h_c| of it."""
+    seen = []
+
+    def spy(gw, d, h, scratch):
+        seen.append((d.double(), h.double()))
+        return accumulate_wgrad(gw, d, h, scratch)
+
+    monkeypatch.setattr(ll, "accumulate_wgrad", spy)
+    fused, _ = bf16_backward(True)
+    assert len(seen) == 5 and all(d.shape == (8, 300) for d, _ in seen)
+    exact = sum(d.T @ h for d, h in seen)  # [V, H] float64: the bf16 products, summed exactly
+    scale = sum(d.abs().T @ h.abs() for d, h in seen)
+    assert ((fused.double() - exact).abs() <= 40 * 2**-24 * scale + 1e-30).all()
+    unfused, _ = bf16_backward(False)
+    assert ((unfused.double() - fused.double()).abs() <= 2**-8 * scale + 40 * 2**-24 * scale).all()
+    assert not torch.equal(unfused, fused)  # the bf16 rounding the fused path no longer makes
+
+
+def test_bf16_backward_allocates_no_weight_sized_tensor_per_chunk():
+    """Of the backward's new tensors, those of [V, H] elements or more: the weight's bf16
+    copy and the gradient buffer, once each (the unfused path: + a bf16 product and its
+    fp32 copy per chunk, 5 chunks); everything else is chunk-sized or hidden's gradient."""
+    N, V, H, chunk = 40, 300, 64, 8
+    _, fused = bf16_backward(True)
+    _, unfused = bf16_backward(False)
+    big = lambda sizes: sorted(n for n in sizes if n >= V * H * 2)
+    assert big(fused) == [V * H * 2, V * H * 4]
+    assert big(unfused) == sorted([V * H * 2, V * H * 4] + [V * H * 2, V * H * 4] * 5)
+    assert max(n for n in fused if n < V * H * 2) <= max(chunk * V * 4, N * H * 4)  # fp32 logits, grad h

@@ -216,3 +216,27 @@ def test_a_lora_base_keeps_model_dtype_and_its_adapters_train_in_fp32(tmp_path_f
     trained = {p.dtype for p in actor.model.parameters() if p.requires_grad}
     frozen = {p.dtype for p in actor.model.parameters() if not p.requires_grad}
     assert trained == {torch.float32} and frozen == {torch.bfloat16}
+
+
+def test_the_engine_generates_with_no_gradient_held_after_an_update(roles, monkeypatch):
+    """Generate, update the actor, generate again: at each engine call no actor parameter
+    holds a gradient (freed after the update, offload or not: `OptimizerSteps.run`)."""
+    groups, pool = roles
+    host = pool.backend.host
+    actor, engine = host.roles["actor"], host.roles["rollout"].engine
+    held, generate = [], engine.generate
+
+    def counting(*args, **kwargs):  # a spy on the real engine: counts, then generates
+        held.append(sum(p.grad is not None for p in actor.model.parameters()))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", counting)
+    prompts = Batch(non_tensors={F.PROMPT_TEXT: ["1+2=", "3+4="], "answer": ["3", "7"]})
+    batch = groups["rollout"].generate(prompts, 0)
+    mask = batch[F.RESPONSE_MASK]
+    batch[F.OLD_LOGPROBS] = groups["actor"].compute_logprobs(batch).get()[F.OLD_LOGPROBS]
+    batch[F.ADVANTAGES] = torch.linspace(-1, 1, len(batch))[:, None] * mask
+    metrics = groups["actor"].update(batch)[0]
+    assert metrics["actor/grad_norm"] > 0  # the update did make gradients
+    groups["rollout"].generate(prompts, 1)
+    assert held == [0, 0]
