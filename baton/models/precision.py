@@ -7,7 +7,8 @@ where a slot's CUDA device is set up); logprobs and losses are accumulated in fp
 CPU without bf16 units is slower, and fp32 keeps the CPU runs bit for bit reproducible).
 A role's `bf16` key is `None` by default, meaning "yes on CUDA, no elsewhere"; an explicit
 true / false wins. `model.dtype=bfloat16` keeps fp32 master weights in the trained roles
-and computes in bf16 (`master_dtype`); the frozen ones (reference) hold bf16 weights.
+and computes in bf16 (`master_dtype`); the frozen ones (reference, teacher, a LoRA base)
+hold bf16 weights, and on a GPU they do so by default too (`weights_dtype`).
 
 Peak memory per phase (`memory_phase("rollout")`, `memory_metrics()`): CUDA only, a no-op
 elsewhere; the phases of one process (colocated roles) are reported together by the actor's
@@ -46,6 +47,25 @@ def master_dtype(model_dtype: torch.dtype) -> torch.dtype:
     `actor.bf16` does: a bf16 weight drops any update under 1/256 of itself, so AdamW's
     small steps would round away. fp32 / fp64 stay as given; frozen roles load model.dtype."""
     return torch.float32 if model_dtype in (torch.bfloat16, torch.float16) else model_dtype
+
+
+def weights_dtype(device_type: str, role: str, model_dtype: torch.dtype, bf16: bool) -> torch.dtype:
+    """The dtype a role holds its weights in, from the device type ("cuda", "cpu"), the role
+    ("trained": actor, critic; "frozen": reference, teacher, a LoRA base), `model.dtype` and
+    the role's bf16 setting made concrete (`resolve_bf16`).
+
+    trained: `master_dtype` (fp32 for bf16 / fp16, else as given), on every device.
+    frozen: bf16 on a GPU where the role computes in bf16 and model.dtype is the default
+    float32 (its matmuls run in bf16 under autocast anyway: fp32 weights would double the
+    memory and the weight reads for nothing); elsewhere model.dtype as given (fp32 on the
+    CPU unless asked)."""
+    if role == "trained":
+        return master_dtype(model_dtype)
+    if role != "frozen":
+        raise ValueError(f"weights_dtype: role is 'trained' or 'frozen', got {role!r}")
+    if device_type == "cuda" and bf16 and model_dtype == torch.float32:
+        return torch.bfloat16
+    return model_dtype
 
 
 def compute_dtype(bf16: bool) -> torch.dtype | None:

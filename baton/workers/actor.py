@@ -37,7 +37,8 @@ from baton.models.load import load_model, load_tokenizer, save_pretrained
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
 from baton.models.parallel import wrap
-from baton.models.precision import autocast, compute_dtype, master_dtype, memory_metrics, memory_phase, resolve_bf16
+from baton.models.precision import (autocast, compute_dtype, memory_metrics, memory_phase, resolve_bf16,
+                                   weights_dtype)
 from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
 from baton.workers.optimizer_steps import OptimizerSteps
@@ -88,10 +89,10 @@ class ActorWorker(Worker):
         super().__init__()
         self.model_cfg, self.cfg, self.algo = model, actor, algo
         self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
-        self.model = load_model(model.path, dtype=self.weights_dtype(model), device=self.device)
-        self.tokenizer = load_tokenizer(model.path)
         a = actor
         self.bf16 = resolve_bf16(a.bf16, self.device, model.torch_dtype)  # actor.bf16 made concrete for this device
+        self.model = load_model(model.path, dtype=self.weights_dtype(model, self.device, self.bf16), device=self.device)
+        self.tokenizer = load_tokenizer(model.path)
         if model.lora is not None:
             if a.strategy != "ddp" or self.tp_size > 1:
                 raise ValueError("model.lora trains with actor.strategy=ddp and no tensor parallelism "
@@ -112,10 +113,11 @@ class ActorWorker(Worker):
                                     offload=a.offload, prefix="actor")
 
     @staticmethod
-    def weights_dtype(model: ModelConfig) -> torch.dtype:
-        """fp32 master weights for the trained parameters (`master_dtype`); with LoRA the
-        base is frozen and keeps `model.dtype` (the adapters are peft's fp32)."""
-        return model.torch_dtype if model.lora is not None else master_dtype(model.torch_dtype)
+    def weights_dtype(model: ModelConfig, device: torch.device, bf16: bool) -> torch.dtype:
+        """fp32 master weights for the trained parameters; with LoRA the base is frozen:
+        `model.dtype`, bf16 on a GPU computing in bf16 (`baton.models.precision.weights_dtype`;
+        the adapters are peft's fp32 either way)."""
+        return weights_dtype(device.type, "frozen" if model.lora is not None else "trained", model.torch_dtype, bf16)
 
     @property
     def updates(self) -> int:  # trainer steps taken: the policy version
@@ -286,7 +288,8 @@ class ActorWorker(Worker):
         if self.model_cfg.lora is not None:
             load_adapter_into(self.model, read_adapter(path)[1])
         else:
-            loaded = load_model(path, dtype=self.weights_dtype(self.model_cfg), device=self.device)
+            loaded = load_model(path, dtype=self.weights_dtype(self.model_cfg, self.device, self.bf16),
+                                device=self.device)
             # in place (each rank keeps its shard): the colocated engine keeps reading these tensors
             self.par.load_full_state_dict(loaded.named_parameters())
             del loaded

@@ -18,7 +18,7 @@ from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model
 from baton.models.parallel import wrap
-from baton.models.precision import autocast, resolve_bf16
+from baton.models.precision import autocast, resolve_bf16, weights_dtype
 from baton.workers.sequences import batched_logprobs
 
 
@@ -35,7 +35,9 @@ class ReferenceWorker(Worker):
         super().__init__()
         self.temperature, self.micro_batch_size = temperature, micro_batch_size
         self.bf16 = resolve_bf16(bf16, self.device)
-        self.model = load_model(model.path, dtype=model.torch_dtype, device=self.device)
+        # frozen: bf16 weights on a GPU computing in bf16, model.dtype elsewhere
+        dtype = weights_dtype(self.device.type, "frozen", model.torch_dtype, self.bf16)
+        self.model = load_model(model.path, dtype=dtype, device=self.device)
         self.model.eval().requires_grad_(False)
         self.par = wrap(self.model, self.mesh, strategy)
 

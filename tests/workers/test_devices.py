@@ -240,3 +240,56 @@ def test_the_engine_generates_with_no_gradient_held_after_an_update(roles, monke
     assert metrics["actor/grad_norm"] > 0  # the update did make gradients
     groups["rollout"].generate(prompts, 1)
     assert held == [0, 0]
+
+
+@pytest.mark.parametrize("device, role, model_dtype, bf16, want", [
+    ("cuda", "frozen", torch.float32, True, torch.bfloat16),  # the reference / LoRA base on a GPU
+    ("cuda", "frozen", torch.float32, False, torch.float32),  # actor.bf16=false: the same precision as the actor
+    ("cuda", "frozen", torch.float64, True, torch.float64),  # asked for
+    ("cuda", "frozen", torch.bfloat16, True, torch.bfloat16),
+    ("cpu", "frozen", torch.float32, False, torch.float32),  # the CPU: fp32 unless asked
+    ("cpu", "frozen", torch.float32, True, torch.float32),
+    ("cpu", "frozen", torch.bfloat16, True, torch.bfloat16),
+    ("cuda", "trained", torch.float32, True, torch.float32),  # master weights
+    ("cuda", "trained", torch.bfloat16, True, torch.float32),
+    ("cpu", "trained", torch.float64, False, torch.float64),
+])
+def test_weights_dtype_by_device_role_and_model_dtype(device, role, model_dtype, bf16, want):
+    from baton.models.precision import weights_dtype
+
+    assert weights_dtype(device, role, model_dtype, bf16) == want
+
+
+def test_weights_dtype_refuses_an_unknown_role():
+    from baton.models.precision import weights_dtype
+
+    with pytest.raises(ValueError, match="'trained' or 'frozen'"):
+        weights_dtype("cuda", "reference", torch.float32, True)
+
+
+def test_the_frozen_roles_load_the_dtype_the_rule_gives(tmp_path, monkeypatch):
+    """Where the rule is applied: the reference (and the actor's LoRA base) load what
+    `weights_dtype` answers for their device. The rule is swapped for one that answers
+    float64 (a stand-in for its CUDA answer, bf16, which the CPU never gets), so a role that
+    ignored it would not pass."""
+    import baton.workers.actor as actor_mod
+    import baton.workers.reference as reference_mod
+    from baton.models.config import ModelConfig
+    from baton.models.lora import LoraAdapterConfig
+    from baton.models.make import make_tiny_checkpoint
+    from baton.workers.reference import ReferenceWorker
+
+    asked = []
+
+    def rule(device_type, role, model_dtype, bf16):
+        asked.append((device_type, role))
+        return torch.float64 if role == "frozen" else model_dtype
+
+    model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=1))
+    monkeypatch.setattr(reference_mod, "weights_dtype", rule)
+    ref = ReferenceWorker(ModelConfig(path=model_dir), temperature=1.0, micro_batch_size=2)
+    assert {p.dtype for p in ref.model.parameters()} == {torch.float64} and asked == [("cpu", "frozen")]
+    monkeypatch.setattr(actor_mod, "weights_dtype", rule)
+    assert actor_mod.ActorWorker.weights_dtype(ModelConfig(path=model_dir, lora=LoraAdapterConfig(rank=4)), torch.device("cpu"),
+                                               False) == torch.float64
+    assert actor_mod.ActorWorker.weights_dtype(ModelConfig(path=model_dir), torch.device("cpu"), False) == torch.float32
