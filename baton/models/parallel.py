@@ -50,6 +50,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from baton.models.host_stash import HostStash
+
 STRATEGIES = ("ddp", "fsdp2")
 Strategy = Literal["ddp", "fsdp2"]
 
@@ -280,19 +282,23 @@ class _OverlappedSync:
 
 
 @torch.no_grad()
-def move_optimizer_state(optim: torch.optim.Optimizer, device: str | torch.device) -> int:
+def move_optimizer_state(optim: torch.optim.Optimizer, device: str | torch.device,
+                         stash: HostStash | None = None) -> int:
     """Move every optimizer state tensor (Adam's moments; not the step counters, which
     fused AdamW keeps beside the parameters) to `device`; returns the bytes moved. Between
-    phases: the rollout phase need not hold the optimizer on the accelerator."""
+    phases: the rollout phase need not hold the optimizer on the accelerator. To the CPU:
+    one copy each into `stash`'s buffers (pinned where CUDA is; keep the stash from one
+    offload to the next and they are allocated once); back: from them, asynchronously.
+    Returns after the copies are done (a device sync when any moved on CUDA)."""
     device, moved = torch.device(device), 0
-    for state in optim.state.values():
+    stash = HostStash() if stash is None else stash
+    for p, state in optim.state.items():
         for k, t in state.items():
             if isinstance(t, torch.Tensor) and t.dim() > 0 and t.device != device:
-                pinned = device.type == "cpu" and torch.cuda.is_available()
-                state[k] = t.to(device, non_blocking=True) if not pinned else t.to("cpu").pin_memory()
+                state[k] = stash.to_host((id(p), k), t) if device.type == "cpu" else t.to(device, non_blocking=True)
                 moved += _local(t).numel() * t.element_size()
-    if moved and device.type != "cpu" and torch.cuda.is_available():
-        torch.cuda.synchronize()
+    if moved and torch.cuda.is_available():
+        torch.cuda.synchronize()  # non_blocking both ways: the host may read the buffers next
     return moved
 
 

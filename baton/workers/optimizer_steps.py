@@ -45,6 +45,7 @@ import torch
 from baton import fields as F
 from baton.algos import loss_normalisers
 from baton.batch import Batch
+from baton.models.host_stash import HostStash
 from baton.models.parallel import move_optimizer_state
 
 
@@ -71,6 +72,7 @@ class OptimizerSteps:
         self._pass: list[torch.Tensor] = []  # response masks of the current pass's mini-batches
         self._pass_counts: torch.Tensor | None = None  # [n, 2] their global normalisers
         self._at = -1  # index of the current mini-batch in the pass
+        self._stash = HostStash()  # offload: the optimizer state's host buffers, allocated once
 
     def global_counts(self, response_mask: torch.Tensor) -> tuple[float, float]:
         """(tokens, sequences) of a mini-batch over all data ranks: the normalisers of a
@@ -131,7 +133,7 @@ class OptimizerSteps:
         self.sched.step()
         self.optim.zero_grad(set_to_none=True)  # the rollout that follows holds no gradients
         if self.offload:
-            move_optimizer_state(self.optim, "cpu")
+            move_optimizer_state(self.optim, "cpu", self._stash)
         n = max(n_steps, 1)
         return {f"{p}/{self.loss_key}": total / n, f"{p}/grad_norm": norm_sum / n,
                 f"{p}/lr": self.optim.param_groups[0]["lr"], f"{p}/nonfinite_skipped": float(skipped)}, n_steps
