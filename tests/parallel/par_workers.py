@@ -12,15 +12,21 @@ from baton.workers.actor import ActorWorker
 
 
 class ProbeActor(ActorWorker):
-    """The actor plus a view of its last gradients (full tensors, gathered on every rank)."""
+    """The actor plus a view of the gradients of its last optimizer step (full tensors,
+    gathered on every rank), recorded as the step takes them: the update frees them after."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._last_grads: dict[str, torch.Tensor] = {}
+        self.optim.register_step_pre_hook(lambda *_: self._record_grads())
+
+    def _record_grads(self) -> None:
+        self._last_grads = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().clone()
+                            for name, p in self.model.named_parameters() if p.grad is not None}
 
     @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)
     def full_grads(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, p in self.model.named_parameters():
-            g = p.grad
-            out[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu().clone()
-        return out
+        return dict(self._last_grads)
 
     @register(dispatch=Dispatch.ONE_TO_ALL_RANK0)
     def full_weights(self) -> dict[str, torch.Tensor]:
