@@ -135,7 +135,7 @@ _MIXED_ADDMM: dict[tuple, bool] = {}  # (device type, in dtype, out dtype) -> th
 
 def _mixed_addmm_ok(device: torch.device, in_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
     """Whether `torch.addmm(c, a, b, out_dtype=, out=c)` with `in_dtype` inputs runs on this
-    device and gives the fp32-accumulated answer (CUDA in recent torch; not the CPU): probed
+    device and adds the product into c in place (CUDA in recent torch; not the CPU): probed
     once per (device type, dtypes) on a 2 x 2 product."""
     key = (device.type, in_dtype, out_dtype)
     if key not in _MIXED_ADDMM:
