@@ -21,11 +21,30 @@ TESTS = Path(__file__).resolve().parent
 # (placement.auto); the suite's runs, in-process and in subprocesses, are one process each,
 # as measured: a test that wants auto sets placement.auto=true (tests/test_placement_auto_wiring.py).
 os.environ.setdefault("BATON_PLACEMENT_AUTO", "0")
-# The suite runs in two processes (pytest-xdist, `-n 2` in pyproject.toml's addopts: one per core
-# of the 2-core machines it is made for); each takes one torch thread, as two torch threads per
-# process on two busy cores run far slower than one. Subprocesses the tests start inherit it.
+# The suite runs in one process per usable core, at most 4 (pytest-xdist, `-n auto` in
+# pyproject.toml's addopts; `pytest_xdist_auto_num_workers` below): 2 on the 2-core machines it is
+# made for. Each takes one torch thread, as two torch threads per process on two busy cores run
+# far slower than one. Subprocesses the tests start inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+MAX_WORKERS = 4  # each worker that meets a `ray` test starts a Ray of its own (~1 GiB)
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, less a cgroup quota (a container's
+    `--cpus`, which affinity does not show)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def pytest_xdist_auto_num_workers(config):
+    return min(MAX_WORKERS, usable_cores())
 
 
 def _start_ray() -> bool:

@@ -71,10 +71,8 @@ def test_sigkilled_holder_does_not_block(tmp_path):
     holder = _hold(tmp_path)
     _stop(holder, signal.SIGKILL)
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == holder.pid  # the stale file is there
-    t0 = time.monotonic()
-    with RunDirLock(tmp_path) as lock:
+    with RunDirLock(tmp_path) as lock:  # acquire() waits 0 s: a stale file that blocked would raise RunDirBusy
         assert lock.holder()["pid"] == os.getpid()
-    assert time.monotonic() - t0 < 1.0
 
 
 def test_wait_for_a_holder_that_finishes(tmp_path):

@@ -116,13 +116,16 @@ HUNDRED_MB = 100 << 20
 JSON = {"Content-Type": "application/json"}
 
 
-def _chunks(total: int, size: int = 1 << 20):
+def _chunks(total: int, sent: list[int], size: int = 1 << 20):
     for _ in range(total // size):
+        sent[0] += size
         yield b" " * size
 
 
-def post_huge(url: str, declared: bool) -> httpx.Response:
+def post_huge(url: str, declared: bool, sent: list[int] | None = None) -> httpx.Response:
     """A 100 MB chat body, with its Content-Length or chunked; the server may close the
-    connection while the client still sends, so the answer is read from what came back."""
+    connection while the client still sends, so the answer is read from what came back.
+    `sent[0]` counts the bytes the client got to hand to the connection."""
     headers = {**JSON, "Content-Length": str(HUNDRED_MB)} if declared else JSON
-    return httpx.post(url, content=_chunks(HUNDRED_MB), headers=headers, timeout=30)
+    return httpx.post(url, content=_chunks(HUNDRED_MB, sent if sent is not None else [0]), headers=headers,
+                      timeout=120)
