@@ -90,11 +90,11 @@ print(f"missing modules: {missing}" if missing else "every module the checks imp
 raise SystemExit(1 if missing or not torch.cuda.is_available() else 0)'
 cat "$LOGS/1_env.log"
 
-# addopts replaced: pyproject's `-n 2` needs pytest-xdist, which such a machine may lack (one process);
+# addopts replaced: pyproject's `-n auto` needs pytest-xdist, which such a machine may lack (one process);
 # two steps, so a hang in the recipes still leaves the engine's and the server's results
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu -rA --timeout 60)
 STEP=40; step "pytest gpu engine+serve" $STEP 2_tests_engine.log \
-  "${PYTEST[@]}" tests/gpu/test_engine_cuda.py tests/gpu/test_eval_serve_cuda.py
+  "${PYTEST[@]}" tests/gpu/test_engine_cuda.py tests/gpu/test_eval_serve_cuda.py tests/gpu/test_update_side_cuda.py
 STEP=105; step "pytest gpu recipes" $STEP 3_tests_recipes.log "${PYTEST[@]}" tests/gpu/test_recipes_cuda.py
 STEP=30; step "grpo vs trl 5m (smoke)" $STEP 4_grpo_vs_trl_5m.log \
   "$PY" bench/grpo_vs_trl.py --device cuda --shape 5m --steps 3 --prompts 8 --G 4 --max-new-tokens 32 \
