@@ -97,3 +97,20 @@ def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0) -> str:
     tok = wide_tokenizer(QWEN25_05B["vocab_size"])
     model = build_tiny_model(None, seed=seed, max_position=1024, **QWEN25_05B)
     return str(save_pretrained(model, tok, out_dir))
+
+
+def module_at(ref: str, path: str, name: str) -> Any:
+    """The module `path` (a file of this repository) as it is at git revision `ref`, imported
+    under `name`: an old version of one module side by side with today's in one process
+    (e.g. `module_at("main", "baton/rollout/_llama.py", "llama_main").LlamaRunner`)."""
+    import importlib.util
+    import subprocess
+
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:{path}"], check=True,
+                            capture_output=True, text=True).stdout
+    file = Path(tempfile.mkdtemp(prefix="baton-ref-")) / f"{name}.py"
+    file.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
