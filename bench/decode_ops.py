@@ -77,7 +77,7 @@ def parity(old_cls, model) -> tuple[bool, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", default="main", help="the git revision to compare with")
+    ap.add_argument("--ref", default="main", help="the git revision to compare with (--smoke: HEAD)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--families", default="qwen2,llama,qwen3,mistral")
@@ -86,6 +86,7 @@ def main() -> None:
     shape = SHAPE_05B
     if args.smoke:  # the count does not depend on the sizes; only the head counts are kept
         args.layers, shape = 2, dict(SHAPE_05B, hidden_size=56, intermediate_size=64)
+        args.ref = "HEAD"  # a CI clone may have no `main`
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     old = module_at(args.ref, "baton/rollout/_llama.py", "llama_at_ref")

@@ -25,7 +25,9 @@ the start of every `generate`, so the copies can never be stale - an optimizer s
 colocated trainer module is seen by the next `generate`; generations in flight together
 (`baton serve`'s interleaving) share one copy (`pack(reuse=True)`), dropped by a weight update
 or once the last of them ends (`unpack`). `fuse=False` reads the parameters
-directly (transposed views, no copy) for models where a second copy does not fit.
+directly (transposed views, no copy) for models where a second copy does not fit; where
+Q, K and V (gate and up) lie back to back in one buffer, as `fuse_storage` lays out a model
+the engine owns (a copy that weight sync fills), they are still one matmul, over a view.
 
 LoRA: `pack(lora)` takes {module path: (A [r, in], B [out, r], scale)} (the live adapters
 of a colocated peft policy, or an adapter the engine serves by name) and reads each
@@ -80,22 +82,67 @@ def _base(m: nn.Module) -> nn.Module:
 Lora = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # path -> (A [r, in], B [out, r], scale)
 
 
+def _joint(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One view over contiguous tensors of one shape but the first dim that lie back to back
+    in one storage (`fuse_storage`'s layout), in order; None if they do not."""
+    first = ts[0]
+    offset, rows = first.storage_offset(), 0
+    for t in ts:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.storage_offset() != offset):
+            return None
+        offset, rows = offset + t.numel(), rows + t.shape[0]
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+
+
+def fuse_storage(model: nn.Module) -> None:
+    """Lay each layer's Q, K, V weights (biases) back to back in one buffer, and gate / up's,
+    the parameters becoming views of it: values unchanged; the fast path's `fuse=False` then
+    runs each group as one matmul with no packed copy. For a model the engine owns (weight
+    sync copies into its parameters in place); never the trainer's own module. A no-op where
+    the layout is already so; `sleep` / `wake` that reallocate parameters undo it (call again)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            for group in ([a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]):
+                for attr in ("weight", "bias"):
+                    params = [getattr(_base(x), attr) for x in group]
+                    if any(p is None for p in params) or _joint([p.data for p in params]) is not None:
+                        continue
+                    buf, start = torch.cat([p.data for p in params]), 0
+                    for p in params:
+                        p.data, start = buf[start:start + p.shape[0]], start + p.shape[0]
+
+
 def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = None,
                    lora: Lora | None = None) -> list[tuple]:
     """[(weight^T [in, out], bias, low-rank term | None)] - one fused contiguous piece (LoRA
-    merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale))."""
+    merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale)), or
+    one view over them all where they lie back to back (`fuse_storage`) and no LoRA."""
     adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
     mods = [_base(m) for m in mods]
+    joint = _joint([m.weight for m in mods]) if not fuse and len(mods) > 1 and not any(adapters) else None
+    if joint is not None:
+        return [(joint.t(), _joint_bias(mods), None)]
     if not fuse:
         return [(m.weight.t(), m.bias, None if ad is None else (ad[0].t(), ad[1].t(), ad[2]))
                 for m, ad in zip(mods, adapters)]
     weights = [m.weight if ad is None else torch.addmm(m.weight, ad[1], ad[0], alpha=ad[2])
                for m, ad in zip(mods, adapters)]  # W + scale * B @ A
     wt = torch.cat(weights).t().contiguous()  # [in, sum(out)]
-    if all(m.bias is None for m in mods):
-        return [(wt, None, None)]
-    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
-    return [(wt, bias, None)]
+    return [(wt, _joint_bias(mods), None)]
+
+
+def _joint_bias(mods: list[nn.Module]) -> torch.Tensor | None:
+    """The modules' biases as one [sum(out)] (zeros for a module without): a view where they
+    lie back to back, else a copy; None if none has a bias."""
+    biases = [m.bias for m in mods]
+    if all(b is None for b in biases):
+        return None
+    joint = _joint(biases) if all(b is not None for b in biases) else None
+    return joint if joint is not None else torch.cat(
+        [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(mods, biases)])
 
 
 def _mm(x: torch.Tensor, pieces, residual: torch.Tensor | None = None) -> torch.Tensor:

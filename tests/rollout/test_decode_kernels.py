@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from baton.models import build_tiny_model
 from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
-from baton.rollout._llama import LlamaRunner
+from baton.rollout._llama import LlamaRunner, fuse_storage
 from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.op_count import count_kernels
 from baton.rollout.protocol import SamplingParams
@@ -40,13 +40,8 @@ def model_of(family: str, layers: int, **extra) -> torch.nn.Module:
     return build_tiny_model(None, family=family, layers=layers, **sizes).to(torch.bfloat16).eval()
 
 
-def step_kernels(model, new: int = 8) -> int:
-    runner = LlamaRunner(model)
-    runner.pack()
-    with torch.no_grad():
-        ids = torch.randint(4, 60, (4, 8))
-        runner.start(ids, torch.ones_like(ids), new, 1)
-        return sum(count_kernels(StaticDecoder(runner, 4, step="fixed").step)[1].values())
+def step_kernels(model) -> int:
+    return step_kernels_of(LlamaRunner(model))
 
 
 @pytest.mark.parametrize("family", list(PER_LAYER))
@@ -88,8 +83,8 @@ def test_rms_norm_is_hfs(dtype):
 
 def test_rope_matrix_by_hand_and_against_hf():
     # D = 4, one row: x @ R = x * cos + rotate_half(x) * sin, rotate_half([a, b, c, d]) = [-c, -d, a, b]
-    cos, sin = torch.tensor([0.5, 0.25, 0.5, 0.25]), torch.tensor([2.0, 4.0, 2.0, 4.0])
-    signed = torch.tensor([-2.0, -4.0, 2.0, 4.0])
+    cos = torch.tensor([0.5, 0.25, 0.5, 0.25])
+    signed = torch.tensor([-2.0, -4.0, 2.0, 4.0])  # sin = [2, 4, 2, 4], rotate_half's sign folded in
     R = rope_matrices(torch.stack([cos, signed])[None], torch.eye(4), half_roll(4, torch.float32, "cpu"))
     x = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])  # [1 row, 1 head, D]
     assert torch.bmm(x, R).tolist() == [[[1 * 0.5 - 3 * 2, 2 * 0.25 - 4 * 4, 3 * 0.5 + 1 * 2, 4 * 0.25 + 2 * 4]]]
@@ -135,3 +130,42 @@ def test_same_tokens_and_logprobs_as_before(family, static):
     # on a 10-token sum of logprobs of ~-30 (bench/decode_ops.py: <= 7.2e-6 on one logprob)
     torch.testing.assert_close(torch.tensor([sum(c.logprobs) for c in outs]), torch.tensor(sums),
                                atol=3e-5, rtol=0)
+
+
+def test_fuse_storage_gives_one_qkv_and_one_gate_up_matmul_without_a_copy():
+    """An engine's own copy read in place (fuse_weights=False, as the rollout worker builds it):
+    17 kernels a layer with Q, K, V (gate, up) apart, 12 once `fuse_storage` lays them back to
+    back; same values, same tokens; weight sync (copy_ in place) and a discard-wake keep working."""
+    model = model_of("qwen2", 1)
+    apart = step_kernels_of(LlamaRunner(model, fuse=False))
+    attn = model.model.layers[0].self_attn
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fuse_storage(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes
+    assert (apart, step_kernels_of(LlamaRunner(model, fuse=False))) == (OUTSIDE + 17, OUTSIDE + 12)
+
+    prompts, params = [[5, 6, 7, 8], [9, 10]], SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0)
+    small = build_tiny_model(None, family="qwen2", seed=0, hidden=32, layers=2, heads=4, kv_heads=2,
+                             intermediate=64, initializer_range=0.3).eval()
+    want = EmbeddedEngine(small).generate(prompts, params)
+    copy = build_tiny_model(None, family="qwen2", seed=1, hidden=32, layers=2, heads=4, kv_heads=2,
+                            intermediate=64, initializer_range=0.3).eval()
+    engine = EmbeddedEngine(copy, fuse_weights=False, sleep_mode="discard")
+    for _ in range(2):  # fill (in place), generate, discard, wake: the layout is made again
+        fuse_storage(copy)
+        engine.update_weights(small.state_dict().items(), version=1)
+        got = engine.generate(prompts, params)
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        engine.sleep()
+        engine.wake()
+
+
+def step_kernels_of(runner: LlamaRunner) -> int:
+    runner.pack()
+    with torch.no_grad():
+        ids = torch.randint(4, 60, (4, 8))
+        runner.start(ids, torch.ones_like(ids), 8, 1)
+        return sum(count_kernels(StaticDecoder(runner, 4, step="fixed").step)[1].values())
