@@ -19,7 +19,7 @@ import argparse
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
 
-from baton.rollout._llama import LlamaRunner, supports
+from baton.rollout._llama import LlamaRunner, fuse_storage, supports
 from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.op_count import count_kernels
 from baton.rollout.protocol import SamplingParams
@@ -36,9 +36,9 @@ def build(family: str, layers: int, dtype: torch.dtype, shape: dict, vocab: int)
     return AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
 
 
-def runner_ops(runner_cls, model, rows: int = 4) -> int:
+def runner_ops(runner_cls, model, rows: int = 4, **options) -> int:
     """Kernels of one static decode step of `runner_cls` after a prefill of `rows` prompts."""
-    runner = runner_cls(model)
+    runner = runner_cls(model, **options)
     runner.pack()
     with torch.no_grad():
         ids = torch.randint(4, model.config.vocab_size, (rows, 8))
@@ -104,6 +104,13 @@ def main() -> None:
         per = lambda one, full: (full - one) / (args.layers - 1)  # noqa: E731
         how = "" if old.supports(build(family, 1, dtype, shape, 1024)) else " (HF)"
         print(f"{family:>8} | {str(rl) + how:>16} {per(r1, rl):9.1f} | {nl:9d} {per(n1, nl):9.1f}")
+    # the rollout worker's own copy is read in place (fuse_weights=False): Q/K/V, gate/up apart,
+    # then laid out back to back by fuse_storage
+    model = build("qwen2", args.layers, dtype, shape, vocab=1024)
+    apart = runner_ops(LlamaRunner, model, fuse=False)
+    fuse_storage(model)
+    print(f"qwen2, fuse_weights=False (an own copy read in place): {apart} with Q/K/V and gate/up apart, "
+          f"{runner_ops(LlamaRunner, model, fuse=False)} laid out by fuse_storage")
     print(f"\nfp32, tiny models: this tree vs {args.ref}, same seed (sampled, stop ids, static decode off/on)")
     tiny = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
     for family in args.families.split(","):
