@@ -16,7 +16,7 @@ and runs a lean forward:
     shorter than the cache masks the older slots);
   * decode attention treats the query heads of one KV group as the "query length"
     ([rows, kv_heads, group, head_dim]), so GQA needs no expanded K/V;
-  * residual adds fused into the output matmuls (`addmm`), RoPE as roll + addcmul.
+  * residual adds fused into the output matmuls (`addmm`); in prefill RoPE as roll + addcmul.
 
 Weights: with `fuse=True` (default) `pack()` builds, from the live parameters, fused and
 transposed copies ([in, out] contiguous: Q|K|V and gate|up in one matmul each; measured
