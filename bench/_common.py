@@ -113,3 +113,19 @@ def child_paths(script: str, paths: tuple[str, ...], tmp: str, args: list[str]) 
         results[path] = json.loads(line)
         print(line, flush=True)
     return results
+
+
+def module_at(ref: str, path: str, name: str) -> Any:
+    """The module `path` (a file of this repository) as it is at git revision `ref`, imported
+    under `name`: an old version of one module side by side with today's in one process
+    (e.g. `module_at("main", "baton/rollout/_llama.py", "llama_main").LlamaRunner`)."""
+    import importlib.util
+
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:{path}"], check=True,
+                            capture_output=True, text=True).stdout
+    file = Path(tempfile.mkdtemp(prefix="baton-ref-")) / f"{name}.py"
+    file.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

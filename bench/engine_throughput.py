@@ -17,7 +17,10 @@ per op per token). Then the speedups over HF, and how far the engine is from its
     with the peak figures of GPU_PEAKS for the card the name matches (H100 SXM: 3.35 TB/s,
     989 TFLOP/s dense bf16; H200: 4.8 TB/s, 989 TFLOP/s; fp32 without TF32: 67 TFLOP/s).
 
-    .venv/bin/python bench/engine_throughput.py [--threads 1] [--repeats 3] [--sizes 0.75m,5m,25m]
+With --ref REV, one more method: the engine with the fast runner (`_llama.py`) as it is at
+git revision REV ("engine@REV"), taking turns with the others: before / after in one run.
+
+    .venv/bin/python bench/engine_throughput.py [--threads 1] [--repeats 3] [--sizes 0.75m,5m,25m] [--ref main]
     python bench/engine_throughput.py --device cuda --dtype bfloat16 --sizes 0.5b --prompts 128 --new-tokens 256
 """
 
@@ -34,7 +37,7 @@ from transformers import GenerationConfig
 from baton.models import build_tiny_model
 from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
-from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
+from _common import add_smoke, module_at  # bench/_common.py (scripts run from bench/ on sys.path)
 
 # name -> tiny_config overrides (Qwen2 family, tied embeddings as in the presets)
 SIZES = {
@@ -176,6 +179,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--no-hf-runner", action="store_true", help="skip the engine's generic HF path")
+    ap.add_argument("--ref", default=None, help="also time the engine with _llama.py at this git revision")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -202,6 +206,10 @@ def main() -> None:
         new = args.new_tokens
         fns = {"hf": partial(run_hf, model, prompts, new), "engine": partial(run_engine, engine, prompts, new),
                "other": partial(run_engine, other, prompts, new)}
+        if args.ref:
+            at_ref = EmbeddedEngine(model)
+            at_ref.runner = module_at(args.ref, "baton/rollout/_llama.py", "llama_at_ref").LlamaRunner(model)
+            fns["ref"] = partial(run_engine, at_ref, prompts, new)
         if not args.no_hf_runner:
             fns["slow"] = partial(run_engine, EmbeddedEngine(model, fast=False), prompts, new)
         res = timed(fns, args.repeats, args.device)
@@ -226,6 +234,9 @@ def main() -> None:
                   f"{peak * 1e9 * t_hf / flops:6.2f}x")
         summaries.append(f"{name} {args.dtype} on {args.device}: engine {rate['engine']:.0f} tokens/s, HF generate "
                          f"{rate['hf']:.0f} tokens/s{fraction}: {rate['engine'] / rate['hf']:.2f}x")
+        if "ref" in rate:
+            summaries.append(f"{name}: engine with _llama.py at {args.ref} {rate['ref']:.0f} tokens/s; this tree's "
+                             f"{rate['engine']:.0f} tokens/s: {rate['engine'] / rate['ref']:.2f}x")
         del model, engine, other, fns
     if gpu:
         print(f"(decode limit: {limit[0]}, {limit[1] / 1e12:.2f} TB/s, {limit[2] / 1e12:.0f} TFLOP/s dense "

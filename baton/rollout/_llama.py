@@ -1,4 +1,5 @@
-"""Fast forward pass for Llama / Qwen2-family HF models, with a preallocated KV cache.
+"""Fast forward pass for Llama-family HF models (Llama incl. Llama-3's rope scaling, Qwen2,
+Qwen3, Mistral: FAMILIES), with a preallocated KV cache.
 
 HF's own forward spends much of a small model's decode step in Python and in growing its
 cache (a `torch.cat` per layer per step). This runner reads the *same* weight tensors
@@ -8,11 +9,14 @@ and runs a lean forward:
     with left-padded prompts, so every row writes its next token to the same slot;
   * prefill in chunks of similar-length prompts (the engine sorts by length), each padded
     only to its own longest prompt, so short prompts do not pay for the longest one;
-  * RMSNorm, RoPE (the model's own inv_freq / attention scaling, computed exactly as HF
-    does), GQA, SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP (Llama) biases;
+  * RMSNorm (one kernel, `_kernels.rms_norm`), RoPE (the model's own inv_freq / attention
+    scaling, computed exactly as HF does; in decode one `bmm` for all q and k heads,
+    `_kernels.rope_matrices`), GQA, SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP
+    (Llama) biases, Qwen3's per-head q/k RMSNorm, Mistral's sliding window (a window
+    shorter than the cache masks the older slots);
   * decode attention treats the query heads of one KV group as the "query length"
     ([rows, kv_heads, group, head_dim]), so GQA needs no expanded K/V;
-  * residual adds fused into the output matmuls (`addmm`), RoPE as roll + addcmul.
+  * residual adds fused into the output matmuls (`addmm`); in prefill RoPE as roll + addcmul.
 
 Weights: with `fuse=True` (default) `pack()` builds, from the live parameters, fused and
 transposed copies ([in, out] contiguous: Q|K|V and gate|up in one matmul each; measured
@@ -21,7 +25,9 @@ the start of every `generate`, so the copies can never be stale - an optimizer s
 colocated trainer module is seen by the next `generate`; generations in flight together
 (`baton serve`'s interleaving) share one copy (`pack(reuse=True)`), dropped by a weight update
 or once the last of them ends (`unpack`). `fuse=False` reads the parameters
-directly (transposed views, no copy) for models where a second copy does not fit.
+directly (transposed views, no copy) for models where a second copy does not fit; where
+Q, K and V (gate and up) lie back to back in one buffer, as `fuse_storage` lays out a model
+the engine owns (a copy that weight sync fills), they are still one matmul, over a view.
 
 LoRA: `pack(lora)` takes {module path: (A [r, in], B [out, r], scale)} (the live adapters
 of a colocated peft policy, or an adapter the engine serves by name) and reads each
@@ -38,15 +44,20 @@ from torch.nn import functional
 from torch import nn
 
 from baton.padding import position_ids
+from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
 
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # model_type values with a fast path
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
 ONE_PASS_TOKENS = 32768  # a one-pass prefill's chunk (padded tokens): ~0.6 GB of bf16 MLP activations at 0.5B
 
 
 def supports(model: nn.Module) -> bool:
-    """True when `model` is a plain (unwrapped, unquantized) Llama / Qwen2 causal LM."""
+    """True when `model` is a plain (unwrapped, unquantized) causal LM of FAMILIES, with
+    full attention in every layer (Mistral's one window for all layers included); anything
+    else (other families, Qwen2/3 with sliding-window layers, other activations or RoPE
+    kinds, quantized linears) runs through its HF forward (`baton.rollout._hf`)."""
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in ("llama", "qwen2"):
+    if cfg is None or getattr(cfg, "model_type", None) not in FAMILIES:
         return False
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return False
@@ -71,22 +82,67 @@ def _base(m: nn.Module) -> nn.Module:
 Lora = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # path -> (A [r, in], B [out, r], scale)
 
 
+def _joint(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One view over contiguous tensors of one shape but the first dim that lie back to back
+    in one storage (`fuse_storage`'s layout), in order; None if they do not."""
+    first = ts[0]
+    offset, rows = first.storage_offset(), 0
+    for t in ts:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.storage_offset() != offset):
+            return None
+        offset, rows = offset + t.numel(), rows + t.shape[0]
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+
+
+def fuse_storage(model: nn.Module) -> None:
+    """Lay each layer's Q, K, V weights (biases) back to back in one buffer, and gate / up's,
+    the parameters becoming views of it: values unchanged; the fast path's `fuse=False` then
+    runs each group as one matmul with no packed copy. For a model the engine owns (weight
+    sync copies into its parameters in place); never the trainer's own module. A no-op where
+    the layout is already so; `sleep` / `wake` that reallocate parameters undo it (call again)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            for group in ([a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]):
+                for attr in ("weight", "bias"):
+                    params = [getattr(_base(x), attr) for x in group]
+                    if any(p is None for p in params) or _joint([p.data for p in params]) is not None:
+                        continue
+                    buf, start = torch.cat([p.data for p in params]), 0
+                    for p in params:
+                        p.data, start = buf[start:start + p.shape[0]], start + p.shape[0]
+
+
 def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = None,
                    lora: Lora | None = None) -> list[tuple]:
     """[(weight^T [in, out], bias, low-rank term | None)] - one fused contiguous piece (LoRA
-    merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale))."""
+    merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale)), or
+    one view over them all where they lie back to back (`fuse_storage`) and no LoRA."""
     adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
     mods = [_base(m) for m in mods]
+    joint = _joint([m.weight for m in mods]) if not fuse and len(mods) > 1 and not any(adapters) else None
+    if joint is not None:
+        return [(joint.t(), _joint_bias(mods), None)]
     if not fuse:
         return [(m.weight.t(), m.bias, None if ad is None else (ad[0].t(), ad[1].t(), ad[2]))
                 for m, ad in zip(mods, adapters)]
     weights = [m.weight if ad is None else torch.addmm(m.weight, ad[1], ad[0], alpha=ad[2])
                for m, ad in zip(mods, adapters)]  # W + scale * B @ A
     wt = torch.cat(weights).t().contiguous()  # [in, sum(out)]
-    if all(m.bias is None for m in mods):
-        return [(wt, None, None)]
-    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
-    return [(wt, bias, None)]
+    return [(wt, _joint_bias(mods), None)]
+
+
+def _joint_bias(mods: list[nn.Module]) -> torch.Tensor | None:
+    """The modules' biases as one [sum(out)] (zeros for a module without): a view where they
+    lie back to back, else a copy; None if none has a bias."""
+    biases = [m.bias for m in mods]
+    if all(b is None for b in biases):
+        return None
+    joint = _joint(biases) if all(b is not None for b in biases) else None
+    return joint if joint is not None else torch.cat(
+        [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(mods, biases)])
 
 
 def _mm(x: torch.Tensor, pieces, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -119,6 +175,11 @@ class LlamaRunner:
         self.group = self.n_heads // self.n_kv
         self.scale = attn.scaling
         self.eps = model.model.norm.variance_epsilon
+        self.qk_norm = hasattr(attn, "q_norm")  # Qwen3: RMSNorm of each q / k head before RoPE
+        self.qk_eps = attn.q_norm.variance_epsilon if self.qk_norm else None
+        # Mistral: a query at cache slot s sees slots s - window + 1 .. s (HF's overlay
+        # `kv_idx > q_idx - sliding_window`); None: no window
+        self.window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
         self.layers: list[tuple] = []
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._packs: dict[int, tuple] = {}  # id(lora) -> (lora, packed attributes): kept for reuse
@@ -149,8 +210,12 @@ class LlamaRunner:
         for i, layer in enumerate(self.model.model.layers):
             a, m = layer.self_attn, layer.mlp
             at, mt = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            qk_w = None
+            if self.qk_norm:  # [H + Hk, D]: each q head's scale, then each k head's
+                qk_w = torch.cat([a.q_norm.weight.expand(self.n_heads, -1),
+                                  a.k_norm.weight.expand(self.n_kv, -1)])
             self.layers.append((
-                layer.input_layernorm.weight,
+                layer.input_layernorm.weight, qk_w,
                 _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse,
                                [at + "q_proj", at + "k_proj", at + "v_proj"], lora),
                 _linear_pieces([a.o_proj], self.fuse, [at + "o_proj"], lora),
@@ -166,14 +231,17 @@ class LlamaRunner:
 
     def release(self) -> None:
         self.layers, self.cache, self.lm_head = [], [], None
-        self.cos = self.sin = self.key_bias = self.next_pos = None
+        self.cos = self.sin = self.cs = self.key_bias = self.next_pos = None
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # fused kernel; matches HF's fp32 arithmetic
-            return functional.rms_norm(x, (x.shape[-1],), w, self.eps)
-        xf = x.float()  # HF: normalise in fp32, cast back, then scale
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return rms_norm(x, w, self.eps)  # one kernel; HF's values in fp32 (`_kernels`)
+
+    def _qk(self, y: torch.Tensor, qk_w: torch.Tensor | None) -> torch.Tensor:
+        """The q and k heads of the QKV output y [..., H + 2 Hk, D], before RoPE: Qwen3's
+        per-head RMSNorm (HF's arithmetic in every dtype: normalise, then scale) or a view."""
+        qk = y[..., :self.n_heads + self.n_kv, :]
+        return qk if qk_w is None else rms_norm(qk, None, self.qk_eps) * qk_w
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -189,6 +257,9 @@ class LlamaRunner:
         sin = (emb.sin() * self.rope_scaling).to(dtype)
         half = sin.shape[-1] // 2
         self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
+        self.cs = torch.stack((self.cos, self.sin), dim=1)  # [S, 2, D]: one gather a decode step
+        self.eye = torch.eye(self.head_dim, dtype=dtype, device=device)
+        self.roll = half_roll(self.head_dim, dtype, device)
 
     # --- prefill ---------------------------------------------------------------------
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int,
@@ -234,14 +305,16 @@ class LlamaRunner:
         pos = position_ids(maskb)  # [b, L] position ids of real tokens (left padding: 0)
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [b, L, 1, D]
         causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+        if self.window is not None and self.window < L:  # and no older than the window
+            causal = causal.triu(-(self.window - 1))
         # pad queries may see themselves: defensive, as SDPA backends have differed on fully
         # masked rows (NaN there would reach V and, through 0 * NaN, every real row)
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
         x = functional.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
         last_layer = len(self.layers) - 1
-        for i, ((w1, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
+        for i, ((w1, qk_w, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
             y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
-            qk = self._rope(y[:, :, :H + Hk], cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
+            qk = self._rope(self._qk(y, qk_w), cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
             q, k, v = qk[:, :H], qk[:, H:], y[:, :, H + Hk:].transpose(1, 2)  # [b, *, L, D]
             # the n samples of prompt r are cache rows r*n .. r*n+n-1; slots before P-L stay
             # zero (masked; zero so garbage memory cannot turn into NaN through 0 * inf)
@@ -290,22 +363,28 @@ class LlamaRunner:
         b = tokens.shape[0]
         H, Hk, G, D = self.n_heads, self.n_kv, self.group, self.head_dim
         fixed = isinstance(slot, torch.Tensor)
+        S, window = self.key_bias.shape[-1], self.window
+        windowed = window is not None and window < S
         if fixed:  # unfilled slots hold zeros (masked; no 0 * NaN)
-            attn_mask = self.key_bias.masked_fill(slots > slot, float("-inf"))  # [b, 1, 1, S]
+            hidden = slots > slot
+            if windowed:  # and slots the window has left
+                hidden = hidden | (slots <= slot - window)
+            attn_mask = self.key_bias.masked_fill(hidden, float("-inf"))  # [b, 1, 1, S]
+            lo = 0
         else:
-            attn_mask = self.key_bias[..., :slot + 1]  # [b, 1, 1, s+1]
-        pos = self.next_pos
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [b, 1, D]
+            lo = max(0, slot + 1 - window) if windowed else 0
+            attn_mask = self.key_bias[..., lo:slot + 1]  # [b, 1, 1, s+1-lo]
+        rope = rope_matrices(self.cs[self.next_pos], self.eye, self.roll)  # [b, D, D] for every layer
         x = functional.embedding(tokens, self.embed)  # [b, hidden]
-        for (w1, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
+        for (w1, qk_w, qkv, o_proj, w2, gate_up, down), (kc, vc) in zip(self.layers, self.cache):
             y = _mm(self._norm(x, w1), qkv).view(b, H + 2 * Hk, D)  # [b, heads, D]
-            qk = self._rope(y[:, :H + Hk], cos, sin)  # [b, H + Hk, D] one RoPE for q and k
+            qk = torch.bmm(self._qk(y, qk_w), rope)  # [b, H + Hk, D] one RoPE for q and k
             if fixed:
                 kc.index_copy_(2, slot, qk[:, H:, None])
                 vc.index_copy_(2, slot, y[:, H + Hk:, None])
             else:
                 kc[:, :, slot], vc[:, :, slot] = qk[:, H:], y[:, H + Hk:]
-                kc, vc = kc[:, :, :slot + 1], vc[:, :, :slot + 1]
+                kc, vc = kc[:, :, lo:slot + 1], vc[:, :, lo:slot + 1]
             q = qk[:, :H].view(b, Hk, G, D)  # the G query heads of a KV head act as a "length"
             o = functional.scaled_dot_product_attention(q, kc, vc, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.reshape(b, H * D), o_proj, residual=x)  # o [b, Hk, G, D]

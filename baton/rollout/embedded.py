@@ -22,9 +22,9 @@ How a `generate` call runs:
 `start_generation(...)` returns the same call as a `Generation` to run k steps at a time
 (`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
 request with short ones this way, each getting the tokens it would get alone.
-Llama / Qwen2 models use the fast runner in `_llama.py`; every other model runs through its
-own HF forward (`_hf.py`). `SamplingParams.grammar` (structured outputs) masks the logits
-before each sample (`constrained.py`, llguidance); the host then looks every step.
+Llama, Qwen2, Qwen3 and Mistral models use the fast runner in `_llama.py` (`_llama.FAMILIES`);
+every other model runs through its own HF forward (`_hf.py`). `SamplingParams.grammar`
+(structured outputs) masks the logits before each sample (`constrained.py`, llguidance); the host then looks every step.
 
 LoRA: a peft model (a colocated LoRA policy) runs on the fast path over its base weights
 with its *live* adapter tensors applied at each `generate` (nothing merged, nothing copied,
@@ -133,7 +133,7 @@ class EmbeddedEngine:
             raise ValueError(f"static_decode must be None, a bool or one of {STEPS}, got {static_decode!r}")
         if static_decode and not isinstance(self.runner, LlamaRunner):
             raise ValueError("static_decode needs the fast Llama / Qwen2 path (fast=True and a plain "
-                             f"Llama / Qwen2 model); {type(base).__name__} runs through its HF forward")
+                             f"{' / '.join(_llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
         self.static_decode, self.sync_every = static_decode, sync_every
         self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False

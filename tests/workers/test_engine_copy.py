@@ -44,10 +44,17 @@ def copy_matches_policy(rollout) -> bool:
                for n, p in rollout.policy.module.named_parameters())
 
 
+def qkv_back_to_back(rollout) -> bool:
+    """The copy is laid out for one Q|K|V matmul a layer (`baton.rollout._llama.fuse_storage`)."""
+    attn = rollout.engine.model.model.layers[0].self_attn
+    return attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes > 0
+
+
 def test_the_bf16_policy_gets_an_engine_copy_of_its_own(roles):
     _, actor, rollout = roles
     assert actor.bf16 and rollout.own_weights and rollout.engine.model is not actor.model
     assert copy_matches_policy(rollout)
+    assert qkv_back_to_back(rollout)
 
 
 def test_the_step_after_an_agent_evaluation_samples(roles):
@@ -66,6 +73,7 @@ def test_a_redraw_within_a_step_samples(roles):
     for _ in range(2):
         assert len(groups["rollout"].generate(PROMPTS, 3)) == 4
     assert groups["rollout"].sync_weights(1, check=True)[0] < 0.1  # bf16 noise (the sync's tolerance)
+    assert qkv_back_to_back(roles[2])  # laid out again after the discard
 
 
 def test_an_evaluation_after_the_actor_moved_reads_the_new_weights(roles):
