@@ -38,7 +38,6 @@ rows across all data-parallel ranks.
 
 from __future__ import annotations
 
-import shlex
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
@@ -49,6 +48,7 @@ from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_de
                                 check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
+from baton.services.launch import entry_group_size
 from baton.sources import SourceSpec, source_spec, unread_keys
 from baton.trainers.session.config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
@@ -219,12 +219,10 @@ class PPOConfig:
                     raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
                                      f"{spec.own_sampling} sample(s) with their own settings; remove it")
         for entry in d.envs:  # what `baton launch` starts: a group size of its own would never fill a batch
-            words = shlex.split(entry)
-            for flag in ("--group-size", "--group_size"):
-                if flag in words[:-1] and words[words.index(flag) + 1] != str(self.rollout.n):
-                    raise ValueError(f"data.envs: {entry!r} sets {flag} {words[words.index(flag) + 1]}, but the trainer "
-                                     f"compares groups of rollout.n={self.rollout.n}: drop {flag} (launch passes "
-                                     f"rollout.n) or set rollout.n")
+            flag, size = entry_group_size(entry) or ("", str(self.rollout.n))
+            if size != str(self.rollout.n):
+                raise ValueError(f"data.envs: {entry!r} sets {flag} {size}, but the trainer compares groups of "
+                                 f"rollout.n={self.rollout.n}: drop {flag} (launch passes rollout.n) or set rollout.n")
         if spec.sync_only and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
                              f"data.source={d.source} the rows come from the {spec.own_sampling or 'outside'} (trainer.max_staleness bounds "
