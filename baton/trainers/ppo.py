@@ -60,6 +60,7 @@ from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
 from baton.sources import evaluation, row_source
+from baton.trainers.placement.generator import place_generator
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
@@ -209,6 +210,7 @@ def kl_controller(algo: Any) -> Any:
 
 # --- the loop ----------------------------------------------------------------------------
 def train(cfg: PPOConfig) -> dict[str, float]:
+    cfg = place_generator(cfg)  # a config not from load_recipe (a test, a Python caller) is placed here
     t, algo = cfg.trainer, cfg.algo
     with RunSession(cfg) as run:
         state = RunState.fresh(cfg.data)
