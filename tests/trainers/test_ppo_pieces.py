@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from baton import fields as F
-from baton.algos import actor_loss
+from baton.algos import POLICY_LOSSES, actor_loss
 from baton.batch import Batch
 from types import SimpleNamespace
 
@@ -52,7 +52,9 @@ def test_tis_weights_on_the_advantages_equal_tis_weights_on_the_loss(loss, kwarg
     w = torch.rand(B, R, generator=g) * 2  # [0, 2): the capped weights
     common = dict(old_logprobs=old, response_mask=mask, policy_loss=loss, policy_loss_kwargs=kwargs,
                   agg_mode="token-mean")
-    a, _ = actor_loss(logprobs=logp, advantages=adv, tis_weights=w, **common)
+    per_token, _ = POLICY_LOSSES[loss](logprobs=logp, old_logprobs=old, advantages=adv, response_mask=mask,
+                                       **kwargs)  # [B, R]
+    a = (per_token * w * mask).sum() / mask.sum()  # the weights on the loss, token-mean
     (ga,) = torch.autograd.grad(a, logp)
     b, _ = actor_loss(logprobs=logp, advantages=adv * w, **common)
     (gb,) = torch.autograd.grad(b, logp)
