@@ -76,7 +76,7 @@ class GeneratorSource:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         # object_store: the actor returns once its copy is stored; broadcast: both ends meet
         # in a collective (the actor waits for the generator). baton.sync.registry.
-        self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights)
+        self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights=weights)
         self.rollout, self.weights, self.reward, self.state = rollout, weights, reward, state
         self.scores_rows = reward is not None
         self.prompts_per_step, self.k, self.total_steps = prompts_per_step, max_staleness, total_steps
