@@ -21,11 +21,12 @@ ENTROPY = "entropy"  # [B, R] per-token entropy of the policy
 VALUES = "values"  # [B, R] critic values
 REWARDS = "rewards"  # [B] scalar sequence reward (sum of weighted reward functions)
 TOKEN_REWARDS = "token_rewards"  # [B, R] reward placed on tokens (PPO/GAE)
+HAS_TOKEN_REWARDS = "has_token_rewards"  # [B] bool: the row's token_rewards are its source's (agents'
+                                         # turns, an environment's); else the driver places `rewards`
 ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
 POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
-GROUP_INDEX = "group_index"  # [B] long, rows of one prompt share it (groups may be short: dropped rows);
-                             # absent: n rows a group
+GROUP_INDEX = "group_index"  # [B] long, rows of one prompt share it (groups may be short: dropped rows)
 TURN_INDEX = "turn_index"  # [B, R] long, policy turn of each response token, -1 off the policy (agents)
 NUM_TURNS = "num_turns"  # [B] long, policy turns of the row (agents)
 

@@ -153,32 +153,35 @@ def registered(tmp_path, monkeypatch):
     from baton.algos.advantages import ADVANTAGES, NEEDS
     from baton.rollout.engines import ENGINES
     from baton.sources import SOURCES
+    from baton.sync.registry import TRANSPORTS
 
     files = _doc_files()
-    assert set(files) == {"my_source.py", "my_estimator.py", "my_engine.py"}
+    assert set(files) == {"my_source.py", "my_estimator.py", "my_engine.py", "my_transport.py"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
     modules = [importlib.import_module(n.removesuffix(".py")) for n in sorted(files)]
     yield modules
     for registry, name in ((SOURCES, "counting"), (ADVANTAGES, "sign_grpo"), (NEEDS, "sign_grpo"),
-                           (ENGINES, "counting")):
+                           (ENGINES, "counting"), (TRANSPORTS, ("counting_copy", "colocated"))):
         dict.pop(registry, name, None)
     for name in files:
         sys.modules.pop(name.removesuffix(".py"), None)
 
 
-def test_a_new_row_source_estimator_and_engine_train(registered, model_dir, tmp_path):
+def test_a_new_row_source_estimator_engine_and_transport_train(registered, model_dir, tmp_path):
     """One file each plus its registration: the config accepts the names, the driver builds
-    the source and the engine through their registries and passes the estimator what it declares."""
+    the source, the engine and the weight sync through their registries and passes the
+    estimator what it declares."""
     from baton.config import ConfigError, load_config
     from baton.metrics import read_metrics
     from baton.trainers import ppo
     from baton.trainers.ppo_config import PPOConfig
 
     my_engine = next(m for m in registered if m.__name__ == "my_engine")
+    my_transport = next(m for m in registered if m.__name__ == "my_transport")
     base = [f"model.path={model_dir}", *TINY, "data.source=counting", "algo.advantage=sign_grpo",
-            "rollout.engine=counting", "placement.auto=false"]
+            "rollout.engine=counting", "rollout.weight_sync=counting_copy", "placement.auto=false"]
     cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
                       [*base, "trainer.steps=2", f"trainer.run_dir={tmp_path / 'run'}", "algo.dynamic_sampling=true"])
     assert cfg.source.draws_more and "reward" in cfg.roles
@@ -186,6 +189,7 @@ def test_a_new_row_source_estimator_and_engine_train(registered, model_dir, tmp_
     steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
     assert [s["counting/rows"] for s in steps][-1] >= 2 * 16  # 4 prompts x 4 samples a step (more: DAPO draws)
     assert my_engine.CountingEngine.calls > 0
+    assert my_transport.CountingCopy.pushes >= 2  # the engine's own copy filled at start and after each update
     with pytest.raises(ConfigError, match="rollout.n=1"):  # sign_grpo declared group_index: it compares samples
         load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [*base, "rollout.n=1", "actor.mini_batch_size=4",
                                                                        "actor.micro_batch_size=4"])

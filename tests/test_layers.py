@@ -27,6 +27,7 @@ LAYERS = [
     {"rollout"},
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},
+    {"rows"},  # the training row (`Trajectory`) and the one `to_batch` every source pads with
     {"batch", "metrics", "config"},
     {"fields", "protocol", "runs", "registry", "padding", "user_modules", "http"},
 ]

@@ -41,9 +41,10 @@ from baton.agents.tokens import OBS, Trajectory
 from baton.agents.tools import AgentFault, note_fault, parse_tool_calls
 from baton.agents.watchdog import Watch, run_watched
 from baton.batch import Batch
-from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
 from baton.rollout.engines import context_len
+from baton.rows import COLUMNS, Column, group_ids, to_batch
+from baton.rows import Trajectory as Row
 
 
 @dataclass
@@ -286,39 +287,35 @@ def results_to_batch(prompts: Batch, results: list[Result], tokenizer: Any,
     stats["token_mismatch"] = dict(mismatches)
     if not kept:
         return Batch(meta={"agent_stats": stats}), stats
-    out = prompts.rows([r.prompt_index for r in kept])
-    resp = [r.traj.response() for r in kept]
-    pad = tokenizer.pad_token_id
-    p_ids, p_mask = pad_left([r.traj.prompt_ids for r in kept], pad)
-    r_ids, _ = pad_right([x[0] for x in resp], pad, torch.long)
-    r_mask, _ = pad_right([x[1] for x in resp], 0, torch.long, width=r_ids.shape[1])
-    r_lp, _ = pad_right([x[2] for x in resp], 0.0, torch.float32, width=r_ids.shape[1])
-    tok_r = torch.zeros(r_ids.shape, dtype=torch.float32)
-    turn_idx = torch.full(r_ids.shape, -1, dtype=torch.long)
-    for b, r in enumerate(kept):
-        ends = r.traj.turn_ends()
-        start = 0
-        for k, e in enumerate(ends):
-            tok_r[b, e] += r.traj.turn_rewards[k] if k < len(r.traj.turn_rewards) else 0.0
-            seg_mask = r_mask[b, start:e + 1].bool()
-            turn_idx[b, start:e + 1][seg_mask] = k
-            start = e + 1
-        if ends:
-            tok_r[b, ends[-1]] += r.final_reward
-    out[F.PROMPT_IDS], out[F.PROMPT_MASK] = p_ids, p_mask
-    out[F.RESPONSE_IDS], out[F.RESPONSE_MASK], out[F.ROLLOUT_LOGPROBS] = r_ids, r_mask, r_lp
-    out[F.TOKEN_REWARDS] = tok_r
-    out[F.REWARDS] = tok_r.sum(1)
-    if F.GROUP_INDEX not in out:  # the source may number groups across ranks / steps itself
-        out[F.GROUP_INDEX] = torch.tensor([group_offset + r.prompt_index for r in kept], dtype=torch.long)
-    out[F.TURN_INDEX] = turn_idx
-    out[F.NUM_TURNS] = torch.tensor([r.traj.turns for r in kept], dtype=torch.long)
-    out[F.POLICY_VERSION] = torch.tensor([r.version or 0 for r in kept], dtype=torch.long)
-    out[F.FINISH_REASON] = [r.finish_reason for r in kept]
-    out[F.COMPLETION_TEXT] = [tokenizer.decode(x[0], skip_special_tokens=True) for x in resp]
-    out[F.TOOL_STATUS] = [list(r.traj.statuses) for r in kept]
+    groups = group_ids(prompts, group_offset)  # the source may number groups across ranks / steps itself
+    out = to_batch([row_of(r, groups[r.prompt_index]) for r in kept], tokenizer.pad_token_id, tokenizer,
+                   prompts=prompts, columns=(*COLUMNS, *AGENT_COLUMNS))
     out.meta["agent_stats"] = stats
     return out, stats
+
+
+AGENT_COLUMNS = (Column("turn_index", F.TURN_INDEX, -1, torch.long),
+                 Column("num_turns", F.NUM_TURNS, 0, torch.long, per_token=False))
+
+
+def row_of(r: Result, group: int) -> Row:
+    """A kept episode as a training row: its turns' rewards on each turn's last policy token,
+    the final reward on the last one; each response token's turn (-1 off the policy)."""
+    ids, mask, logprobs = r.traj.response()
+    ends = r.traj.turn_ends()
+    rewards = [(e, r.traj.turn_rewards[k] if k < len(r.traj.turn_rewards) else 0.0) for k, e in enumerate(ends)]
+    if ends:
+        rewards.append((ends[-1], r.final_reward))
+    turn = [-1] * len(ids)
+    start = 0
+    for k, e in enumerate(ends):
+        for j in range(start, min(e + 1, len(ids))):
+            if mask[j]:
+                turn[j] = k
+        start = e + 1
+    return Row(r.traj.prompt_ids, ids, logprobs=logprobs, loss_mask=mask, token_rewards=rewards,
+               version=r.version or 0, finish_reason=r.finish_reason, group=group, prompt_row=r.prompt_index,
+               extra={"turn_index": turn, "num_turns": r.traj.turns, F.TOOL_STATUS: list(r.traj.statuses)})
 
 
 def agent_metrics(rows: Batch, stats: dict[str, Any], n_trajectories: int) -> dict[str, float]:

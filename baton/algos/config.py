@@ -17,7 +17,7 @@ from baton.algos.aggregate import LOSS_AGG
 from baton.algos.kl import KL_ESTIMATORS
 from baton.algos.kl_control import KL_CONTROLLERS
 from baton.algos.off_policy import OFF_POLICY
-from baton.algos.policy_loss import POLICY_LOSSES
+from baton.algos.policy_loss import POLICY_LOSSES, policy_loss_readers
 
 
 @dataclass
@@ -111,9 +111,8 @@ DEPENDENT_KEYS = (
     ("kl_controller", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
     ("kl_target", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
     ("kl_horizon", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
-    ("clip_low", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
-    ("clip_high", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
-    ("dual_clip", lambda a: a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip"),
+    *((key, lambda a, key=key: a.policy_loss in policy_loss_readers(key),
+       f"algo.policy_loss={'/'.join(policy_loss_readers(key))}") for key in ("clip_low", "clip_high", "dual_clip")),
     ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
     ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
     ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),

@@ -24,21 +24,19 @@ def actor_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                policy_loss: str = "ppo_clip", policy_loss_kwargs: dict | None = None,
                kl_estimator: str = "k3", kl_coef: float = 0.0, entropy_coef: float = 0.0,
                agg_mode: str = "token-mean", global_tokens=None, global_seqs=None,
-               max_len: int | None = None, tis_weights: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               max_len: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss of a micro-batch and its metrics (all inputs [B, R]).
 
     GRPO: advantages from ADVANTAGES["grpo"], kl_coef > 0 with k3 and ref_logprobs.
     DAPO: kl_coef 0, policy_loss_kwargs clip_high > clip_low, agg_mode "token-mean".
     Dr. GRPO: ADVANTAGES["dr_grpo"], agg_mode "seq-mean-token-sum-norm" with max_len.
     GSPO: policy_loss "gspo", agg_mode "seq-mean-token-mean".
-    tis_weights [B, R] (detached, from `truncated_is_weights`) scale the policy loss per token.
+    Truncated-IS weights (`baton.algos.off_policy`) reach the loss through `advantages`: the
+    driver scales them (w * loss(A) = loss(w * A) for every policy loss, tests/trainers/test_ppo_pieces.py).
     """
     per_token, metrics = POLICY_LOSSES[policy_loss](
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
         response_mask=response_mask, **(policy_loss_kwargs or {}))  # [B, R]
-    if tis_weights is not None:
-        per_token = per_token * tis_weights.detach()  # [B, R]
     # a local aggregate, like every other metric here (not this micro-batch's share of the
     # global loss), so averaging it over micro-batches approximates the step's pg loss
     metrics["pg_loss"] = aggregate_loss(per_token, response_mask, agg_mode,

@@ -9,6 +9,8 @@ over this micro-batch. The PPO value loss lives in `baton.algos.value` (re-expor
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from baton.algos.masked import masked_mean
@@ -16,7 +18,28 @@ from baton.algos.registry import Registry
 from baton.algos.value import value_loss  # noqa: F401  (its old home; import from value)
 
 POLICY_LOSSES = Registry("policy loss")
-register_policy_loss = POLICY_LOSSES.register
+POLICY_LOSS_HYPER: dict[str, dict[str, str]] = {}  # name -> {keyword: "algo.<key>" it is given}
+
+
+def register_policy_loss(name: str, hyper: dict[str, str] | None = None) -> Callable[[Any], Any]:
+    """Decorator: a policy loss by `name`, and the hyper-parameters the trainer passes it from
+    the config (`hyper`: keyword -> `algo.<key>`, as estimators declare theirs); the config
+    refuses those keys set with another loss (`baton.algos.config.DEPENDENT_KEYS`)."""
+    def deco(fn: Any) -> Any:
+        POLICY_LOSSES.add(name, fn)
+        POLICY_LOSS_HYPER[name] = dict(hyper or {})
+        return fn
+    return deco
+
+
+def policy_loss_args(name: str, algo: Any) -> dict[str, Any]:
+    """The declared hyper-parameters of policy loss `name`, their values in `algo`, by keyword."""
+    return {kw: getattr(algo, key) for kw, key in POLICY_LOSS_HYPER.get(name, {}).items()}
+
+
+def policy_loss_readers(key: str) -> list[str]:
+    """The policy losses that read `algo.<key>`."""
+    return [name for name, hyper in POLICY_LOSS_HYPER.items() if key in hyper.values()]
 
 # exp() of a larger log-ratio overflows float32 / is meaningless; verl clamps the same way.
 LOG_RATIO_CLAMP = 20.0
@@ -26,7 +49,7 @@ def _zero_padding(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
-@register_policy_loss("ppo_clip")
+@register_policy_loss("ppo_clip", hyper={"clip_low": "clip_low", "clip_high": "clip_high", "dual_clip": "dual_clip"})
 def ppo_clip_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                   advantages: torch.Tensor, response_mask: torch.Tensor,
                   clip_low: float = 0.2, clip_high: float | None = None,

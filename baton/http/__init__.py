@@ -17,12 +17,12 @@ API): one set of guards, so all of them refuse the same requests the same way.
 It imports no other part of baton (a bottom layer: tests/test_layers.py).
 """
 
-from baton.http.app import install_guards, quiet_clients_left_open, run_uvicorn
+from baton.http.app import guarded_router, install_guards, quiet_clients_left_open, run_uvicorn
 from baton.http.auth import PUBLIC_PATHS, BearerAuth
 from baton.http.bodies import DEFAULT_MAX_BODY_BYTES, BodyLimit, BodyTooLarge, StrictJSONRoute, check_json
 from baton.http.errors import APIError, check_model, error_body, error_response, send_error, send_json
 from baton.http.offloop import OffLoop
 
-__all__ = ["install_guards", "quiet_clients_left_open", "run_uvicorn", "PUBLIC_PATHS", "BearerAuth",
+__all__ = ["guarded_router", "install_guards", "quiet_clients_left_open", "run_uvicorn", "PUBLIC_PATHS", "BearerAuth",
            "DEFAULT_MAX_BODY_BYTES", "BodyLimit", "BodyTooLarge", "StrictJSONRoute", "check_json", "APIError",
            "check_model", "error_body", "error_response", "send_error", "send_json", "OffLoop"]

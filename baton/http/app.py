@@ -1,13 +1,13 @@
 """`install_guards(app, ...)`: the route class, body cap, API key and error handlers every
-baton HTTP app installs right after `FastAPI(...)`; `run_uvicorn` serves it on a socket and
-ends it on SIGTERM."""
+baton HTTP app installs right after `FastAPI(...)`; `guarded_router()`: a router of routes
+with that route class; `run_uvicorn` serves it on a socket and ends it on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Mapping
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -44,6 +44,13 @@ def install_guards(app: FastAPI, *, api_key: str | None, max_body_bytes: int,
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def guarded_router() -> APIRouter:
+    """An APIRouter whose routes read JSON as `install_guards` makes the app's (strict JSON):
+    what a route table split into routers builds its routes on (`app.include_router` keeps
+    each route's class)."""
+    return APIRouter(route_class=StrictJSONRoute)
 
 
 def run_uvicorn(app: FastAPI, sock: Any, log_level: str = "warning", grace_s: float = 5.0) -> None:

@@ -76,7 +76,7 @@ import uuid
 from typing import Any, Iterable, Optional
 
 import anyio
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -195,7 +195,14 @@ _KEY_REUSED = ("Idempotency-Key {key!r} was used before for another request body
 def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = None, retry_after_s: float = 1.0,
                   env_timeout_s: float = 60.0, keep_served: int = 1000,
                   max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app of `baton api` over the store at `db_path` (created if missing)."""
+    """The FastAPI app of `baton api` over the store at `db_path` (created if missing): its
+    routers, for the trainer (`trainer_routes`), the environments (`env_routes`) and their
+    pushes (`push_routes`), behind the bearer token of the shared HTTP layer.
+
+    Nothing that touches SQLite or walks a body runs on the event loop: endpoints without a
+    body are plain `def` (FastAPI runs them in its thread pool); the others read the body
+    there, then decode, check and write in a worker thread (pushes: at most PUSH_THREADS at
+    once, so the trainer's /batch always finds a thread). /health stays on the loop."""
     if token is not None and not token:
         raise ValueError("token must be a non-empty string (None: no authentication)")
     if max_queue < 1:
@@ -205,32 +212,43 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
     app.state.api = api
     if token is not None:
         app.add_middleware(BearerAuth, api_key=token, detail=True, realm="baton api")
-    store = api.store
-
-    # Nothing that touches SQLite or walks a body runs on the event loop: endpoints without a
-    # body are plain `def` (FastAPI runs them in its thread pool); the others read the body
-    # here, then decode, check and write in a worker thread (pushes: at most PUSH_THREADS at
-    # once, so the trainer's /batch always finds a thread). /health stays on the loop.
-    push_threads = anyio.CapacityLimiter(PUSH_THREADS)
-
-    async def read(request: Request, required: bool = True) -> Any:
-        return await run_in_threadpool(decode_json, await _read_body(request, max_body_bytes), required)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _json_response({"detail": exc.detail}, exc.status_code, getattr(exc, "headers", None))
 
-    @app.get("/")
+    async def read(request: Request, required: bool = True) -> Any:
+        """A request's JSON body, capped at max_body_bytes, decoded in a worker thread."""
+        return await run_in_threadpool(decode_json, await _read_body(request, max_body_bytes), required)
+
+    for router in (service_routes(), trainer_routes(api, read), env_routes(api, read), push_routes(api, max_body_bytes)):
+        app.include_router(router)
+    return app
+
+
+def service_routes() -> APIRouter:
+    """/ and /health (the latter echoes `baton launch`'s BATON_INSTANCE nonce)."""
+    router = APIRouter()
+
+    @router.get("/")
     async def root() -> dict:
         return {"message": "baton trajectory API (Atropos-compatible)"}
 
     instance = os.environ.get("BATON_INSTANCE")  # set by `baton launch`: its readiness check's nonce
 
-    @app.get("/health")
+    @router.get("/health")
     async def health() -> dict:
         return {"status": "ok", **({"instance": instance} if instance else {})}
 
-    @app.post("/register")
+    return router
+
+
+def trainer_routes(api: TrajectoryAPI, read: Any) -> APIRouter:
+    """What the trainer calls: /register, /batch, /info, /wandb_info, /status, /reset_data
+    (`read`: the app's body reader)."""
+    router, store = APIRouter(), api.store
+
+    @router.post("/register")
     async def register(request: Request) -> JSONResponse:
         return await run_in_threadpool(_register, await read(request))
 
@@ -250,49 +268,19 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         requester = uuid.uuid4().int
         return _json_response({"uuid": requester})
 
-    @app.post("/register-env")
-    async def register_env(request: Request) -> JSONResponse:
-        return await run_in_threadpool(_register_env, await read(request))
-
-    def _register_env(data: Any) -> JSONResponse:
-        env = _parse(RegisterEnv, data, "register-env")
-        reg = api.registration
-        if reg is None or not store.get("started", False):
-            return _json_response({"status": "wait for trainer to start"})
-        if reg.get("group_size") and env.group_size != reg["group_size"]:
-            raise HTTPException(409, f"group_size: this environment sends groups of {env.group_size}, the trainer "
-                                     f"trains on groups of {reg['group_size']}")
-        added = store.add_env(env.desired_name, env.max_token_length, env.weight if env.weight is not None else 1.0,
-                              env.group_size, env.min_batch_allocation)
-        return _json_response({"status": "success", "env_id": added["env_id"], "wandb_name": added["real_name"],
-                               "checkpoint_dir": reg.get("checkpoint_dir", ""),
-                               "starting_step": store.get("current_step", 0),
-                               "checkpoint_interval": reg.get("save_checkpoint_interval", 0),
-                               "num_steps": reg.get("num_steps", -1)})
-
-    @app.post("/disconnect-env")
-    async def disconnect_env(request: Request) -> JSONResponse:
-        return await run_in_threadpool(_disconnect_env, await read(request))
-
-    def _disconnect_env(data: Any) -> JSONResponse:
-        env = _parse(EnvIdentifier, data)
-        if not store.touch_env(env.env_id, connected=False):
-            return _json_response({"status": "failure", "error": f"no env with id {env.env_id}"})
-        return _json_response({"status": "success"})
-
-    @app.get("/wandb_info")
+    @router.get("/wandb_info")
     def wandb_info() -> JSONResponse:
         reg = api.registration or {}
         return _json_response({"group": reg.get("wandb_group"), "project": reg.get("wandb_project"), "zmq_port": None})
 
-    @app.get("/info")
+    @router.get("/info")
     def info() -> JSONResponse:
         reg = api.registration
         if reg is None:
             return _json_response({"batch_size": -1, "max_token_len": -1})
         return _json_response({"batch_size": reg["batch_size"], "max_token_len": reg["max_token_len"]})
 
-    @app.get("/batch")
+    @router.get("/batch")
     def batch(version: Optional[int] = None, max_staleness: Optional[int] = None,
               ack: Optional[int] = None) -> Response:
         """One batch (oldest groups first) or {"batch": null}. `version`: the trainer's
@@ -336,7 +324,103 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
             raise HTTPException(422, f"a queued group cannot be sent as JSON ({exc}); it stays queued") from None
         return Response(raw, media_type="application/json")
 
-    @app.get("/latest_example")
+    @router.get("/status")
+    def status() -> JSONResponse:
+        counts = store.counts()
+        reg = api.registration or {}
+        return _json_response({"current_step": store.get("current_step", 0), "queue_size": counts["queued_groups"],
+                               **counts, "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
+                               "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1),
+                               "group_size": reg.get("group_size"), "max_token_len": reg.get("max_token_len"),
+                               "vocab_size": reg.get("vocab_size"), "registered": bool(reg), "started": bool(store.get("started", False)),
+                               "envs": api.env_status()})
+
+    @router.post("/reset_data")
+    def reset_data(force: bool = False) -> PlainTextResponse:
+        """Drop every group, environment and the registration. Refused while a trainer is
+        registered unless `force=true` (one request must not wipe a running trainer's queue)."""
+        if api.registration is not None and not force:
+            counts = store.counts()
+            raise HTTPException(409, f"a trainer is registered and {counts['queued_groups']} groups are queued: "
+                                     f"POST /reset_data?force=true to drop them anyway")
+        store.reset()
+        return PlainTextResponse("Reset successful", status_code=200)
+
+    return router
+
+
+def env_routes(api: TrajectoryAPI, read: Any) -> APIRouter:
+    """What an environment calls about itself: /register-env, /disconnect-env, /status-env
+    (`read`: the app's body reader)."""
+    router, store = APIRouter(), api.store
+
+    @router.post("/register-env")
+    async def register_env(request: Request) -> JSONResponse:
+        return await run_in_threadpool(_register_env, await read(request))
+
+    def _register_env(data: Any) -> JSONResponse:
+        env = _parse(RegisterEnv, data, "register-env")
+        reg = api.registration
+        if reg is None or not store.get("started", False):
+            return _json_response({"status": "wait for trainer to start"})
+        if reg.get("group_size") and env.group_size != reg["group_size"]:
+            raise HTTPException(409, f"group_size: this environment sends groups of {env.group_size}, the trainer "
+                                     f"trains on groups of {reg['group_size']}")
+        added = store.add_env(env.desired_name, env.max_token_length, env.weight if env.weight is not None else 1.0,
+                              env.group_size, env.min_batch_allocation)
+        return _json_response({"status": "success", "env_id": added["env_id"], "wandb_name": added["real_name"],
+                               "checkpoint_dir": reg.get("checkpoint_dir", ""),
+                               "starting_step": store.get("current_step", 0),
+                               "checkpoint_interval": reg.get("save_checkpoint_interval", 0),
+                               "num_steps": reg.get("num_steps", -1)})
+
+    @router.post("/disconnect-env")
+    async def disconnect_env(request: Request) -> JSONResponse:
+        return await run_in_threadpool(_disconnect_env, await read(request))
+
+    def _disconnect_env(data: Any) -> JSONResponse:
+        env = _parse(EnvIdentifier, data)
+        if not store.touch_env(env.env_id, connected=False):
+            return _json_response({"status": "failure", "error": f"no env with id {env.env_id}"})
+        return _json_response({"status": "success"})
+
+    @router.get("/status-env")
+    async def status_env(request: Request) -> JSONResponse:
+        return await run_in_threadpool(_status_env, await read(request))
+
+    def _status_env(data: Any) -> JSONResponse:
+        env_req = _parse(EnvIdentifier, data)
+        envs = {e["env_id"]: e for e in store.envs()}
+        me = envs.get(env_req.env_id)
+        if me is None:
+            raise HTTPException(404, f"no env with id {env_req.env_id}: POST /register-env first")
+        store.touch_env(me["env_id"])
+        connected = [e for e in envs.values() if e["connected"]]
+        total = sum(e["max_token_length"] * max(0.0, e["weight"]) for e in connected) or 1.0
+        weight = max(MIN_ENV_WEIGHT, me["max_token_length"] * me["weight"] / total)
+        min_alloc = sum(e["min_batch_allocation"] or 0.0 for e in connected if e["min_batch_allocation"] is not None)
+        queued = store.queued_meta()
+        group_size = me["group_size"]  # every group it pushes has this size (check_env_group)
+        reg = api.registration or {}
+        return _json_response({
+            "current_step": store.get("current_step", 0),
+            "queue_size": sum(size for *_, size, _ in queued) // group_size,  # in groups, not sequences
+            "self_queue_size": sum(size for _, env, size, _ in queued if env == me["env_id"]) // group_size,
+            "env_weight": weight, "unallocated_fraction": 1.0 - min(min_alloc, 1.0),
+            "max_group_size": max([1] + [size for _, _, size, _ in queued]),
+            "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
+            "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1)})
+
+    return router
+
+
+def push_routes(api: TrajectoryAPI, max_body_bytes: int) -> APIRouter:
+    """Scored groups in: /scored_data, /scored_data_list (at most PUSH_THREADS decoding at
+    once), and /latest_example."""
+    router, store = APIRouter(), api.store
+    push_threads = anyio.CapacityLimiter(PUSH_THREADS)
+
+    @router.get("/latest_example")
     def latest_example() -> JSONResponse:
         latest = store.latest()
         if latest is None:
@@ -364,14 +448,14 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
         digest = None if key is None else hashlib.sha256(raw).hexdigest()
         return api.push(items, key, digest, many)
 
-    @app.post("/scored_data")
+    @router.post("/scored_data")
     async def scored_data(request: Request) -> JSONResponse:
         _, _, dup, rejected = await push(request, many=False)
         if rejected:
             raise HTTPException(rejected[0]["status"], rejected[0]["reason"])
         return _json_response({"status": "received", **({"duplicate": True} if dup else {})})
 
-    @app.post("/scored_data_list")
+    @router.post("/scored_data_list")
     async def scored_data_list(request: Request) -> JSONResponse:
         sent, queued, dup, rejected = await push(request, many=True)
         if rejected:
@@ -381,56 +465,7 @@ def build_api_app(db_path: str, *, max_queue: int = 1024, token: str | None = No
                                          "queued": queued, "duplicates": dup, "rejected": rejected})
         return _json_response({"status": "received", "groups_processed": sent, **({"duplicates": dup} if dup else {})})
 
-    @app.get("/status")
-    def status() -> JSONResponse:
-        counts = store.counts()
-        reg = api.registration or {}
-        return _json_response({"current_step": store.get("current_step", 0), "queue_size": counts["queued_groups"],
-                               **counts, "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
-                               "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1),
-                               "group_size": reg.get("group_size"), "max_token_len": reg.get("max_token_len"),
-                               "vocab_size": reg.get("vocab_size"), "registered": bool(reg), "started": bool(store.get("started", False)),
-                               "envs": api.env_status()})
-
-    @app.get("/status-env")
-    async def status_env(request: Request) -> JSONResponse:
-        return await run_in_threadpool(_status_env, await read(request))
-
-    def _status_env(data: Any) -> JSONResponse:
-        env_req = _parse(EnvIdentifier, data)
-        envs = {e["env_id"]: e for e in store.envs()}
-        me = envs.get(env_req.env_id)
-        if me is None:
-            raise HTTPException(404, f"no env with id {env_req.env_id}: POST /register-env first")
-        store.touch_env(me["env_id"])
-        connected = [e for e in envs.values() if e["connected"]]
-        total = sum(e["max_token_length"] * max(0.0, e["weight"]) for e in connected) or 1.0
-        weight = max(MIN_ENV_WEIGHT, me["max_token_length"] * me["weight"] / total)
-        min_alloc = sum(e["min_batch_allocation"] or 0.0 for e in connected if e["min_batch_allocation"] is not None)
-        queued = store.queued_meta()
-        group_size = me["group_size"]  # every group it pushes has this size (check_env_group)
-        reg = api.registration or {}
-        return _json_response({
-            "current_step": store.get("current_step", 0),
-            "queue_size": sum(size for *_, size, _ in queued) // group_size,  # in groups, not sequences
-            "self_queue_size": sum(size for _, env, size, _ in queued if env == me["env_id"]) // group_size,
-            "env_weight": weight, "unallocated_fraction": 1.0 - min(min_alloc, 1.0),
-            "max_group_size": max([1] + [size for _, _, size, _ in queued]),
-            "max_queue": api.max_queue, "trainer_version": api.trainer_version(),
-            "max_staleness": reg.get("max_staleness"), "batch_size": reg.get("batch_size", -1)})
-
-    @app.post("/reset_data")
-    def reset_data(force: bool = False) -> PlainTextResponse:
-        """Drop every group, environment and the registration. Refused while a trainer is
-        registered unless `force=true` (one request must not wipe a running trainer's queue)."""
-        if api.registration is not None and not force:
-            counts = store.counts()
-            raise HTTPException(409, f"a trainer is registered and {counts['queued_groups']} groups are queued: "
-                                     f"POST /reset_data?force=true to drop them anyway")
-        store.reset()
-        return PlainTextResponse("Reset successful", status_code=200)
-
-    return app
+    return router
 
 
 def parse_api_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,9 +31,8 @@ marker, and `Session.boundary_mismatches` counts it. A request whose history dif
 the session's (other roles, edited non-assistant messages, other tools) is a 400: start a
 new session.
 
-Finished sessions (a reward reported) become rows (`baton.services.gateway_rows`) through
-`baton.services.groups.groups_to_batch` (Atropos' ScoredData shape: tokens, masks with
--100 on untrained tokens, inference_logprobs, scores): prompt_ids/prompt_mask left-padded,
+Finished sessions (a reward reported) become rows (`baton.services.gateway_rows`), one
+`baton.rows.Trajectory` each, padded by `baton.rows.to_batch`: prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
 rollout_logprobs 0 on mask-0 tokens, rewards, policy_version (the oldest weights that
 sampled any of its turns), finish_reason (of the last turn), completion text and

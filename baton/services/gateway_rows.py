@@ -6,38 +6,37 @@ with the `RowSource` methods so a gateway can be read on its own (tests, a custo
 
     rows = GatewayRows(gw, group_size=4).rows(step)   # -> Batch
 
-Each step's rows are whole groups of finished (rewarded) sessions, group-major, in Atropos'
-ScoredData shape through `baton.services.groups.groups_to_batch` (see `baton.services.gateway`
-for how a session's tokens, masks and logprobs are recorded).
+Each step's rows are whole groups of finished (rewarded) sessions, group-major, as
+`baton.rows.Trajectory`s (see `baton.services.gateway` for how a session's tokens, masks and
+logprobs are recorded).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from baton import fields as F
 from baton.batch import Batch
+from baton.rows import Trajectory, to_batch
+from baton.services.groups import finish_of, split_sequence
 
 if TYPE_CHECKING:
     from baton.services.gateway import Gateway, Session
 
 
 def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) -> Batch:
-    """Groups of finished sessions as rows, group-major (see the module docstring)."""
-    from baton.services.groups import groups_to_batch
-
-    scored = [{"tokens": [s.tokens for s in g],
-               "masks": [[t if m else -100 for t, m in zip(s.tokens, s.mask)] for s in g],
-               "inference_logprobs": [s.logprobs for s in g],
-               "scores": [s.reward for s in g],
-               "finish_reasons": [s.last_finish for s in g],
-               "policy_version": min(min(s.versions) for s in g), "env_id": "gateway"} for g in groups]
-    parts = [groups_to_batch([g], tokenizer, pad_id, len(g["tokens"])) for g in scored]
-    rows = Batch.concat(parts) if len(parts) > 1 else parts[0]
-    rows[F.GROUP_INDEX] = torch.tensor([i for i, g in enumerate(groups) for _ in g], dtype=torch.long)
-    return rows
+    """Groups of finished sessions as rows, group-major, group g's sessions in group g: a
+    session's prompt is its tokens before the first sampled one, its response the rest (the
+    tokens the gateway added between turns under mask 0), its version its group's oldest."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    trajs = []
+    for gi, g in enumerate(groups):
+        version = min(min(s.versions) for s in g)
+        for s in g:
+            prompt, response, mask = split_sequence(s.tokens, s.mask, trained=bool)
+            trajs.append(Trajectory(prompt, response, logprobs=[float(x) for x in s.logprobs[len(prompt):]],
+                                    loss_mask=mask, reward=float(s.reward), version=version,
+                                    finish_reason=finish_of(s.last_finish, response, eos), group=gi))
+    return to_batch(trajs, pad_id, tokenizer)
 
 
 class GatewayRows:
@@ -45,6 +44,8 @@ class GatewayRows:
     are `groups_per_step` groups of `group_size` finished sessions (rows arrive scored).
     Weight updates are the engine owner's business (an in-process engine shares the
     actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""
+
+    scores_rows = False  # rows arrive scored
 
     def __init__(self, gateway: Gateway, group_size: int, groups_per_step: int = 1, wait_s: float | None = None,
                  session_idle_s: float | None = None):

@@ -5,27 +5,37 @@ of a `Batch`: what the trainer pulls from `baton api` and what the OpenAI gatewa
     prompt = the tokens before the first trained token (mask != -100), response = the rest,
     response_mask = mask != -100 (tokens an environment added mid-response, e.g. tool output,
     are not trained), inference_logprobs -> rollout_logprobs, scores -> rewards; per-turn
-    rewards, when every sequence's `overrides` has `token_rewards` [[position, reward], ...]
-    (baton.agents.api_env), -> token_rewards.
+    rewards of a sequence whose `overrides` has `token_rewards` [[position, reward], ...]
+    (baton.agents.api_env) -> token_rewards; each group is a group (`baton.rows.to_batch`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from baton import fields as F
 from baton.batch import Batch
-from baton.padding import pad_left, pad_right
+from baton.rows import Trajectory, to_batch
+
+
+def split_sequence(tokens: list[int], mask: list[int], trained=lambda m: m != -100) -> tuple[list[int], list[int], list[int]]:
+    """(prompt, response, response loss mask) of one sequence: the prompt is the tokens before
+    the first trained one (`trained(mask value)`), the response the rest."""
+    k = next((j for j, m in enumerate(mask) if trained(m)), len(tokens))
+    return list(tokens[:k]), list(tokens[k:]), [int(trained(m)) for m in mask[k:]]
+
+
+def finish_of(reason: str | None, response: list[int], eos: int | None) -> str:
+    """"stop" or "length": the sequence's own reason, else whether it ends with EOS."""
+    stop = reason or ("stop" if response and response[-1] == eos else "length")
+    return "length" if stop == "length" else "stop"
 
 
 def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, group_size: int) -> Batch:
-    """The rows of a batch of ScoredData groups (see the module docstring)."""
-    prompts, responses, rmasks, logps, rewards, versions, finish, envs = [], [], [], [], [], [], [], []
-    turn_rewards: list[list[list[float]] | None] = []
+    """The rows of a batch of ScoredData groups (see the module docstring), group g's rows in
+    group g."""
+    trajs = []
     eos = getattr(tokenizer, "eos_token_id", None)
-    for g in groups:
+    for gi, g in enumerate(groups):
         n = len(g["tokens"])
         if n != group_size:
             raise ValueError(f"a group of {n} sequences from env {g.get('env_id')} does not match rollout.n="
@@ -34,39 +44,13 @@ def groups_to_batch(groups: list[dict[str, Any]], tokenizer: Any, pad_id: int, g
         lp_all = g.get("inference_logprobs") or None
         reasons = g.get("finish_reasons") or [None] * n
         for i, (toks, mask) in enumerate(zip(g["tokens"], g["masks"])):
-            k = next((j for j, m in enumerate(mask) if m != -100), len(toks))
-            prompts.append(list(toks[:k]))
-            responses.append(list(toks[k:]))
-            rmasks.append([int(m != -100) for m in mask[k:]])
-            logps.append(None if lp_all is None else [float(x) for x in lp_all[i][k:]])
-            rewards.append(float(g["scores"][i]))
-            versions.append(int(g.get("policy_version") or 0))
-            stop = reasons[i] or ("stop" if responses[-1] and responses[-1][-1] == eos else "length")
-            finish.append("length" if stop == "length" else "stop")
-            envs.append(g.get("env_id"))
+            prompt, response, rmask = split_sequence(toks, mask)
+            k = len(prompt)
             ov = (g.get("overrides") or [None] * n)[i] or {}
-            turn_rewards.append([[p - k, r] for p, r in ov["token_rewards"]] if "token_rewards" in ov else None)
-    p_ids, p_mask = pad_left([p or [pad_id] for p in prompts], pad_id)
-    for i, p in enumerate(prompts):
-        if not p:  # a sequence trained from its first token: nothing to condition on
-            p_mask[i] = 0
-    r_ids, _ = pad_right(responses, pad_id, torch.long)
-    width = r_ids.shape[1]
-    r_mask, _ = pad_right(rmasks, 0, torch.long, width=width)
-    rows = Batch.from_dict({
-        F.PROMPT_IDS: p_ids, F.PROMPT_MASK: p_mask, F.RESPONSE_IDS: r_ids, F.RESPONSE_MASK: r_mask,
-        F.REWARDS: torch.tensor(rewards, dtype=torch.float32),
-        F.POLICY_VERSION: torch.tensor(versions, dtype=torch.long),
-        F.FINISH_REASON: finish,
-        F.PROMPT_TEXT: tokenizer.batch_decode(prompts, skip_special_tokens=True),
-        F.COMPLETION_TEXT: tokenizer.batch_decode(responses, skip_special_tokens=True),
-    })
-    if turn_rewards and all(t is not None for t in turn_rewards):
-        tok_r = torch.zeros(r_ids.shape, dtype=torch.float32)
-        for b, pairs in enumerate(turn_rewards):
-            for p, r in pairs:
-                tok_r[b, int(p)] += float(r)
-        rows[F.TOKEN_REWARDS] = tok_r
-    if all(lp is not None for lp in logps):
-        rows[F.ROLLOUT_LOGPROBS], _ = pad_right(logps, 0.0, torch.float32, width=width)
-    return rows
+            trajs.append(Trajectory(
+                prompt, response, loss_mask=rmask, reward=float(g["scores"][i]),
+                logprobs=None if lp_all is None else [float(x) for x in lp_all[i][k:]],
+                token_rewards=[(p - k, r) for p, r in ov["token_rewards"]] if "token_rewards" in ov else None,
+                version=int(g.get("policy_version") or 0), finish_reason=finish_of(reasons[i], response, eos),
+                group=gi))
+    return to_batch(trajs, pad_id, tokenizer)

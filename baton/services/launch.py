@@ -57,6 +57,24 @@ from urllib.parse import urlparse
 import httpx
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+GROUP_SIZE_FLAGS = ("--group-size", "--group_size")  # launch passes rollout.n as the first
+
+
+def env_entry(entry: str) -> list[str]:
+    """An entry of data.envs, "NAME [options]", as words (shell quoting): NAME, then options
+    `baton env` gets after the ones launch sets from rollout.*."""
+    return shlex.split(entry)
+
+
+def entry_group_size(entry: str) -> tuple[str, str] | None:
+    """(flag, value) of the group size a data.envs entry sets itself (the last one given,
+    `--group-size 4` or `--group-size=4`: the one `baton env` keeps over launch's), or None."""
+    words, found = env_entry(entry), None
+    for i, word in enumerate(words[1:], 1):
+        flag, eq, value = word.partition("=")
+        if flag in GROUP_SIZE_FLAGS and (eq or i + 1 < len(words)):
+            found = (flag, value if eq else words[i + 1])
+    return found
 
 
 @dataclass
@@ -123,7 +141,7 @@ def plan(cfg: dict[str, Any], recipe: str, overrides: list[str]) -> list[Spec]:
             argv += ["--weights-dir", d["weights_dir"]]
         specs.append(Spec(f"serve-{i}", argv, health=f"{url.rstrip('/')}/health"))
     for i, entry in enumerate(d.get("envs") or []):
-        words = shlex.split(entry)
+        words = env_entry(entry)
         if not words:
             continue
         argv = _baton("env", words[0], "--api", d["api_url"], "--tokenizer", cfg["model"]["path"],

@@ -45,7 +45,7 @@ from typing import Any
 from baton.batch import Batch
 from baton.controller import Future
 from baton.sync import build_transport, resolve_weight_sync
-from baton.sources.base import Prompts
+from baton.sources.base import Prompts, number_groups
 
 
 @dataclass
@@ -76,8 +76,9 @@ class GeneratorSource:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         # object_store: the actor returns once its copy is stored; broadcast: both ends meet
         # in a collective (the actor waits for the generator). baton.sync.registry.
-        self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights)
+        self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights=weights)
         self.rollout, self.weights, self.reward, self.state = rollout, weights, reward, state
+        self.scores_rows = reward is not None
         self.prompts_per_step, self.k, self.total_steps = prompts_per_step, max_staleness, total_steps
         self.pushed = 0  # the newest weights version queued on the generator (0: what it loaded)
         self.next_step = 1  # the next step to admit
@@ -96,7 +97,7 @@ class GeneratorSource:
 
     def _generate(self, prompts: Batch, step: int) -> Future:
         """The generator's call for step `step` (episodes instead: `EpisodeGeneratorSource`)."""
-        return self.rollout.submit("generate", prompts, step)
+        return self.rollout.submit("generate", number_groups(prompts, step, self.prompts_per_step), step)
 
     def _check_pushes(self, upto: int) -> None:
         """Raise the error of any push of version <= `upto` (done: queued before rows that

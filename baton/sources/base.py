@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
+from baton import fields as F
 from baton.batch import Batch
 
 
@@ -25,6 +28,8 @@ class Prompts(Protocol):
 
 
 class RowSource(Protocol):
+    scores_rows: bool  # it runs the run's reward role on its rows itself: the driver does not again
+
     def rows(self, step: int) -> Batch:
         """The rows of trainer step `step` (1-based)."""
         ...
@@ -102,4 +107,11 @@ def apart(cfg: Any) -> bool:
     return p.pool_of("rollout") != p.pool_of("actor")
 
 
-__all__ = ["Prompts", "RowSource", "SourceSpec", "apart"]
+def number_groups(prompts: Batch, step: int, prompts_per_step: int) -> Batch:
+    """Give the step's prompts step-unique group indices (step * prompts_per_step + row), so rows
+    from several ranks or draws of a step never share a group (`Trajectory.group`)."""
+    prompts[F.GROUP_INDEX] = step * prompts_per_step + torch.arange(len(prompts))
+    return prompts
+
+
+__all__ = ["Prompts", "RowSource", "SourceSpec", "apart", "number_groups"]

@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from baton.batch import Batch
-from baton.sources.base import REDRAW, Prompts
+from baton.sources.base import REDRAW, Prompts, number_groups
 
 
 class RolloutSource:
     """Rows from this run's rollout role, on prompts drawn by the run's sampler."""
+
+    scores_rows = False
 
     def __init__(self, rollout: Any, state: Prompts, prompts_per_step: int, greedy_baseline: bool = False) -> None:
         self.rollout, self.state, self.prompts_per_step = rollout, state, prompts_per_step
@@ -25,8 +27,9 @@ class RolloutSource:
     def rows(self, step: int, draw: int = 0) -> Batch:
         """The rows of `step`; `draw` > 0: more rows for the same step, on new prompts with
         sampling seeds of their own (DAPO's dynamic sampling)."""
-        return self.rollout.generate(self.state.next_prompts(self.prompts_per_step), step + REDRAW * draw,
-                                     greedy_baseline=self.greedy_baseline)
+        seed_step = step + REDRAW * draw  # also numbers the draw's groups apart from the step's others
+        prompts = number_groups(self.state.next_prompts(self.prompts_per_step), seed_step, self.prompts_per_step)
+        return self.rollout.generate(prompts, seed_step, greedy_baseline=self.greedy_baseline)
 
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
         return self.rollout.sync_weights(version, check=check)

@@ -34,15 +34,12 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any, Callable
 
-import torch
-
-from baton import fields as F
 from baton.agents.config import AgentConfig
 from baton.agents.dispatch import STATS, merge_stats
 from baton.batch import Batch
 from baton.controller import Future
 from baton.sources.ahead import GeneratorSource, generator_args
-from baton.sources.base import REDRAW, Prompts
+from baton.sources.base import REDRAW, Prompts, number_groups
 from baton.sources.colocated import RolloutSource
 
 
@@ -79,12 +76,6 @@ def draw_until_rows(draw: Callable[[int], Batch], step: int, limit: int, key: st
         f"{stats.get('trajectories', 0)} {what[1]}, " + ", ".join(f"{k} {c}" for c, k in causes.most_common())
         + (f", {stats['abandoned']} of them left running (their code blocked its event loop)"
            if stats.get("abandoned") else "") + " (the first fault of each kind is in the log above)")
-
-
-def number_groups(prompts: Batch, step: int, prompts_per_step: int) -> Batch:
-    """Give the step's prompts step-unique group indices (step * prompts_per_step + row)."""
-    prompts[F.GROUP_INDEX] = step * prompts_per_step + torch.arange(len(prompts))
-    return prompts
 
 
 def stats_metrics(stats: dict[str, Any]) -> dict[str, float]:

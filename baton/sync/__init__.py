@@ -6,8 +6,9 @@
     broadcast   torch.distributed broadcast from trainer rank 0 into engine processes
     object_store  a Ray future of the actor's weights into a generator on its own pool
 
-Chosen by name (`rollout.weight_sync`, `baton.sync.registry`): each transport registers
-itself when imported below; adding one is its file plus its import line here.
+Chosen by name (`rollout.weight_sync`): `baton.sync.registry` registers each by "module:Class"
+(imported when first built); adding one is its file plus one `add_transport` line
+(docs/EXTENDING.md).
 """
 
 from baton.sync.base import WeightSync, check_logprob_parity
@@ -16,10 +17,10 @@ from baton.sync.checkpoint import CheckpointSync, iter_safetensors, save_safeten
 from baton.sync.copy import CopySync
 from baton.sync.inplace import InplaceSync
 from baton.sync.object_store import ObjectStoreSync
-from baton.sync.registry import build_transport, resolve_weight_sync, transport_names
+from baton.sync.registry import add_transport, build_transport, register_transport, resolve_weight_sync, transport_names
 
 __all__ = [
     "WeightSync", "check_logprob_parity", "InplaceSync", "CopySync", "CheckpointSync", "ObjectStoreSync",
     "BroadcastSync", "GeneratorBroadcast", "WeightReceiver", "save_safetensors_atomic", "iter_safetensors",
-    "build_transport", "resolve_weight_sync", "transport_names",
+    "add_transport", "build_transport", "register_transport", "resolve_weight_sync", "transport_names",
 ]

@@ -42,7 +42,6 @@ import torch
 from baton.sync.backend import End, choose_backend, end_of
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, send_buckets)
-from baton.sync.registry import register_transport
 
 
 class AlreadyHasTrainer(ValueError):
@@ -131,7 +130,6 @@ def validate_specs(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
     return [(n, dt, [int(d) for d in s]) for n, dt, s in zip(names, dtypes, shapes)]
 
 
-@register_transport("broadcast", "servers")
 class BroadcastSync:
     """Trainer side. `engines`: objects with the `WeightReceiver` methods: a
     `baton.rollout.remote.RemoteEngine` for a server, a `WeightReceiver` in process, or a
@@ -267,7 +265,6 @@ def _send(group: WeightUpdateGroup, tensors: list[torch.Tensor], plan: list[list
     send_buckets(group, tensors, plan)
 
 
-@register_transport("broadcast", "generator")
 class GeneratorBroadcast:
     """Driver side, for a generator on its own pool: a group of actor rank 0 (the
     `WeightsWorker` group `weights`) and every generator rank (`GeneratorWorker` group
@@ -276,7 +273,7 @@ class GeneratorBroadcast:
     receive on the generator and the send on the actor; they meet in the collective, so the
     actor waits until the generator has finished what was queued before (returns both futures)."""
 
-    def __init__(self, rollout, weights):
+    def __init__(self, rollout, *, weights):
         self.rollout, self.weights = rollout, weights
         backend = choose_backend(pool_end(weights.pool, 0), [pool_end(rollout.pool, r) for r in range(rollout.world_size)])
         address, port, self.specs = weights.open_weight_group()  # (names, dtypes, shapes), fixed for the run

@@ -20,7 +20,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from baton.sync.registry import register_transport
 
 
 def save_safetensors_atomic(named_params: Iterable[tuple[str, torch.Tensor]], path: str | os.PathLike) -> Path:
@@ -61,7 +60,6 @@ def iter_safetensors(path: str | os.PathLike, device: str = "cpu") -> Iterator[t
                 yield name, fh.get_tensor(name)
 
 
-@register_transport("checkpoint", "colocated", "servers")
 class CheckpointSync:
     def __init__(self, engines, directory: str | os.PathLike | None = None, keep_last: int = 1):
         self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]

@@ -12,10 +12,8 @@ from typing import Iterable
 
 import torch
 
-from baton.sync.registry import register_transport
 
 
-@register_transport("copy", "colocated")
 class CopySync:
     def __init__(self, engines):
         self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]

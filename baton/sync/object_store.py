@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton.sync.registry import register_transport
 
 
-@register_transport("object_store", "generator")
 class ObjectStoreSync:
-    def __init__(self, rollout: Any, weights: Any):
+    def __init__(self, rollout: Any, *, weights: Any):
         self.rollout, self.weights = rollout, weights
 
     def push(self, version: int) -> list:

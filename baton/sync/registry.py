@@ -13,16 +13,22 @@ Where the engines sit decides which transports can reach them (the "placement"):
 `auto` (the default) picks: colocated -> inplace when the engine shares the trainer's module,
 else copy; generator -> object_store; servers -> broadcast.
 
-A transport is one file that registers itself here for the placements it serves:
+A transport is a class registered for the placements it serves, like engines and row
+sources: the built-ins below by "module:Class", imported when first built; one of your own by
 
-    @register_transport("name", "servers")
-    class MySync: ...
+    add_transport("my_sync", ("colocated",), "my_sync:MySync")   # or the class itself
+    @register_transport("my_sync", "colocated")                  # the decorator form
 
-plus its import line in `baton/sync/__init__.py` (which is what registers it: importing
-this module imports the package first, so every transport is registered before a lookup). The class's
-constructor arguments depend on the placement: colocated and servers transports take the
-engines (`push(named_params, version)`, the `WeightSync` protocol); generator transports take
-the generator and weights worker groups (`push(version) -> futures`).
+(docs/EXTENDING.md section 4). Every transport is built the same way, `cls(receivers,
+**options)` (`build_transport`): `receivers` is what gets the weights (colocated and servers:
+the list of engines, `push(named_params, version)`, the `WeightSync` protocol; generator: the
+generator's worker group, with `weights=` the actor's `WeightsWorker` group, `push(version) ->
+futures`); options are keywords of the transport's own (checkpoint: directory=; broadcast:
+bucket_mb=, timeout_s=, device=).
+
+`baton.sync.lora.LoraSync` (adapter-only sync into engines serving the adapter by name) is not
+registered: no `rollout.weight_sync` can use it until the rollout samples with the adapter's
+name (`SamplingParams(lora=)`); registered, the name would be accepted and fail at run time.
 """
 
 from __future__ import annotations
@@ -33,19 +39,42 @@ from baton.registry import Registry
 
 PLACEMENTS = ("colocated", "generator", "servers")
 AUTO = "auto"
-TRANSPORTS = Registry("weight-sync transport")  # (name, placement) -> class
+TRANSPORTS = Registry("weight-sync transport")  # (name, placement) -> class ("module:Class" until built)
+
+
+def _check_placements(name: str, placements: tuple[str, ...]) -> None:
+    if not placements or any(p not in PLACEMENTS for p in placements):
+        raise ValueError(f"transport {name!r}: placements must be among {PLACEMENTS}, got {placements}")
+
+
+def add_transport(name: str, placements: tuple[str, ...], cls: Any) -> None:
+    """Register `cls` (a class, or "module:Class" imported when first built) as transport
+    `name` for each of `placements`."""
+    _check_placements(name, placements)
+    for p in placements:
+        if dict.get(TRANSPORTS, (name, p)) is cls:  # a module imported twice registers the same class again
+            continue
+        if isinstance(cls, str):
+            TRANSPORTS.lazy((name, p), cls)
+        else:
+            TRANSPORTS.add((name, p), cls)
+
+
+for _name, _placements, _path in (("inplace", ("colocated",), "baton.sync.inplace:InplaceSync"),
+                                  ("copy", ("colocated",), "baton.sync.copy:CopySync"),
+                                  ("checkpoint", ("colocated", "servers"), "baton.sync.checkpoint:CheckpointSync"),
+                                  ("broadcast", ("servers",), "baton.sync.broadcast:BroadcastSync"),
+                                  ("broadcast", ("generator",), "baton.sync.broadcast:GeneratorBroadcast"),
+                                  ("object_store", ("generator",), "baton.sync.object_store:ObjectStoreSync")):
+    add_transport(_name, _placements, _path)
 
 
 def register_transport(name: str, *placements: str) -> Callable[[Any], Any]:
-    """Class decorator: `name` serves `placements` with this class."""
-    bad = [p for p in placements if p not in PLACEMENTS]
-    if bad or not placements:
-        raise ValueError(f"register_transport({name!r}): placements must be among {PLACEMENTS}, got {placements}")
+    """Class decorator: `name` serves `placements` with this class (`add_transport`)."""
+    _check_placements(name, placements)
 
     def deco(cls: Any) -> Any:
-        for p in placements:
-            if TRANSPORTS.get((name, p)) is not cls:  # a module imported twice registers the same class again
-                TRANSPORTS.add((name, p), cls)
+        add_transport(name, placements, cls)
         return cls
     return deco
 
@@ -83,9 +112,9 @@ def resolve_weight_sync(name: str, placement: str, *, shares_module: bool = True
     return name
 
 
-def build_transport(name: str, placement: str, *args: Any, **kwargs: Any) -> Any:
-    """An instance of the transport `name` (already resolved) for `placement`."""
-    cls = TRANSPORTS.get((name, placement))
-    if cls is None:
+def build_transport(name: str, placement: str, receivers: Any, **options: Any) -> Any:
+    """The transport `name` (already resolved) for `placement`: `cls(receivers, **options)`
+    (see the module docstring)."""
+    if (name, placement) not in TRANSPORTS:
         raise ValueError(f"weight sync {name!r} is not one of {transport_names(placement)} for {placement}")
-    return cls(*args, **kwargs)
+    return TRANSPORTS[(name, placement)](receivers, **options)

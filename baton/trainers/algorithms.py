@@ -47,7 +47,8 @@ AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe 
 
 
 def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
-    """The algorithm's config from a recipe and dotted overrides, with `placement.auto`
+    """The algorithm's config from a recipe and dotted overrides, placed: a generator ahead on
+    a pool of its own (`baton.trainers.placement.generator`), and `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
     unset (`baton.trainers.placement.auto`), printed in one line; what it decided becomes
     explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
@@ -62,6 +63,13 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     run dir's config.yaml present) keeps the placement and trainer.mode that config.yaml holds
     instead of choosing again. `say` is where the line goes (a text stream; stdout by default:
     `baton config` sends it to stderr)."""
+    from baton.trainers.placement.generator import place_generator
+
+    return place_generator(_load_auto(name, recipe, overrides, say))
+
+
+def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
+    """`load_recipe` before the generator's placement: the config with placement.auto applied."""
     import dataclasses
     import os
     import sys

@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -60,6 +60,7 @@ from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
 from baton.sources import evaluation, row_source
+from baton.trainers.placement.generator import place_generator
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
@@ -105,24 +106,27 @@ def sampled_mismatch_kl(actor: Any, batch: Batch) -> float:
 
 
 # --- rewards -----------------------------------------------------------------------------
-def score_futures(roles: dict[str, Any], batch: Batch) -> list:
-    """Futures of what scores `batch` and has not yet: the reward functions (unless the
-    source scored the rows) and the reward model."""
+def score_futures(roles: dict[str, Any], batch: Batch, functions: bool = True) -> list:
+    """Futures of what scores `batch`: the reward functions (unless `functions` is False: the
+    source ran them; a reward role exists only when the source's rows do not arrive scored:
+    `PPOConfig.roles`) and the reward model."""
     out = []
-    if "reward" in roles and F.REWARDS not in batch:
+    if "reward" in roles and functions:
         out.append(roles["reward"].compute_rewards(batch))
-    if "reward_model" in roles and RM_SCORE not in batch:
+    if "reward_model" in roles:
         out.append(roles["reward_model"].compute_rm_scores(batch))
     return out
 
 
-def total_reward(cfg: PPOConfig, batch: Batch, overlong: bool = True) -> dict[str, torch.Tensor]:
-    """{rewards: sum_f w_f f (reward role or source) + reward_model.weight * reward/model
-    (+ DAPO's overlong penalty), reward/overlong, failure counts (0 where nothing failed)}."""
+def total_reward(cfg: PPOConfig, roles: Collection[str], batch: Batch, overlong: bool = True) -> dict[str, torch.Tensor]:
+    """{rewards: sum_f w_f f (the reward role, or the source when `cfg.source.scored`) +
+    reward_model.weight * reward/model (+ DAPO's overlong penalty), reward/overlong, failure
+    counts (0 without a reward role)}; `roles`: the run's roles, which scored `batch`."""
     a, B = cfg.algo, len(batch)
-    out = {k: batch[k] if k in batch else torch.zeros(B, dtype=torch.long) for k in ("reward_errors", "reward_timeouts")}
-    total = batch[F.REWARDS].float() if F.REWARDS in batch else torch.zeros(B)
-    if RM_SCORE in batch:
+    rewarded = "reward" in roles
+    out = {k: batch[k] if rewarded else torch.zeros(B, dtype=torch.long) for k in ("reward_errors", "reward_timeouts")}
+    total = batch[F.REWARDS].float() if rewarded or cfg.source.scored else torch.zeros(B)
+    if "reward_model" in roles:
         total = total + cfg.reward_model.weight * batch[RM_SCORE]
     if overlong and a.overlong_buffer:
         out["reward/overlong"] = overlong_penalty(batch[F.RESPONSE_MASK].sum(-1), cfg.rollout.max_new_tokens,
@@ -144,13 +148,14 @@ def baseline_scores(cfg: PPOConfig, roles: dict[str, Any], batch: Batch) -> torc
     firsts = batch.rows(torch.arange(0, len(batch), n))
     greedy = Batch(non_tensors=dict(firsts.non_tensors))
     greedy[F.COMPLETION_TEXT] = list(firsts[BASELINE_COMPLETION])
-    return total_reward(cfg, score(roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
+    return total_reward(cfg, roles, score(roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
 
 
 # --- sampling ----------------------------------------------------------------------------
 def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tuple[Batch, dict[str, float]]:
-    """The step's rows; with DAPO's dynamic sampling, scored here to drop the groups whose
-    rewards all tie and draw more prompts (the colocated `RolloutSource` only)."""
+    """The step's rows; with DAPO's dynamic sampling, scored here (`train` then scores them
+    no more) to drop the groups whose rewards all tie and draw more prompts (the colocated
+    `RolloutSource` only)."""
     P, n = cfg.data.prompts_per_step, cfg.rollout.n
     if not cfg.algo.dynamic_sampling:
         return source.rows(step), {}
@@ -159,7 +164,7 @@ def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tup
     drawn = rounds = 0
     while True:
         rows = score(roles, source.rows(step, draw=rounds))
-        keep = dynamic_sampling_filter(total_reward(cfg, rows)[F.REWARDS], n)  # [P] groups with a signal
+        keep = dynamic_sampling_filter(total_reward(cfg, roles, rows)[F.REWARDS], n)  # [P] groups with a signal
         drawn += len(keep)
         rows_keep = keep.repeat_interleave(n)  # [P*n]
         kept.append(rows.rows(rows_keep))
@@ -171,11 +176,6 @@ def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tup
     batch = Batch.concat([b for b in kept + dropped if len(b)]).rows(torch.arange(P * n))
     return batch, {"dapo/extra_rounds": rounds, "dapo/groups_drawn": drawn,
                    "dapo/groups_kept": min(n_kept, P), "dapo/groups_filled": max(0, P - n_kept)}
-
-
-def group_index(batch: Batch, n: int) -> torch.Tensor:
-    """Each row's group [B]: the source's (groups may have lost rows), else n rows a group."""
-    return batch[F.GROUP_INDEX] if F.GROUP_INDEX in batch else torch.arange(len(batch)) // n
 
 
 # --- checkpoints -------------------------------------------------------------------------
@@ -210,7 +210,8 @@ def kl_controller(algo: Any) -> Any:
 
 # --- the loop ----------------------------------------------------------------------------
 def train(cfg: PPOConfig) -> dict[str, float]:
-    t, algo, n = cfg.trainer, cfg.algo, cfg.rollout.n
+    cfg = place_generator(cfg)  # a config not from load_recipe (a test, a Python caller) is placed here
+    t, algo = cfg.trainer, cfg.algo
     with RunSession(cfg) as run:
         state = RunState.fresh(cfg.data)
         run.roles = roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
@@ -249,7 +250,8 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 batch, metrics = sample(cfg, roles, source, step)
                 metrics.update(source.metrics())  # the source's own (agent/*)
             with timed("score"):  # every future in flight at once: concurrent on split pools
-                pending = score_futures(roles, batch)
+                # (DAPO's dynamic sampling scored them in `sample`)
+                pending = [] if algo.dynamic_sampling else score_futures(roles, batch, not source.scores_rows)
                 if ref is not None:
                     pending.append(ref.compute_ref_logprobs(batch))
                 if critic is not None:
@@ -262,13 +264,15 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                     batch = batch.union(future.get())
                 if not proximal:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
                     batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
-                for key, value in total_reward(cfg, batch).items():
+                for key, value in total_reward(cfg, roles, batch).items():
                     batch[key] = value
                 if cfg.remax:
                     batch["baseline_scores"] = baseline_scores(cfg, roles, batch)
             mask = batch[F.RESPONSE_MASK]  # [B, R]
-            token_rewards = (batch[F.TOKEN_REWARDS] if F.TOKEN_REWARDS in batch  # per-turn rewards
-                             else token_level_rewards(batch[F.REWARDS], mask))  # [B, R]
+            # the source's per-token rewards (agents' turns) where it placed them, else the reward
+            # on the last token (baton.rows)
+            token_rewards = torch.where(batch[F.HAS_TOKEN_REWARDS][:, None], batch[F.TOKEN_REWARDS],
+                                        token_level_rewards(batch[F.REWARDS], mask))  # [B, R]
             if kl_ctl is not None:  # InstructGPT: r_t - beta KL_t(pi_old || ref)
                 token_rewards, kl = kl_in_reward(token_rewards, batch[F.OLD_LOGPROBS], batch[F.REF_LOGPROBS],
                                                  mask, beta=kl_ctl.value, estimator=algo.kl_reward_estimator)
@@ -276,7 +280,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                                 "kl_reward/paid": kl.item() * kl_ctl.value})
                 kl_ctl.update(kl.item(), n_steps=len(batch))
             batch[F.TOKEN_REWARDS] = token_rewards
-            groups = group_index(batch, n)
+            groups = batch[F.GROUP_INDEX]  # [B] every source numbers its groups (baton.rows)
             batch[F.ADVANTAGES], batch[F.RETURNS] = compute_advantages(
                 algo.advantage, scores=batch[F.REWARDS], response_mask=mask, token_rewards=token_rewards,
                 group_index=groups, values=batch[F.VALUES] if critic is not None else None,

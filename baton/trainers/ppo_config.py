@@ -27,8 +27,10 @@ one line naming the keys, before anything is loaded or written.
 
 `trainer.mode` (sync | one_step_off | async) decides whether generation overlaps the update:
 the overlapping modes need the rollout on a pool of its own; unless `placement.roles` places
-it, the rollout and the reward move to the pool "gen" (1 worker), which runs on Ray even
-when `placement.backend=local` (the actor then stays in the driver's process).
+it, the placement step (`baton.trainers.placement.generator`, beside `placement.auto`) moves
+the rollout and the reward to the pool "gen" (1 worker), which runs on Ray even when
+`placement.backend=local` (the actor then stays in the driver's process); the checks here
+only check.
 `trainer.max_staleness` is the one staleness bound: how many versions a generator may run
 ahead (mode async, default 2), or the oldest group the trajectory API may serve
 (data.source=api; unset = no bound). Sizes: `data.prompts_per_step` prompts x `rollout.n`
@@ -38,7 +40,7 @@ rows across all data-parallel ranks.
 
 from __future__ import annotations
 
-import shlex
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
@@ -49,7 +51,9 @@ from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_de
                                 check_algo_ranges)
 from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
+from baton.services.launch import entry_group_size
 from baton.sources import SourceSpec, source_spec, unread_keys
+from baton.trainers.placement.generator import GEN_POOL, placed_pools
 from baton.trainers.session.config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
@@ -59,7 +63,6 @@ from baton.workers.rollout import RolloutConfig
 from baton.workers.teacher import TeacherConfig
 
 DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae"}
-GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
 
 
 @dataclass
@@ -154,8 +157,7 @@ class PPOConfig:
                 section.check()
         self._check_algo()
         self._check_sources()
-        self._place_generator()
-        self.placement.check(self.roles)
+        self._check_generator()  # and the placement, as the placement step will write it
         self._check_weight_sync()
         self._check_sizes()
 
@@ -219,12 +221,10 @@ class PPOConfig:
                     raise ValueError(f"rollout.{key} is not read with data.source={d.source}: the "
                                      f"{spec.own_sampling} sample(s) with their own settings; remove it")
         for entry in d.envs:  # what `baton launch` starts: a group size of its own would never fill a batch
-            words = shlex.split(entry)
-            for flag in ("--group-size", "--group_size"):
-                if flag in words[:-1] and words[words.index(flag) + 1] != str(self.rollout.n):
-                    raise ValueError(f"data.envs: {entry!r} sets {flag} {words[words.index(flag) + 1]}, but the trainer "
-                                     f"compares groups of rollout.n={self.rollout.n}: drop {flag} (launch passes "
-                                     f"rollout.n) or set rollout.n")
+            flag, size = entry_group_size(entry) or ("", str(self.rollout.n))
+            if size != str(self.rollout.n):
+                raise ValueError(f"data.envs: {entry!r} sets {flag} {size}, but the trainer compares groups of "
+                                 f"rollout.n={self.rollout.n}: drop {flag} (launch passes rollout.n) or set rollout.n")
         if spec.sync_only and mode != "sync":
             raise ValueError(f"trainer.mode={mode} runs this run's own generator ahead of the trainer; with "
                              f"data.source={d.source} the rows come from the {spec.own_sampling or 'outside'} (trainer.max_staleness bounds "
@@ -244,11 +244,13 @@ class PPOConfig:
             return bool(self._reward_keys_set())
         return not key.startswith("data.") and getattr(self, key, None) is not None  # data.*: DataConfig.check
 
-    def _place_generator(self) -> None:
-        """The overlapping modes need the rollout apart from the actor: put it (and the
-        reward, unless placed) on the pool "gen" when the recipe does not place it."""
+    def _check_generator(self) -> None:
+        """The overlapping modes run the rollout ahead, on a pool of its own: a rollout placed
+        on the actor's pool is refused; one left unplaced is placed by the placement step
+        (`baton.trainers.placement.generator`), whose placement `placement.check` checks."""
         p, mode = self.placement, self.trainer.mode
         if not self.source.generator or mode == "sync":  # the registry: the source runs no generator ahead
+            p.check(self.roles)
             return
         if self.trainer.staleness >= 2 and self.algo.off_policy == "none":
             warnings.warn(f"trainer.mode={mode} with max_staleness {self.trainer.staleness} and algo.off_policy=none: "
@@ -256,15 +258,12 @@ class PPOConfig:
                           f"sampled them (measured on the demo: held-out accuracy 0.68 vs sync's 0.855); "
                           f"algo.off_policy=decoupled_ppo corrects it (0.885) at the cost of one more forward",
                           UserWarning, stacklevel=2)
-        if "rollout" not in p.roles:
-            p.pools.setdefault(GEN_POOL, 1)
-            p.roles["rollout"] = GEN_POOL
-            if "reward" in self.roles:
-                p.roles.setdefault("reward", GEN_POOL)
-        elif p.pool_of("rollout") == p.pool_of("actor"):
+        if "rollout" in p.roles and p.pool_of("rollout") == p.pool_of("actor"):
             raise ValueError(f"trainer.mode={mode} overlaps generation with the update, so the rollout needs "
                              f"a pool of its own: placement.pools.{GEN_POOL}=1 placement.roles.rollout={GEN_POOL} "
                              f"(or leave placement.roles.rollout unset), or trainer.mode=sync")
+        placed = placed_pools(self)
+        (dataclasses.replace(p, pools=placed[0], roles=placed[1]) if placed else p).check(self.roles)
 
     def _check_weight_sync(self) -> None:
         """rollout.weight_sync must reach where the engine is: beside the actor, a generator

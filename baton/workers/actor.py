@@ -29,6 +29,7 @@ import torch
 from baton import fields as F
 from baton.algos import actor_loss
 from baton.algos.off_policy import mismatch_kl_sums
+from baton.algos.policy_loss import policy_loss_args
 from baton.algos.config import AlgoConfig
 from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Worker, register
@@ -162,8 +163,7 @@ class ActorWorker(Worker):
             response_mask=micro[F.RESPONSE_MASK].float(),
             ref_logprobs=micro[F.REF_LOGPROBS] if algo.kl_coef > 0 else None, entropy=ent,
             policy_loss=algo.policy_loss,
-            policy_loss_kwargs=({"clip_low": algo.clip_low, "clip_high": algo.clip_high,
-                                 "dual_clip": algo.dual_clip} if algo.policy_loss == "ppo_clip" else {}),
+            policy_loss_kwargs=policy_loss_args(algo.policy_loss, algo),  # as the loss declares
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.max_new_tokens)

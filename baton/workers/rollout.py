@@ -46,11 +46,11 @@ from baton.envs.evaluate import evaluate
 from baton.models.load import build_like
 from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
-from baton.padding import pad_left, pad_right
 from baton.protocol import Completion, SamplingParams
 from baton.rollout._llama import LlamaRunner, fuse_storage
 from baton.rollout.grammars import response_format_grammar
 from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
+from baton.rows import Trajectory, group_ids, to_batch
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 from baton.sync.registry import check_weight_sync_name
 from baton.workers.policy import Policy
@@ -113,19 +113,13 @@ class RolloutConfig:
 
 
 def completions_to_batch(prompts: Batch, prompt_ids: list[list[int]], done: list[Completion],
-                         n: int, pad_id: int, tokenizer) -> Batch:
-    """Rows of the step, prompt-major: the n samples of prompt i sit at rows i*n .. i*n+n-1."""
-    rows = prompts.repeat(n, interleave=True)
-    p_ids, p_mask = pad_left([prompt_ids[c.prompt_index] for c in done], pad_id)
-    r_ids, r_mask = pad_right([c.token_ids for c in done], pad_id, torch.long)
-    r_logp, _ = pad_right([c.logprobs for c in done], 0.0, torch.float32, width=r_ids.shape[1])
-    rows[F.PROMPT_IDS], rows[F.PROMPT_MASK] = p_ids, p_mask
-    rows[F.RESPONSE_IDS], rows[F.RESPONSE_MASK] = r_ids, r_mask
-    rows[F.ROLLOUT_LOGPROBS] = r_logp
-    rows[F.POLICY_VERSION] = torch.tensor([c.version for c in done], dtype=torch.long)
-    rows[F.FINISH_REASON] = [c.finish_reason for c in done]
-    rows[F.COMPLETION_TEXT] = tokenizer.batch_decode([c.token_ids for c in done], skip_special_tokens=True)
-    return rows
+                         pad_id: int, tokenizer) -> Batch:
+    """Rows of the step, prompt-major: the n samples of prompt i sit at rows i*n .. i*n+n-1,
+    each in its prompt's group (`baton.rows.group_ids`)."""
+    groups = group_ids(prompts)
+    return to_batch([Trajectory(prompt_ids[c.prompt_index], c.token_ids, logprobs=c.logprobs, version=c.version,
+                                finish_reason=c.finish_reason, group=groups[c.prompt_index], prompt_row=c.prompt_index)
+                     for c in done], pad_id, tokenizer, prompts=prompts)
 
 
 class RolloutWorker(Worker):
@@ -236,8 +230,7 @@ class RolloutWorker(Worker):
         with memory_phase("rollout", self.device):
             done = self.engine.generate(ids, params)
         # prompts.repeat keeps dispatch padding trailing (n rows per padded prompt)
-        rows = completions_to_batch(prompts, ids, done, params.n, self.tokenizer.pad_token_id,
-                                    self.tokenizer)
+        rows = completions_to_batch(prompts, ids, done, self.tokenizer.pad_token_id, self.tokenizer)
         if greedy_baseline:
             greedy = self.engine.generate(ids, SamplingParams(n=1, temperature=0.0, grammar=self.cfg.grammar,
                                                               max_new_tokens=self.cfg.max_new_tokens))

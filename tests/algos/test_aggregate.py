@@ -69,12 +69,12 @@ def grad_of(data, w0, rows, mode, tokens, seqs, max_len, kl="k3", loss="ppo_clip
     logits = d["x"] @ w  # [b, r, V]
     loss, _ = actor_loss(
         logprobs=logprobs_from_logits(logits, d["labels"]), old_logprobs=d["old"],
-        advantages=d["adv"], response_mask=d["mask"], ref_logprobs=d["ref"],
+        advantages=d["adv"] * d["tis"] if tis else d["adv"], response_mask=d["mask"], ref_logprobs=d["ref"],
         entropy=entropy_from_logits(logits), policy_loss=loss,
         policy_loss_kwargs=(dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0) if loss == "ppo_clip"
                             else dict(clip_low=0.05, clip_high=0.05)),
         kl_estimator=kl, kl_coef=0.1, entropy_coef=0.01, agg_mode=mode, global_tokens=tokens,
-        global_seqs=seqs, max_len=max_len, tis_weights=d["tis"] if tis else None)
+        global_seqs=seqs, max_len=max_len)  # tis: truncated-IS weights on the advantages, as the driver puts them
     loss.backward()
     return w.grad
 

@@ -39,17 +39,18 @@ def test_actor_loss_requires_inputs_for_its_terms():
         actor_loss(entropy_coef=0.1, **kw)
 
 
-def test_actor_loss_tis_weights_scale_the_policy_term_only():
-    # as above, with TIS weights [2, 0.5 | padding 7]: pg [-1, 2] -> [-2, 1]; the KL and entropy
-    # terms are not weighted: per token [-2 + 0.096574 - 0.1, 1 - 0.3] -> token-mean over 2
+def test_tis_weights_on_the_advantages_scale_the_policy_term_only():
+    # as above, with TIS weights [2, 0.5 | padding 7] on the advantages (where the driver puts
+    # them): pg [-1, 2] -> [-2, 1]; the KL and entropy terms are not weighted: per token
+    # [-2 + 0.096574 - 0.1, 1 - 0.3] -> token-mean over 2
     logp = torch.tensor([[math.log(0.5), math.log(0.5), 0.0]])
     ref = torch.tensor([[math.log(0.25), math.log(0.5), 0.0]])
     kw = dict(logprobs=logp, old_logprobs=logp, advantages=torch.tensor([[1.0, -2.0, 5.0]]),
               response_mask=torch.tensor([[1, 1, 0]]), ref_logprobs=ref,
               entropy=torch.tensor([[1.0, 3.0, 9.0]]), kl_coef=0.5, entropy_coef=0.1)
-    loss, m = actor_loss(**kw, tis_weights=torch.tensor([[2.0, 0.5, 7.0]]))
+    loss, m = actor_loss(**{**kw, "advantages": kw["advantages"] * torch.tensor([[2.0, 0.5, 7.0]])})
     k3 = 0.5 + math.log(2) - 1
     assert loss.item() == pytest.approx((-2 + 0.5 * k3 - 0.1 + 1 - 0.3) / 2, rel=1e-6)
     assert m["pg_loss"].item() == pytest.approx(-0.5)
-    # weights of 1 are the default (off)
-    assert actor_loss(**kw, tis_weights=torch.ones(1, 3))[0].item() == actor_loss(**kw)[0].item()
+    # weights of 1 change nothing
+    assert actor_loss(**{**kw, "advantages": kw["advantages"] * torch.ones(1, 3)})[0].item() == actor_loss(**kw)[0].item()

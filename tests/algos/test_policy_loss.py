@@ -122,3 +122,29 @@ def test_gspo_gradient_is_the_sequence_level_gradient():
     seq_ratio = torch.exp(((logp2 - old) * mask).sum(-1) / mask.sum(-1))  # [B]
     (-adv[:, 0] * seq_ratio).mean().backward()
     torch.testing.assert_close(logp.grad, logp2.grad, atol=1e-12, rtol=0)
+
+
+def test_a_policy_loss_declares_the_config_keys_it_is_given():
+    """The trainer passes a loss the `algo.*` keys it declares (ppo_clip: its clip range; gspo:
+    none, its own paper defaults), and the config refuses them set with a loss that reads none."""
+    from types import SimpleNamespace
+
+    from baton.algos.config import AlgoConfig, check_algo_dependencies
+    from baton.algos.policy_loss import POLICY_LOSS_HYPER, POLICY_LOSSES, policy_loss_args, register_policy_loss
+
+    algo = SimpleNamespace(clip_low=0.1, clip_high=0.3, dual_clip=None, policy_loss="ppo_clip")
+    assert policy_loss_args("ppo_clip", algo) == {"clip_low": 0.1, "clip_high": 0.3, "dual_clip": None}
+    assert policy_loss_args("gspo", algo) == {} and policy_loss_args("vanilla", algo) == {}
+
+    @register_policy_loss("clipped_vanilla_test", hyper={"cap": "clip_high"})
+    def clipped(*, logprobs, old_logprobs, advantages, response_mask, cap):
+        return (-advantages * logprobs).clamp(max=cap) * response_mask, {}
+
+    try:
+        assert policy_loss_args("clipped_vanilla_test", algo) == {"cap": 0.3}
+        check_algo_dependencies(AlgoConfig(advantage="grpo", policy_loss="clipped_vanilla_test", clip_high=0.3))  # read: accepted
+        with pytest.raises(ValueError, match="clip_low"):
+            check_algo_dependencies(AlgoConfig(advantage="grpo", policy_loss="clipped_vanilla_test", clip_low=0.1))
+    finally:
+        dict.pop(POLICY_LOSSES, "clipped_vanilla_test")
+        POLICY_LOSS_HYPER.pop("clipped_vanilla_test")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from baton.config import load_config, to_dict
-from baton.services.launch import Launcher, Spec, plan
+from baton.services.launch import Launcher, Spec, entry_group_size, plan
 from baton.trainers.ppo_config import PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +33,14 @@ def test_plan_from_the_recipe():
     assert env[env.index("--server") + 1] == "http://127.0.0.1:8731" and env[-2:] == ["--concurrency", "32"]
     assert trainer == ["train", "recipes/grpo_arithmetic_api.yaml", "trainer.steps=3"]
     assert specs[0].health == "http://127.0.0.1:8730/health" and not specs[2].service
+
+
+def test_launch_reads_the_group_size_an_env_entry_sets():
+    """What the config check asks launch: the size `baton env` would keep (the last flag)."""
+    assert entry_group_size("arithmetic --concurrency 4") is None
+    assert entry_group_size("arithmetic --group-size 4") == ("--group-size", "4")
+    assert entry_group_size("'my env' --group-size=4 --group_size 2") == ("--group_size", "2")
+    assert entry_group_size("arithmetic --group-size") is None  # no value: baton env refuses it itself
 
 
 def py(code: str) -> list[str]:

@@ -40,7 +40,7 @@ def test_errors_name_the_choices():
 def test_build_and_register():
     assert isinstance(build_transport("inplace", "colocated", []), InplaceSync)
     assert isinstance(build_transport("copy", "colocated", [object()]), CopySync)
-    assert isinstance(build_transport("object_store", "generator", None, None), ObjectStoreSync)
+    assert isinstance(build_transport("object_store", "generator", None, weights=None), ObjectStoreSync)
     assert isinstance(build_transport("checkpoint", "servers", []), CheckpointSync)
 
     @register_transport("pigeon_test", "servers")

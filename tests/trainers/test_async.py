@@ -15,6 +15,7 @@ from baton.config import ConfigError, load_config
 from baton.controller import WorkerError
 from baton.metrics import read_metrics
 from baton.trainers import ppo
+from baton.trainers.placement.generator import place_generator
 from baton.trainers.ppo_config import PPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=8", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -32,8 +33,9 @@ def model_dir():
 
 
 def config(model_dir, run_dir, *extra):
-    return load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
-                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
+    """The config as the placement step leaves it (a generator ahead on its pool)."""
+    return place_generator(load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
+                                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra]))
 
 
 def steps(run_dir):
@@ -41,6 +43,9 @@ def steps(run_dir):
 
 
 def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
+    checked = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml", ["model.path=m", f"trainer.run_dir={tmp_path}",
+                                                                      *TINY, "trainer.mode=one_step_off"])
+    assert checked.placement.roles == {}  # the config's checks only check; the placement step writes
     cfg = config("m", tmp_path, "trainer.mode=one_step_off")
     p = cfg.placement
     assert (p.roles, p.pools, cfg.trainer.staleness) == ({"rollout": "gen", "reward": "gen"}, {"gen": 1}, 1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from baton import fields as F
-from baton.algos import actor_loss
+from baton.algos import POLICY_LOSSES, actor_loss
 from baton.batch import Batch
 from types import SimpleNamespace
 
@@ -14,16 +14,18 @@ from baton.trainers.ppo import total_reward
 from baton.workers.reward_model import RM_SCORE
 
 
-def cfg(rm_weight: float, max_len: int = 4, buffer: int = 0, penalty: float = 1.0):
-    """The keys total_reward reads: reward_model.weight, rollout.max_new_tokens, algo.overlong_*."""
+def cfg(rm_weight: float, max_len: int = 4, buffer: int = 0, penalty: float = 1.0, scored: bool = True):
+    """The keys total_reward reads: reward_model.weight, rollout.max_new_tokens, algo.overlong_*,
+    and whether the source scores its rows (`source.scored`)."""
     return SimpleNamespace(reward_model=SimpleNamespace(weight=rm_weight), rollout=SimpleNamespace(max_new_tokens=max_len),
-                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty))
+                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty),
+                           source=SimpleNamespace(scored=scored))
 
 
 def test_rewards_combine_by_weight_with_the_overlong_penalty():
     batch = Batch({F.REWARDS: torch.tensor([1.0, 0.0, 1.0]), RM_SCORE: torch.tensor([2.0, -1.0, 0.5]),
                    F.RESPONSE_MASK: torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])})
-    out = total_reward(cfg(rm_weight=0.5, max_len=4, buffer=2, penalty=1.0), batch)
+    out = total_reward(cfg(rm_weight=0.5, max_len=4, buffer=2, penalty=1.0), {"reward_model"}, batch)
     # lengths 1, 3, 4 with max 4, buffer 2: penalties 0, -(3-2)/2 = -0.5, -(4-2)/2 = -1
     assert out["reward/overlong"].tolist() == [0.0, -0.5, -1.0]
     # 1 + 0.5*2 + 0 = 2; 0 + 0.5*(-1) - 0.5 = -1; 1 + 0.5*0.5 - 1 = 0.25
@@ -33,7 +35,8 @@ def test_rewards_combine_by_weight_with_the_overlong_penalty():
 
 def test_reward_model_alone():
     batch = Batch({RM_SCORE: torch.tensor([0.2, -0.4]), F.RESPONSE_MASK: torch.ones(2, 3)})
-    assert total_reward(cfg(rm_weight=2.0), batch)[F.REWARDS].tolist() == pytest.approx([0.4, -0.8])
+    roles = {"reward_model"}  # no reward functions, and the source does not score its rows
+    assert total_reward(cfg(rm_weight=2.0, scored=False), roles, batch)[F.REWARDS].tolist() == pytest.approx([0.4, -0.8])
 
 
 @pytest.mark.parametrize("loss,kwargs", [("ppo_clip", {"clip_low": 0.2, "clip_high": 0.28}),
@@ -49,7 +52,9 @@ def test_tis_weights_on_the_advantages_equal_tis_weights_on_the_loss(loss, kwarg
     w = torch.rand(B, R, generator=g) * 2  # [0, 2): the capped weights
     common = dict(old_logprobs=old, response_mask=mask, policy_loss=loss, policy_loss_kwargs=kwargs,
                   agg_mode="token-mean")
-    a, _ = actor_loss(logprobs=logp, advantages=adv, tis_weights=w, **common)
+    per_token, _ = POLICY_LOSSES[loss](logprobs=logp, old_logprobs=old, advantages=adv, response_mask=mask,
+                                       **kwargs)  # [B, R]
+    a = (per_token * w * mask).sum() / mask.sum()  # the weights on the loss, token-mean
     (ga,) = torch.autograd.grad(a, logp)
     b, _ = actor_loss(logprobs=logp, advantages=adv * w, **common)
     (gb,) = torch.autograd.grad(b, logp)

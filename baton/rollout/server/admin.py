@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 
-from baton.http import error_body
+from baton.http import error_body, guarded_router
 from baton.rollout.server.guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
 from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
@@ -21,9 +21,15 @@ from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
 def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
     """`srv`: the server's shared state (`state._Server`); `admin_route`: the
     route options (guard dependency, error responses) every admin endpoint takes."""
-    engine, model_name = srv.engine, srv.model_name
+    for router in (weight_routes(srv, admin_route), lora_routes(srv, admin_route), memory_routes(srv, admin_route)):
+        app.include_router(router)
 
-    @app.post("/update_weights_from_disk", **admin_route)
+
+def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
+    """Weight updates from disk and by broadcast, and the broadcast's update group."""
+    router, engine = guarded_router(), srv.engine
+
+    @router.post("/update_weights_from_disk", **admin_route)
     async def update_from_disk(req: UpdateWeightsFromDiskRequest) -> Any:
         try:
             version = _weights_version(req, engine.version)
@@ -42,7 +48,7 @@ def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
         return {"success": True, "message": f"loaded {req.model_path}", "version": engine.version,
                 "num_paused_requests": 0}
 
-    @app.post("/init_weights_update_group", dependencies=admin_route["dependencies"],
+    @router.post("/init_weights_update_group", dependencies=admin_route["dependencies"],
               responses={**admin_route["responses"], **errors(409)})
     async def init_group(req: InitWeightsUpdateGroupRequest) -> Any:
         if req.rank_offset >= req.world_size:
@@ -61,7 +67,7 @@ def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
             return _fail(400, f"init_weights_update_group failed: {type(exc).__name__}: {exc}")
         return {"success": True, "message": f"joined {req.group_name!r} as rank {req.rank_offset} ({backend})"}
 
-    @app.post("/update_weights_from_distributed", **admin_route)
+    @router.post("/update_weights_from_distributed", **admin_route)
     async def update_from_distributed(req: UpdateWeightsFromDistributedRequest) -> Any:
         try:
             version = _weights_version(req, engine.version)
@@ -81,16 +87,22 @@ def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
         srv.weights_path = f"broadcast:{req.group_name}"
         return {"success": True, "message": f"received {len(req.names)} tensors", "version": engine.version}
 
-    @app.post("/destroy_weights_update_group", **admin_route)
+    @router.post("/destroy_weights_update_group", **admin_route)
     async def destroy_group(req: DestroyWeightsUpdateGroupRequest) -> Any:
         try:
             srv.receiver.destroy_weights_update_group(req.group_name)
         except ValueError as exc:
             return _fail(400, str(exc))
         return {"success": True, "message": f"destroyed {req.group_name!r}"}
+    return router
 
-    @app.post("/load_lora_adapter", **admin_route)
-    @app.post("/v1/load_lora_adapter", **admin_route, include_in_schema=False)
+
+def lora_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
+    """LoRA adapters loaded and unloaded by name (also under vLLM's /v1/ paths)."""
+    router, engine, model_name = guarded_router(), srv.engine, srv.model_name
+
+    @router.post("/load_lora_adapter", **admin_route)
+    @router.post("/v1/load_lora_adapter", **admin_route, include_in_schema=False)
     async def load_lora(req: LoadLoraAdapterRequest) -> Any:
         if req.lora_name == model_name:
             return _fail(400, f"lora_name {req.lora_name!r} is the base model's name")
@@ -110,8 +122,8 @@ def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
         return {"success": True, "message": f"LoRA adapter {req.lora_name!r} added ({nbytes} bytes)",
                 "loaded_adapters": dict(srv.lora_paths)}
 
-    @app.post("/unload_lora_adapter", **admin_route)
-    @app.post("/v1/unload_lora_adapter", **admin_route, include_in_schema=False)
+    @router.post("/unload_lora_adapter", **admin_route)
+    @router.post("/v1/unload_lora_adapter", **admin_route, include_in_schema=False)
     async def unload_lora(req: UnloadLoraAdapterRequest) -> Any:
         try:
             await srv.runner.call(engine.unload_lora_adapter, req.lora_name, label="unload_lora_adapter")
@@ -120,19 +132,26 @@ def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
         srv.lora_paths.pop(req.lora_name, None)
         return {"success": True, "message": f"LoRA adapter {req.lora_name!r} removed",
                 "loaded_adapters": dict(srv.lora_paths)}
+    return router
 
-    @app.post("/release_memory_occupation", **admin_route)
+
+def memory_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
+    """Sleep (release the engine's memory) and wake."""
+    router, engine = guarded_router(), srv.engine
+
+    @router.post("/release_memory_occupation", **admin_route)
     async def release_memory() -> dict:
         async with srv.batcher.paused():  # running generations finish first
             await srv.runner.call(engine.sleep, label="sleep")
         srv.asleep = True
         return {"success": True, "message": "asleep"}
 
-    @app.post("/resume_memory_occupation", **admin_route)
+    @router.post("/resume_memory_occupation", **admin_route)
     async def resume_memory() -> dict:
         await srv.runner.call(engine.wake, label="wake")
         srv.asleep = False
         return {"success": True, "message": "awake"}
+    return router
 
 
 def _weights_version(req, current: int) -> int:

@@ -131,13 +131,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from baton.rollout.server.admin import add_admin_routes
 from baton.rollout.server.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission, WaitQueue
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
-from baton.http import DEFAULT_MAX_BODY_BYTES, install_guards, run_uvicorn
+from baton.http import DEFAULT_MAX_BODY_BYTES, guarded_router, install_guards, run_uvicorn
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
 from baton.rollout.server.log import enable as enable_request_log
@@ -207,7 +207,21 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
     async def _gone(request: Request, exc: _Disconnected) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
-    @app.get("/health", responses={503: {"description": "Not ok: sleeping, updating or wedged; "
+    app.include_router(info_routes(srv, model_path, instance, auth))  # /health, models, version, stats
+    add_generation_routes(app, srv, errors(400, *auth, 404, 413, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
+
+    add_admin_routes(app, srv, admin_route)  # weights, update group, LoRA, sleep / wake
+
+    return app
+
+
+def info_routes(srv: _Server, model_path: str | None, instance: str | None, auth: tuple[int, ...]) -> APIRouter:
+    """What the server says of itself: /health (with `baton launch`'s `instance` nonce), the
+    models (/v1/models, LoRA adapters as models of their own), /get_model_info,
+    /get_weight_version, /stats. `auth`: (401,) when a key is set (documented answers)."""
+    router, engine, model_name = guarded_router(), srv.engine, srv.model_name
+
+    @router.get("/health", responses={503: {"description": "Not ok: sleeping, updating or wedged; "
                                                         "the body's `status` and `reason` say which"}})
     async def health(request: Request) -> JSONResponse:
         status, reason = srv.health()
@@ -224,7 +238,7 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
             body["weights_path"] = srv.weights_path
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    @app.get("/v1/models", responses=errors(*auth))
+    @router.get("/v1/models", responses=errors(*auth))
     async def models() -> dict:
         data = [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "baton", "parent": model_name,
@@ -232,31 +246,26 @@ def build_app(engine, tokenizer, model_name: str, *, max_batch_wait_ms: float = 
         data[0]["aliases"] = srv.aliases
         return {"object": "list", "data": data}
 
-    @app.get("/v1/models/{model_id:path}", responses=errors(*auth, 404))
+    @router.get("/v1/models/{model_id:path}", responses=errors(*auth, 404))
     async def model(model_id: str) -> dict:
         srv.check_model(model_id)
         listed = await models()
         return next((m for m in listed["data"] if m["id"] == model_id), listed["data"][0])
 
-    @app.get("/get_model_info", responses=errors(*auth))
+    @router.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
         end = end_of(getattr(engine, "device", None))  # where a weight broadcast lands (baton.sync.backend)
         return {"model_path": model_path or model_name, "tokenizer_path": model_path, "is_generation": True,
                 "device": end.kind, "gpu": end.gpu}
 
-    @app.get("/get_weight_version", responses=errors(*auth))
+    @router.get("/get_weight_version", responses=errors(*auth))
     async def weight_version() -> dict:
         return {"weight_version": engine.version}
 
-    @app.get("/stats", responses=errors(*auth))
+    @router.get("/stats", responses=errors(*auth))
     async def stats() -> dict:
         return {**srv.batcher.stats, "refused_busy": srv.wait_queue.refused}
-
-    add_generation_routes(app, srv, errors(400, *auth, 404, 413, 499, 503))  # /v1/completions, /v1/chat/completions, /generate
-
-    add_admin_routes(app, srv, admin_route)  # weights, update group, LoRA, sleep / wake
-
-    return app
+    return router
 
 
 class ServerThread:

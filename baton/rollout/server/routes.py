@@ -12,8 +12,9 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 
+from baton.http import guarded_router
 from baton.rollout.server.logprobs import alternatives, can_score
 from baton.rollout.server.stream import ChatStream, CompletionStream, include_usage, stream_response
 from baton.rollout.server.tools import (assistant_message, check_tools, forced_message, forced_opening,
@@ -30,8 +31,15 @@ MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN token
 def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = None) -> None:
     """`srv` is the server's shared state (`baton.rollout.server.state._Server`); `responses`
     documents the routes' error answers in the OpenAPI schema."""
+    app.include_router(openai_routes(srv, responses))
+    app.include_router(generate_routes(srv, responses))
 
-    @app.post("/v1/completions", responses=responses)
+
+def openai_routes(srv, responses: dict[int, Any] | None = None) -> APIRouter:
+    """/v1/completions and /v1/chat/completions (streamed or not)."""
+    router = guarded_router()
+
+    @router.post("/v1/completions", responses=responses)
     async def completions(req: CompletionRequest, request: Request) -> Any:
         srv.check_model(req.model)
         lora = srv.lora_for(req.model)
@@ -53,7 +61,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                                                                   include_usage=include_usage(req.stream_options)))
         return await answer()
 
-    @app.post("/v1/chat/completions", responses=responses)
+    @router.post("/v1/chat/completions", responses=responses)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         srv.check_model(req.model)
         lora = srv.lora_for(req.model)
@@ -87,8 +95,14 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
                                                             forced=bool(opening),
                                                             include_usage=include_usage(req.stream_options)))
         return await answer()
+    return router
 
-    @app.post("/generate", responses=responses)
+
+def generate_routes(srv, responses: dict[int, Any] | None = None) -> APIRouter:
+    """/generate: SGLang's native shape (token ids in, ids and logprobs out)."""
+    router = guarded_router()
+
+    @router.post("/generate", responses=responses)
     async def generate(req: GenerateRequest, request: Request) -> Any:
         sp = req.sampling_params
         _reject_unsupported(req)
@@ -115,6 +129,7 @@ def add_generation_routes(app: FastAPI, srv, responses: dict[int, Any] | None = 
         rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
         outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
         return outs[0] if single and sp.n == 1 else outs
+    return router
 
 
 async def _completion_answer(srv, req: CompletionRequest, prompts: list[list[int]], stops: list[str],

@@ -49,25 +49,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # Below this many parameters one process trains (placement.auto never switches the recipe to
-# generating ahead any more: round 4); from it on, every core holds a rank. History of the
-# threshold, when auto still chose between a generator ahead and ranks: Measured (bench/placement.py, 2 cores, under
-# load 4-15): one rank + the generator beat 2 ranks at 0.82M (0.390 vs 0.608 s per step) and
-# at 5M (1.83 vs 2.50 s); per-rank work splits better as models grow (half the batch costs
-# 0.66x of the whole at 0.82M, 0.60x at 5M). Again with one collective per optimizer step
-# (issue 20 round 2, 3 rounds under load 5-9, s/step): one_step_off 0.426 / 0.444 / 0.456 vs
-# dp2 0.424 / 0.870 / 0.879 -- a tie at best for dp2, which waits on its peer every step.
-# On a quiet day dp2 was ~10% ahead (BENCHMARKS.md). Round 3, quiet, 4 paired runs at 5M
-# (bench/placement.py and bench/grpo_vs_trl.py, s/step, dp2 vs one_step_off): 0.754 / 0.815,
-# 0.665 / 0.758, 0.835 / 0.743, 0.686 / 0.782: dp2 ~6% ahead on average but swinging with the
-# machine (it needs both cores at once; the generator's lead absorbs a stall), one_step_off
-# steady. Round 4, quiet (bench/placement.py --rounds 3 and --rounds 2, s/step): at 5M
-# 0.764 / 0.750, 0.738 / 0.852, 0.724 / 0.825, 0.712 / 1.042, 0.778 / 0.881; bench/grpo_vs_trl.py
-# 1.112 / 0.832, 0.738 / 0.798, 0.734 / 0.782, 0.815 / 0.870 (and 0.83x in a run with TRL's
-# sides): with round 3's, dp2 won 10 of 14 pairs, median step-time ratio 0.925; the 4 it lost,
-# it lost by 2-34% (a stall on one core holds up both ranks). One rank's update at 5M is ~0.8 s
-# beside a 0.3 s generation, so with one_step_off the generator's core idles most of the step.
-# At 2.2M a draw (0.397 / 0.401, 0.375 / 0.445, 0.577 / 0.429); at 0.82M (the demo) one_step_off
-# wins (0.294 vs 0.350). The threshold sits between 2.2M and 4.8M.
+# generating ahead any more: round 4); from it on, every core holds a rank. The threshold sits
+# between 2.2M and 4.8M: the measurements, round by round, are in BENCHMARKS.md ("placement.auto's
+# threshold: the measurements behind MIN_DP_PARAMS").
 MIN_DP_PARAMS = 4_000_000
 
 # CPU memory per rank and for the generator, bytes per model parameter. A rank: fp32 weights,
