@@ -33,6 +33,9 @@ import importlib
 import json
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -75,12 +78,27 @@ def env_config(taskset: str, args_json: str) -> Any:
                                seats[0]: {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}})
 
 
-def _key_var(api_key: str) -> str:
-    """An environment variable holding the session's key: verifiers' clients read their key
-    from one (`api_key_var`), never from the config."""
+_KEYS: dict[str, int] = {}  # environment variable -> sessions using it
+_KEYS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _key_var(api_key: str) -> Iterator[str]:
+    """An environment variable holding the session's key while a session uses it: verifiers'
+    clients read their key from one (`api_key_var`), never from the config. A run's sessions
+    share one key (one variable); it is removed when the last of them ends."""
     var = "BATON_VF_KEY_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
-    os.environ[var] = api_key
-    return var
+    with _KEYS_LOCK:
+        _KEYS[var] = _KEYS.get(var, 0) + 1
+        os.environ[var] = api_key
+    try:
+        yield var
+    finally:
+        with _KEYS_LOCK:
+            _KEYS[var] -= 1
+            if not _KEYS[var]:
+                del _KEYS[var]
+                os.environ.pop(var, None)
 
 
 async def episode(base_url: str, api_key: str, row: dict[str, Any]) -> float:
@@ -91,9 +109,10 @@ async def episode(base_url: str, api_key: str, row: dict[str, Any]) -> float:
     if "vf_taskset" not in row:
         raise ValueError(f"{__name__}:episode needs rows of data.task={NAME}")
     env = load_environment(env_config(row["vf_taskset"], row["vf_args"]))  # one per episode: serving() is its state
-    ctx = vf.ModelContext(model=MODEL, client=vf.EvalClientConfig(base_url=base_url, api_key_var=_key_var(api_key)))
-    async with env.serving():
-        result = await env.run_episode(_task_of(row), ctx)
+    with _key_var(api_key) as var:
+        ctx = vf.ModelContext(model=MODEL, client=vf.EvalClientConfig(base_url=base_url, api_key_var=var))
+        async with env.serving():
+            result = await env.run_episode(_task_of(row), ctx)
     if not result.ok:
         errors = [*result.errors, *(e for t in result.traces for e in t.errors)]
         raise RuntimeError("verifiers episode failed: " + ("; ".join(f"{e.type}: {e.message}" for e in errors)
