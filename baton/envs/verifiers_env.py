@@ -117,7 +117,8 @@ async def episode(base_url: str, api_key: str, row: dict[str, Any]) -> float:
         errors = [*result.errors, *(e for t in result.traces for e in t.errors)]
         raise RuntimeError("verifiers episode failed: " + ("; ".join(f"{e.type}: {e.message}" for e in errors)
                                                              or "not ok")[:500])
-    (trace,) = [t for t in result.traces if t.agent is None or t.agent.trainable] or [None]
-    if trace is None or trace.reward is None:
-        raise RuntimeError("verifiers episode has no scored trace")
-    return float(trace.reward)
+    traces = [t for t in result.traces if t.agent is None or t.agent.trainable]
+    if len(traces) != 1 or traces[0].reward is None:
+        raise RuntimeError(f"verifiers episode has {len(traces)} traces of its seat, scored "
+                           f"{[t.reward for t in traces]}: baton takes one scored trace per session")
+    return float(traces[0].reward)

@@ -32,8 +32,7 @@ HARNESS_ID = "baton_inprocess"  # the harness id (`AgentConfig.harness.id`) this
 
 
 class InProcessHarnessConfig(vf.HarnessConfig):
-    id: str = HARNESS_ID
-    max_tokens: int | None = None  # per model call; None: the gateway's gateway.max_tokens
+    id: str = HARNESS_ID  # a model call's max_tokens: the gateway's (gateway.max_tokens)
 
 
 class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
@@ -63,8 +62,6 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
                                          for name, url in mcp_urls.items()}}
                 tools, dispatch, servers = await connect_mcp(config, stack, set()) if mcp_urls else ([], {}, {})
                 kw = {"tools": tools} if tools else {}
-                if self.config.max_tokens is not None:
-                    kw["max_tokens"] = self.config.max_tokens
                 while True:
                     reply = await client.chat.completions.create(model=ctx.model, messages=messages, **kw)
                     message = reply.choices[0].message
