@@ -55,7 +55,9 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [message_to_wire(m) for m in prompt or []]
-        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+        # no per-call timeout: the session's deadline bounds the episode (gateway.session_timeout_s);
+        # the SDK's 5 s connect timeout dropped ~1 session in 100 on a loaded 2-core machine
+        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=None)
         try:
             async with AsyncExitStack() as stack:
                 config = {"mcpServers": {name: {"url": url, "timeout": self.config.tool_timeout}
