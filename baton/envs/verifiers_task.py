@@ -143,6 +143,7 @@ class VerifiersTask:
 
     def configure(self, taskset: str = "", taskset_args: dict[str, Any] | None = None, size: int = 10_000,
                   heldout_every: int = 10) -> "VerifiersTask":
+        _vf()  # the missing extra is this one line, whatever this process has cached
         if not isinstance(taskset, str) or not taskset:
             raise ValueError(f"data.task={NAME} needs data.task_args.taskset: a verifiers taskset id or module")
         if isinstance(size, bool) or not isinstance(size, int) or size < 1 or not isinstance(heldout_every, int) \

@@ -22,7 +22,8 @@ def doc_recipes() -> list[str]:
 
 def test_doc_names_the_recipes():
     assert {"recipes/envs/grpo_reasoning_gym.yaml", "recipes/envs/sft_reasoning_gym.yaml",
-            "recipes/envs/grpo_verifiers.yaml", "recipes/envs/grpo_openenv.yaml"} <= set(doc_recipes())
+            "recipes/envs/grpo_verifiers.yaml", "recipes/envs/grpo_verifiers_multiturn.yaml",
+            "recipes/envs/grpo_openenv.yaml"} <= set(doc_recipes())
 
 
 @pytest.mark.parametrize("recipe", doc_recipes())

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("module,extra,argv", [
     ("reasoning_gym", "reasoning-gym", ["train", "recipes/envs/grpo_reasoning_gym.yaml"]),
     ("verifiers", "verifiers", ["train", "recipes/envs/grpo_verifiers.yaml"]),
+    ("verifiers", "verifiers", ["train", "recipes/envs/grpo_verifiers_multiturn.yaml"]),
     ("openenv", "openenv", ["train", "recipes/envs/grpo_openenv.yaml"]),
 ])
 def test_missing_extra_is_one_line_exit_2(module, extra, argv, monkeypatch, capsys, tmp_path):

@@ -63,14 +63,9 @@ def test_bad_task_args_refused(args, match):
 
 @pytest.mark.envs_extra
 def test_recipe_runs_two_steps(tmp_path):
-    from baton.cli import main
-    from baton.metrics import read_metrics
+    from .recipe_runs import two_steps
 
-    assert main(["train", str(RECIPE), "trainer.steps=2", f"trainer.run_dir={tmp_path}", "data.prompts_per_step=4",
-                 "data.eval_size=4", "actor.mini_batch_size=0", "actor.micro_batch_size=32",
-                 "trainer.progress=false"]) == 0
-    steps = [r for r in read_metrics(tmp_path) if "actor/loss" in r]
-    assert len(steps) == 2 and all(0 <= s["reward/mean"] <= 1 for s in steps)
+    steps = two_steps(RECIPE, tmp_path)
     # every call scored: verifiers' import (seconds) runs as a reward worker starts, not in a
     # call under its 5 s deadline (where it timed out in every fresh worker: all rewards 0)
     assert all(s["reward/timeouts"] == 0 and s["reward/errors"] == 0 for s in steps), steps
