@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "tests" / "config_inventory.yaml"
 CHECKS = {"check", "__post_init__", "_check_algo", "_check_sources", "_check_sizes"}
 ESTIMATOR = "estimator"  # the reader of the hyper-parameters estimators declare
+POLICY_LOSS = "policy loss"  # the reader of the hyper-parameters policy losses declare
 BUDGET = 700  # keys over all algorithms; raise it on purpose, not by accident
 
 
@@ -116,6 +117,13 @@ def test_every_listed_reader_reads_its_key():
                 if key.split(".")[-1] not in declared_hyper():
                     problems.append(f"{name}: {key} is said to be read by an estimator, but no registered "
                                     f"estimator declares it (register_advantage(..., hyper=...))")
+                continue
+            if reader == POLICY_LOSS:  # passed by name to the policy losses that declare it
+                from baton.algos.policy_loss import POLICY_LOSS_HYPER
+
+                if key.split(".")[-1] not in {k for h in POLICY_LOSS_HYPER.values() for k in h.values()}:
+                    problems.append(f"{name}: {key} is said to be read by a policy loss, but no registered "
+                                    f"loss declares it (register_policy_loss(..., hyper=...))")
                 continue
             if reader and key.split(".")[-1] not in attributes_read(reader):
                 problems.append(f"{name}: {key} is said to be read by {reader}, which never reads "

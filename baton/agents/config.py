@@ -61,6 +61,16 @@ class GatewayAgentConfig:
     session_timeout_s: float = 300.0  # an agent running longer is dropped ("deadline"), never scored 0
     max_failed_steps: int = 3  # draws in a row with no finished session before AgentFailureError
 
+    def check_task(self, task: str) -> None:
+        """An agent made for one task's rows (its function's `requires_task`, e.g. the verifiers
+        environments' `episode`) refused with any other `data.task`, before anything runs."""
+        from baton.user_modules import load_object
+
+        need = getattr(load_object(self.agent, "gateway.agent"), "requires_task", None)
+        if need is not None and task != need:
+            raise ValueError(f"gateway.agent={self.agent} runs rows of data.task={need}, got data.task={task}: "
+                             f"set data.task={need}")
+
     def check(self) -> None:
         import inspect
 

@@ -122,3 +122,6 @@ async def episode(base_url: str, api_key: str, row: dict[str, Any]) -> float:
         raise RuntimeError(f"verifiers episode has {len(traces)} traces of its seat, scored "
                            f"{[t.reward for t in traces]}: baton takes one scored trace per session")
     return float(traces[0].reward)
+
+
+episode.requires_task = NAME  # GatewayAgentConfig.check_task: refused at config time with another data.task

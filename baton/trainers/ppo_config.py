@@ -155,6 +155,8 @@ class PPOConfig:
         for section in (self.reward_model, self.critic, self.teacher, self.agent, self.gateway):
             if section is not None:
                 section.check()
+        if self.gateway is not None:
+            self.gateway.check_task(self.data.task)
         self._check_algo()
         self._check_sources()
         self._check_generator()  # and the placement, as the placement step will write it

@@ -28,3 +28,19 @@ def test_missing_extra_is_one_line_exit_2(module, extra, argv, monkeypatch, caps
     assert last.startswith("baton: config error: ") and last.endswith(f"pip install -e '.[{extra}]'"), last
     assert f"'{extra}' extra ({module} is not installed)" in last
     assert not run_dir.exists()
+
+
+def test_the_verifiers_agent_with_another_task_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
+    """The verifiers gateway agent runs rows of data.task=verifiers only: another task is a
+    config error naming the fix (it was an agent_error on every session, at run time)."""
+    from baton.cli import main
+
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "never-written"
+    argv = ["train", "recipes/envs/grpo_verifiers_multiturn.yaml", "data.task=arithmetic", "data.task_args={}",
+            f"trainer.run_dir={run_dir}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("baton: config error: "), err
+    assert "gateway.agent=baton.envs.verifiers_env:episode runs rows of data.task=verifiers" in err, err
+    assert not run_dir.exists()
