@@ -9,7 +9,9 @@ or the weights are updated: `baton serve`'s 8 interleaved generations hold one c
 
 How a `generate` call runs:
   1. prompts are sorted by length and cut into groups whose KV cache
-     (rows * n * (prompt_len + max_new_tokens) tokens) fits `max_batch_tokens`;
+     (rows * n * (prompt_len + max_new_tokens) tokens) fits the call's budget: a fixed
+     `max_batch_tokens`, else a `memory_fraction` of the memory free when the call starts
+     (`kv_budget.py`), so on a large GPU a step's groups decode as one;
   2. each group is left-padded and prefilled once per prompt; the cache is then copied to
      the prompt's n sample rows;
   3. a decode loop samples one token per row per step, records tokens and logprobs, and
@@ -49,6 +51,8 @@ from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
 from baton.rollout.sampling import sample
 from baton.rollout.generation import Generation
+from baton.rollout.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
+                                     kv_bytes_per_token, token_budget)
 from baton.rollout.live_lora import live_lora
 from baton.rollout.static_decode import STEPS, StaticDecoder
 from baton.rollout.stop_strings import StopStringMatcher
@@ -79,6 +83,10 @@ class EmbeddedEngine:
     weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
     must refill every parameter before `generate`.
 
+    max_batch_tokens: a fixed KV-cache budget (tokens) per group; memory_fraction: the share
+    of the free memory a call's KV cache and sampling may take (`baton.rollout.kv_budget`).
+    At most one; neither: memory_fraction MEMORY_FRACTION.
+
     static_decode: decode through `baton.rollout.static_decode` (bucket-sized static buffers,
     each bucket's step a CUDA graph on a GPU; on a GPU, prompts prefilled in one pass).
     None (the default): on a GPU with the fast path, off on a CPU; True: on, its step
@@ -101,7 +109,8 @@ class EmbeddedEngine:
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *,
                  eos_token_ids: int | list[int] | None = None, pad_token_id: int | None = None,
-                 version: int = 0, max_batch_tokens: int = 65536, fast: bool = True,
+                 version: int = 0, max_batch_tokens: int | None = None, memory_fraction: float | None = None,
+                 fast: bool = True,
                  fuse_weights: bool = True, sleep_mode: str = "cache", static_decode: bool | str | None = None,
                  sync_every: int | None = None):
         if sleep_mode not in SLEEP_MODES:
@@ -111,7 +120,10 @@ class EmbeddedEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.version = version
+        check_budget_options(max_batch_tokens, memory_fraction)
         self.max_batch_tokens = max_batch_tokens
+        self.memory_fraction = MEMORY_FRACTION if memory_fraction is None else memory_fraction
+        self.last_budget: int | None = None  # the KV tokens the last call's groups were cut by
         self.sleep_mode = sleep_mode
         if eos_token_ids is None:
             gen_cfg = getattr(model, "generation_config", None)
@@ -207,20 +219,20 @@ class EmbeddedEngine:
                 results[i] = comps
         return [c for comps in results for c in comps]
 
+    def batch_budget(self) -> tuple[int, int]:
+        """(KV tokens, a row's sampling memory in tokens) a call may hold now: the fixed
+        `max_batch_tokens`, else `memory_fraction` of the free memory (after the weights)."""
+        if self.max_batch_tokens is not None:
+            return self.max_batch_tokens, 0
+        cfg = self.model.config
+        return token_budget(free_memory(self.device), self.memory_fraction,
+                            kv_bytes_per_token(cfg, self._dtype()), cfg.vocab_size)
+
     def _groups(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        """Prompt indices, by length, cut so each group's KV cache fits max_batch_tokens."""
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        groups: list[list[int]] = []
-        current: list[int] = []
-        for i in order:  # lengths ascend, so the newest prompt is the group's longest
-            rows = (len(current) + 1) * params.n
-            if current and rows * (len(prompts[i]) + params.max_new_tokens) > self.max_batch_tokens:
-                groups.append(current)
-                current = []
-            current.append(i)
-        if current:
-            groups.append(current)
-        return groups
+        """Prompt indices, by length, cut so each group's KV cache fits the budget."""
+        budget, row_tokens = self.batch_budget()
+        self.last_budget = budget  # what the last call sized its groups by (benches, metrics)
+        return group_prompts([len(p) for p in prompts], params.n, params.max_new_tokens, budget, row_tokens)
 
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
                         should_stop: Callable[[], bool] | None = None, live: dict[str, Any] | None = None):
