@@ -51,7 +51,7 @@ from baton.rollout import _llama
 from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
-from baton.rollout.sampling import sample
+from baton.rollout.sampling import draw, sample
 from baton.rollout.generation import Generation
 from baton.rollout.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
                                      kv_bytes_per_token, token_budget)
@@ -260,7 +260,9 @@ class EmbeddedEngine:
         if n > 1:
             logits = logits.repeat_interleave(n, 0)  # [B * n, V]
         rows = B * n
-        decoder = StaticDecoder(self.runner, rows, static, self.graphs) if static else self.runner
+        # the static step samples too (inside its graph) unless a grammar masks the logits first
+        fused = params if static and params.grammar is None else None
+        decoder = StaticDecoder(self.runner, rows, static, self.graphs, fused) if static else self.runner
         try:
             return (yield from self._decode(decoder, logits, params, generator, should_stop, live, B))
         finally:
@@ -287,6 +289,8 @@ class EmbeddedEngine:
         # the tokens since its last look); a grammar masks each step's logits, so it looks each step
         every = 1 if guide is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)
         checked = 0  # steps whose tokens the stop strings have seen
+        fused_step = getattr(decoder, "sampling", None) is not None  # a StaticDecoder that samples
+        sampled = None  # (tokens, logprobs) the last step sampled
         if live is not None:
             live["buffers"] = (out_tokens, hits)
 
@@ -295,7 +299,10 @@ class EmbeddedEngine:
                 raise GenerationCancelled(f"generation cancelled after {t} of {max_new} steps")
             if guide is not None:
                 logits = guide.mask(logits, alive_list)  # [b, V] -inf where the grammar forbids
-            tokens, logprobs = sample(logits, params, generator)  # [b], [b]
+            if sampled is None:
+                tokens, logprobs = sample(logits, params, generator)  # [b], [b]
+            else:
+                tokens, logprobs = sampled  # the step sampled them
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
             if stops:
@@ -323,7 +330,10 @@ class EmbeddedEngine:
                     decoder.select(keep)
                     tokens, alive, done = tokens[keep], alive[keep], done[keep]
                     alive_list = [alive_list[j] for j in keep_list]
-            logits = decoder.decode(tokens)  # [b, V]
+            if fused_step:  # the same draws `sample` takes, handed to the step
+                sampled = decoder.decode(tokens, draw(len(alive_list), params, generator, device))
+            else:
+                logits = decoder.decode(tokens)  # [b, V]
             yield
         return self._completions(out_tokens, out_logprobs, hits, B, n)
 

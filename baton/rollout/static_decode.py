@@ -27,8 +27,10 @@ shapes, no host value. It runs in one of two ways (STEPS):
   "fixed"   eagerly (a CPU; on a GPU for comparison);
   "graph"   captured as a CUDA graph per bucket (`baton.rollout.cuda_graphs`, the only part
             not run on a CPU; on a CPU "graph" runs as "fixed").
-Sampling stays outside the step, on the logical rows, so a seed draws the same numbers as
-the runner's own decode does. fp32 on a CPU gives the default path's tokens; logprobs differ
+Sampling (`sampling=`, no grammar) runs inside the step, on every bucket row, with the draws
+taken outside on the logical rows and put in their bucket rows (`baton.rollout.sampling.draw`):
+a seed draws the same numbers as the runner's own decode does, and each row's sampling is its
+own, so the tokens are the same. fp32 on a CPU gives the default path's tokens; logprobs differ
 by rounding only (measured <= 5e-6): SDPA sums over the masked slots too, and a matmul's
 kernel (so its rounding) depends on the batch's row count, which padding to a bucket
 changes (tests/rollout/test_static_decode.py).
@@ -41,6 +43,8 @@ from collections.abc import Callable
 import torch
 
 from baton.rollout.cuda_graphs import GraphedStep
+from baton.rollout.protocol import SamplingParams
+from baton.rollout.sampling import needs_draw, sample_with
 
 STEPS = ("fixed", "graph")
 MIN_LENGTH = 64  # the smallest cache-length bucket
@@ -99,13 +103,14 @@ class Arena:
         self.key_bias = torch.zeros(capacity, 1, 1, length, dtype=dtype, device=device)
         self.next_pos = torch.zeros(capacity, dtype=torch.long, device=device)
         self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.u = torch.zeros(capacity, 1, dtype=torch.float32, device=device)  # a fused sampler's draws
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.slots = torch.arange(length, device=device)
         cos, sin = runner.cos, runner.sin
         runner._rope_tables(length, dtype, device)  # RoPE over the arena's slots, kept
         self.cos, self.sin = runner.cos, runner.sin
         runner.cos, runner.sin = cos, sin
-        self.steps: dict[int, Callable[[], torch.Tensor]] = {}  # bucket rows -> its step
+        self.steps: dict[tuple, Callable] = {}  # (bucket rows, sampling) -> its step
         self.weights: tuple | None = None  # weights_key of the steps held
 
     def nbytes(self) -> int:
@@ -173,20 +178,25 @@ class DecodeGraphs:
     def idle_bytes(self) -> int:
         return sum(a.nbytes() for a in self.idle)
 
-    def step(self, arena: Arena, runner, size: int, mode: str) -> Callable[[], torch.Tensor]:
+    def step(self, arena: Arena, runner, size: int, mode: str, sampling: SamplingParams | None = None) -> Callable:
         """The arena's step for bucket `size` over the runner's current weights (made, and
-        counted, the first time): logits [size, V] of the tokens in arena.tokens[:size]."""
+        counted, the first time): logits [size, V] of the tokens in arena.tokens[:size], or
+        with `sampling` those logits sampled inside the step with the draws in arena.u[:size]
+        (tokens [size], logprobs [size])."""
         key = weights_key(runner)
         if key != arena.weights:  # other weights (addresses): the old graphs would read freed memory
             arena.steps, arena.weights = {}, key
-        if size not in arena.steps:
-            tokens = arena.tokens[:size]
+        how = None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+        if (size, how) not in arena.steps:
+            tokens, u = arena.tokens[:size], arena.u[:size]
+            draws = sampling is not None and needs_draw(sampling)
 
-            def step() -> torch.Tensor:  # reads the cache, positions, bias through the runner's attributes
-                return runner.decode_step(tokens, arena.slot, arena.slots)
-            arena.steps[size] = GraphedStep(step, arena.device) if mode == "graph" else step
+            def step():  # reads the cache, positions, bias through the runner's attributes
+                logits = runner.decode_step(tokens, arena.slot, arena.slots)  # [size, V]
+                return logits if sampling is None else sample_with(logits, sampling, u if draws else None)
+            arena.steps[size, how] = GraphedStep(step, arena.device) if mode == "graph" else step
             self.captures += 1
-        return arena.steps[size]
+        return arena.steps[size, how]
 
     def clear(self) -> None:
         self.idle = []
@@ -196,10 +206,11 @@ class StaticDecoder:
     """Decode steps of one group (after `runner.start`) in an arena of `graphs`' (see the module
     docstring). step: one of STEPS. close(): the group is over, the arena goes back."""
 
-    def __init__(self, runner, rows: int, step: str = "graph", graphs: DecodeGraphs | None = None):
+    def __init__(self, runner, rows: int, step: str = "graph", graphs: DecodeGraphs | None = None,
+                 sampling: SamplingParams | None = None):
         if step not in STEPS:
             raise ValueError(f"step must be one of {STEPS}, got {step!r}")
-        self.runner, self.rows = runner, rows
+        self.runner, self.rows, self.sampling = runner, rows, sampling
         self.graphs = graphs if graphs is not None else DecodeGraphs()
         device = runner.next_pos.device
         self.mode = "fixed" if step == "graph" and device.type != "cuda" else step
@@ -213,7 +224,7 @@ class StaticDecoder:
         self.buckets_used = [self.size]
 
     def _make_step(self) -> Callable[[], torch.Tensor]:
-        return self.graphs.step(self.arena, self.runner, self.size, self.mode)
+        return self.graphs.step(self.arena, self.runner, self.size, self.mode, self.sampling)
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep these logical rows (keep [k'] indices into the current k), in this order."""
@@ -230,17 +241,29 @@ class StaticDecoder:
         self.step = self._make_step()
         self.buckets_used.append(size)
 
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per logical row (tokens [k]); returns their next-token logits [k, V]
-        (on a GPU a view of the graph's output: read it before the next `decode`)."""
-        if self.phys is None:
-            self.tokens[:self.k].copy_(tokens)
-        else:
-            self.tokens.index_copy_(0, self.phys, tokens)
-        logits = self.step()  # [size, V]
+    def decode(self, tokens: torch.Tensor, u: torch.Tensor | None = None):
+        """Feed one token per logical row (tokens [k]); returns their next-token logits [k, V],
+        or with `sampling` the next tokens and logprobs ([k], [k]) drawn with u [k, 1] (on a
+        GPU views of the graph's output: read them before the next `decode`)."""
+        self._put(self.tokens, tokens)
+        if u is not None:
+            self._put(self.arena.u[:self.size], u)
+        out = self.step()  # [size, V] | ([size], [size])
         self.slot.add_(1)
         self.runner.next_pos.add_(1)
-        return logits[:self.k] if self.phys is None else logits.index_select(0, self.phys)
+        if isinstance(out, tuple):
+            return tuple(self._logical(o) for o in out)
+        return self._logical(out)
+
+    def _put(self, buf: torch.Tensor, values: torch.Tensor) -> None:
+        """Logical rows' values into their bucket rows of buf [size, ...]."""
+        if self.phys is None:
+            buf[:self.k].copy_(values)
+        else:
+            buf.index_copy_(0, self.phys, values)
+
+    def _logical(self, out: torch.Tensor) -> torch.Tensor:
+        return out[:self.k] if self.phys is None else out.index_select(0, self.phys)
 
     def close(self) -> None:
         """The group is done (or dropped): its arena, with its steps, is free for the next."""

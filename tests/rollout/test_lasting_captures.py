@@ -38,10 +38,15 @@ def test_one_capture_per_bucket_across_calls(fuse, buckets):
     engine = EmbeddedEngine(tiny("qwen2"), static_decode=True, fuse_weights=fuse)
     for seed in (1, 2, 3):
         engine.generate(PROMPTS, SamplingParams(**{**vars(STOPPING), "seed": seed}))
-    engine.generate(PROMPTS[:2], SAMPLED)  # 6 rows: a bucket of the same arena
+    engine.generate(PROMPTS[:2], SamplingParams(**{**vars(STOPPING), "seed": 4}))  # 6 rows: the same arena
     assert len(buckets) > 2  # rows finished: the batch went down several buckets
     assert engine.graphs.captures == len(buckets) <= len(bucket_sizes(12))
     assert len(engine.graphs.idle) == 1  # one arena, kept for the next call
+    # the step samples too: other sampling settings are other steps (of the buckets they enter)
+    before = engine.graphs.captures
+    buckets.clear()
+    engine.generate(PROMPTS[:2], SAMPLED)
+    assert engine.graphs.captures == before + len(buckets)
 
 
 def test_updated_weights_are_read_by_the_kept_steps():

@@ -149,3 +149,21 @@ def test_static_decode_options_are_checked():
         EmbeddedEngine(tiny(), sync_every=0)
     assert EmbeddedEngine(tiny())._static_step(torch.device("cpu")) is None  # CPU default: as before
     assert EmbeddedEngine(tiny())._static_step(torch.device("cuda")) == "graph"
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=3, temperature=0.7, top_k=20, max_new_tokens=12, seed=2),
+    SamplingParams(n=3, temperature=1.0, top_p=0.8, max_new_tokens=12, seed=3, stop_token_ids=list(range(100, 130))),
+    SamplingParams(n=3, temperature=1.3, min_p=0.1, max_new_tokens=12, seed=4),
+    SamplingParams(n=3, temperature=0, max_new_tokens=12, stop_token_ids=list(range(100, 130))),
+], ids=["top_k", "top_p", "min_p", "greedy"])
+def test_the_step_samples_as_the_loop_does(params, decoders):
+    """The static step samples inside itself (in its CUDA graph on a GPU) with the draws the
+    loop takes for its logical rows: the loop's own sampling's tokens, every filter."""
+    model = tiny("llama")
+    ref = EmbeddedEngine(model).generate(PROMPTS, params)
+    out = EmbeddedEngine(model, static_decode="fixed").generate(PROMPTS, params)
+    assert decoders[-1].sampling is params
+    assert [(c.token_ids, c.finish_reason) for c in out] == [(c.token_ids, c.finish_reason) for c in ref]
+    torch.testing.assert_close(torch.tensor([x for c in out for x in c.logprobs]),
+                               torch.tensor([x for c in ref for x in c.logprobs]), atol=1e-5, rtol=0)
