@@ -14,8 +14,10 @@ with the runner's interface (`decode(tokens)`, `select(keep)`):
     prefilled cache is copied into it (padded with copies of its first row); dropping
     finished rows only changes the row map `phys` until the logical rows fit a smaller
     bucket, then the live rows are gathered to the front of the same buffers;
-  * one step function (a CUDA graph on a GPU) per (arena, bucket, weights): made the first
-    time a batch enters that bucket and kept. The weights are keyed by their addresses
+  * one step function (a CUDA graph on a GPU) per (arena, bucket, length, sampling, weights):
+    made the first time a batch enters that bucket and kept. Attention reads the filled cache
+    slots rounded up to a length bucket, not the whole cache (a long generation's average
+    KV read about halves). The weights are keyed by their addresses
     (`pack()` may build new fused copies, a sleep mode moves them): a change drops the
     arena's steps, so a graph never reads freed memory. `DecodeGraphs.captures` counts the
     steps made (on a CPU the decisions: the step runs eagerly there);
@@ -144,10 +146,12 @@ class Arena:
             buf[:size].copy_(buf[index])
         self.point(runner, size)
 
-    def point(self, runner, size: int) -> None:
-        """The runner's decode state as views of the first `size` rows (fixed addresses)."""
-        runner.cache = [(ak[:size], av[:size]) for ak, av in self.cache]
-        runner.key_bias, runner.next_pos = self.key_bias[:size], self.next_pos[:size]
+    def point(self, runner, size: int, length: int | None = None) -> None:
+        """The runner's decode state as views of the first `size` rows and `length` cache slots
+        (fixed addresses; attention reads those slots only)."""
+        length = self.length if length is None else length
+        runner.cache = [(ak[:size, :, :length], av[:size, :, :length]) for ak, av in self.cache]
+        runner.key_bias, runner.next_pos = self.key_bias[:size, ..., :length], self.next_pos[:size]
         runner.cos, runner.sin = self.cos, self.sin
 
 
@@ -178,25 +182,27 @@ class DecodeGraphs:
     def idle_bytes(self) -> int:
         return sum(a.nbytes() for a in self.idle)
 
-    def step(self, arena: Arena, runner, size: int, mode: str, sampling: SamplingParams | None = None) -> Callable:
-        """The arena's step for bucket `size` over the runner's current weights (made, and
-        counted, the first time): logits [size, V] of the tokens in arena.tokens[:size], or
+    def step(self, arena: Arena, runner, size: int, length: int, mode: str,
+             sampling: SamplingParams | None = None) -> Callable:
+        """The arena's step for bucket `size` x `length` cache slots (the runner pointed at
+        them: `Arena.point`) over the runner's current weights (made, and counted, the first
+        time): logits [size, V] of the tokens in arena.tokens[:size], or
         with `sampling` those logits sampled inside the step with the draws in arena.u[:size]
         (tokens [size], logprobs [size])."""
         key = weights_key(runner)
         if key != arena.weights:  # other weights (addresses): the old graphs would read freed memory
             arena.steps, arena.weights = {}, key
         how = None if sampling is None else (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
-        if (size, how) not in arena.steps:
-            tokens, u = arena.tokens[:size], arena.u[:size]
+        if (size, length, how) not in arena.steps:
+            tokens, u, slots = arena.tokens[:size], arena.u[:size], arena.slots[:length]
             draws = sampling is not None and needs_draw(sampling)
 
             def step():  # reads the cache, positions, bias through the runner's attributes
-                logits = runner.decode_step(tokens, arena.slot, arena.slots)  # [size, V]
+                logits = runner.decode_step(tokens, arena.slot, slots)  # [size, V]
                 return logits if sampling is None else sample_with(logits, sampling, u if draws else None)
-            arena.steps[size, how] = GraphedStep(step, arena.device) if mode == "graph" else step
+            arena.steps[size, length, how] = GraphedStep(step, arena.device) if mode == "graph" else step
             self.captures += 1
-        return arena.steps[size, how]
+        return arena.steps[size, length, how]
 
     def clear(self) -> None:
         self.idle = []
@@ -217,14 +223,21 @@ class StaticDecoder:
         self.arena = self.graphs.lease(runner, rows)
         self.size, self.k = bucket_for(rows), rows  # bucket rows, logical rows
         self.arena.load(runner, rows, self.size)  # the prefill's own cache is dropped with it
+        self.filled = runner.slot  # host count of the slots written: the next one (no device read)
+        self.length = self._length()
         self.phys: torch.Tensor | None = None  # [k] logical -> bucket row; None: the first k
         self.tokens = self.arena.tokens[:self.size]  # [size] step input
         self.slot, self.slots = self.arena.slot, self.arena.slots
         self.step = self._make_step()
         self.buckets_used = [self.size]
 
+    def _length(self) -> int:
+        """The slots the next step attends over: the filled ones, rounded up to a bucket."""
+        return min(length_bucket(self.filled + 1), self.arena.length)
+
     def _make_step(self) -> Callable[[], torch.Tensor]:
-        return self.graphs.step(self.arena, self.runner, self.size, self.mode, self.sampling)
+        self.arena.point(self.runner, self.size, self.length)
+        return self.graphs.step(self.arena, self.runner, self.size, self.length, self.mode, self.sampling)
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep these logical rows (keep [k'] indices into the current k), in this order."""
@@ -245,10 +258,14 @@ class StaticDecoder:
         """Feed one token per logical row (tokens [k]); returns their next-token logits [k, V],
         or with `sampling` the next tokens and logprobs ([k], [k]) drawn with u [k, 1] (on a
         GPU views of the graph's output: read them before the next `decode`)."""
+        if self._length() != self.length:  # the filled slots outgrew the step's: a longer one
+            self.length = self._length()
+            self.step = self._make_step()
         self._put(self.tokens, tokens)
         if u is not None:
             self._put(self.arena.u[:self.size], u)
         out = self.step()  # [size, V] | ([size], [size])
+        self.filled += 1
         self.slot.add_(1)
         self.runner.next_pos.add_(1)
         if isinstance(out, tuple):

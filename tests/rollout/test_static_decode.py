@@ -167,3 +167,18 @@ def test_the_step_samples_as_the_loop_does(params, decoders):
     assert [(c.token_ids, c.finish_reason) for c in out] == [(c.token_ids, c.finish_reason) for c in ref]
     torch.testing.assert_close(torch.tensor([x for c in out for x in c.logprobs]),
                                torch.tensor([x for c in ref for x in c.logprobs]), atol=1e-5, rtol=0)
+
+
+def test_attention_reads_the_filled_slots_in_length_buckets(decoders):
+    """80 new tokens: a 128-slot arena, attended over 64 slots until they fill, then 128: the
+    default path's tokens, logprobs to rounding, one step per (rows, length) bucket."""
+    model = tiny("qwen2")
+    params = SamplingParams(n=2, temperature=0.9, max_new_tokens=80, seed=5, ignore_eos=True)
+    ref = EmbeddedEngine(model).generate(PROMPTS, params)
+    engine = EmbeddedEngine(model, static_decode="fixed")
+    out = engine.generate(PROMPTS, params)
+    assert decoders[-1].arena is None and engine.graphs.idle[0].length == 128
+    assert sorted(length for _, length, _ in engine.graphs.idle[0].steps) == [64, 128]
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    torch.testing.assert_close(torch.tensor([x for c in out for x in c.logprobs]),
+                               torch.tensor([x for c in ref for x in c.logprobs]), atol=1e-5, rtol=0)
