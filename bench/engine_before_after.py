@@ -13,8 +13,9 @@ other processes on a shared machine hits them alike. Configurations (CPU):
                 before; every 8 steps after) and EOS (id 2) as a stop id
 
 Per configuration: median tokens/s; for the static ones also the steps made over the calls
-of a run (warm-up + repeats calls in one engine: one capture each on a GPU) and the host reads
-of device tensors per generated token (tests/device_fault_mode.py, one call on cpu:1).
+of a run (a warm-up and --calls calls in one engine: one capture each on a GPU) and the host
+reads of device tensors per step (prefill and decode steps of one call, all its rows at once;
+tests/device_fault_mode.py, the engine on cpu:1).
 
     .venv/bin/python bench/engine_before_after.py [--before main] [--repeats 3] [--size 0.75m]
 """
@@ -74,9 +75,10 @@ if config != "default":
     with mode:
         dev = EmbeddedEngine(build(size, "cpu", torch.float32).to(WORKER), build_char_tokenizer(), **opts)
         with mode.in_region("generate"):
-            n = sum(len(c.token_ids) for c in dev.generate(prompts, params))
-    reads = mode.reads["generate"] / n
-print(json.dumps(dict(seconds=min(times), tokens=tokens, steps_made=steps_made, calls=calls + 1, reads_per_token=reads)))
+            gen = dev.start_generation(prompts, params)
+            gen.advance()
+    reads = mode.reads["generate"] / gen.steps  # per prefill / decode step (all rows)
+print(json.dumps(dict(seconds=min(times), tokens=tokens, steps_made=steps_made, calls=calls + 1, reads_per_step=reads)))
 """
 
 
@@ -121,14 +123,14 @@ def main() -> None:
     print(f"size={args.size} prompts={args.prompts} new_tokens={args.new_tokens} repeats={args.repeats} "
           f"calls={args.calls} threads=1 before={args.before} (medians of the rounds' best calls)")
     print(f"{'config':>13} | {'before tok/s':>12} {'after tok/s':>11} {'after/before':>12} | "
-          f"{'steps made b/a':>14} | {'host reads/token b/a':>20}")
+          f"{'steps made b/a':>14} | {'host reads/step b/a':>19}")
     for config in configs:
         b, a = runs["before", config], runs["after", config]
         tps = [statistics.median(r["tokens"] / r["seconds"] for r in x) for x in (b, a)]
         made = "-" if config == "default" else f"{b[0]['steps_made']}/{a[0]['steps_made']} ({a[0]['calls']} calls)"
-        reads = "-" if b[0]["reads_per_token"] is None else \
-            f"{b[0]['reads_per_token']:.3f}/{a[0]['reads_per_token']:.3f}"
-        print(f"{config:>13} | {tps[0]:>12.0f} {tps[1]:>11.0f} {tps[1] / tps[0]:>12.2f} | {made:>14} | {reads:>20}")
+        reads = "-" if b[0]["reads_per_step"] is None else \
+            f"{b[0]['reads_per_step']:.3f}/{a[0]['reads_per_step']:.3f}"
+        print(f"{config:>13} | {tps[0]:>12.0f} {tps[1]:>11.0f} {tps[1] / tps[0]:>12.2f} | {made:>14} | {reads:>19}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """K and V of every layer for one token, from an HF config."""
     import torch
 
-    heads = config.num_attention_heads
+    heads = getattr(config, "num_attention_heads", None) or 1  # unknown: K and V as wide as the hidden state
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     item = torch.empty(0, dtype=dtype).element_size()
