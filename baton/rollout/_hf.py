@@ -40,6 +40,9 @@ class HFRunner:
     def unpack(self) -> None:  # nothing packed
         pass
 
+    def forget(self) -> None:  # nothing kept
+        pass
+
     def release(self) -> None:
         self.cache = self.mask = self.next_pos = None
 

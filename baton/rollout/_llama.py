@@ -116,10 +116,12 @@ def fuse_storage(model: nn.Module) -> None:
 
 
 def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = None,
-                   lora: Lora | None = None) -> list[tuple]:
+                   lora: Lora | None = None, into: list[tuple] | None = None) -> list[tuple]:
     """[(weight^T [in, out], bias, low-rank term | None)] - one fused contiguous piece (LoRA
     merged into it), or a view per module (LoRA as (A^T [in, r], B^T [r, out], scale)), or
-    one view over them all where they lie back to back (`fuse_storage`) and no LoRA."""
+    one view over them all where they lie back to back (`fuse_storage`) and no LoRA.
+    into: an earlier fused piece of these modules, refilled in place when its layout fits
+    (the same addresses: a CUDA graph over them stays valid)."""
     adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
     mods = [_base(m) for m in mods]
     joint = _joint([m.weight for m in mods]) if not fuse and len(mods) > 1 and not any(adapters) else None
@@ -130,8 +132,16 @@ def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = 
                 for m, ad in zip(mods, adapters)]
     weights = [m.weight if ad is None else torch.addmm(m.weight, ad[1], ad[0], alpha=ad[2])
                for m, ad in zip(mods, adapters)]  # W + scale * B @ A
-    wt = torch.cat(weights).t().contiguous()  # [in, sum(out)]
-    return [(wt, _joint_bias(mods), None)]
+    wt = torch.cat(weights).t()  # [in, sum(out)]
+    bias = None if all(m.bias is None for m in mods) else torch.cat(  # a copy: `into` is refilled in place
+        [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+    if into is not None and len(into) == 1 and into[0][0].shape == wt.shape and into[0][0].dtype == wt.dtype \
+            and (into[0][1] is None) == (bias is None):
+        into[0][0].copy_(wt)
+        if bias is not None:
+            into[0][1].copy_(bias)
+        return into
+    return [(wt.contiguous(), bias, None)]
 
 
 def _joint_bias(mods: list[nn.Module]) -> torch.Tensor | None:
@@ -183,29 +193,40 @@ class LlamaRunner:
         self.layers: list[tuple] = []
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._packs: dict[int, tuple] = {}  # id(lora) -> (lora, packed attributes): kept for reuse
+        self._spare: dict | None = None  # the last fused copy, refilled in place by the next pack once unpacked
 
     # --- weights ---------------------------------------------------------------------
     PACKED = ("layers", "norm_w", "embed", "lm_head", "inv_freq", "rope_scaling")  # what pack() sets
-    SHARED = frozenset({"_packs"})  # the runner's own, not a generation's (`Generation` leaves them)
+    SHARED = frozenset({"_packs", "_spare"})  # the runner's own, not a generation's (`Generation` leaves them)
 
     def pack(self, lora: Lora | None = None, reuse: bool = False) -> None:
         """Collect (and fuse) the weights the forward uses, from the live parameters, with
         the LoRA adapter `lora` applied (see the module docstring). reuse=True: take those
         of an earlier pack with the same adapter if still kept (`unpack` drops them): the
-        generations in flight share one fused copy."""
+        generations in flight share one fused copy. Once unpacked (no generation reads the
+        last fused copy any more: `forget` drops it where one might), the fused weights are
+        written into that copy in place, keeping their addresses (CUDA graphs over them stay valid)."""
         kept = self._packs.get(id(lora)) if reuse else None
         if kept is not None and kept[0] is lora:
             vars(self).update(kept[1])
             return
-        self._pack(lora)
+        self._pack(lora, self._spare if not self._packs and self.fuse else None)
         self._packs[id(lora)] = (lora, {k: getattr(self, k) for k in self.PACKED})
+        self._spare = {"layers": self.layers, "lm_head": self.lm_head}
+
+    def forget(self) -> None:
+        """Drop the packed weights and the fused copy kept for refilling: its memory (sleep),
+        or a weight update while generations in flight still read it."""
+        self._packs, self._spare = {}, None
 
     def unpack(self) -> None:
         """Drop the packed weights kept for reuse (after a weight update, or once no
         generation is in flight): the next `pack` reads the parameters afresh."""
         self._packs = {}
 
-    def _pack(self, lora: Lora | None) -> None:
+    def _pack(self, lora: Lora | None, into: dict | None = None) -> None:
+        old = into["layers"] if into is not None and len(into["layers"]) == len(self.model.model.layers) \
+            else [(None,) * 7] * len(self.model.model.layers)
         self.layers = []
         for i, layer in enumerate(self.model.model.layers):
             a, m = layer.self_attn, layer.mlp
@@ -214,18 +235,22 @@ class LlamaRunner:
             if self.qk_norm:  # [H + Hk, D]: each q head's scale, then each k head's
                 qk_w = torch.cat([a.q_norm.weight.expand(self.n_heads, -1),
                                   a.k_norm.weight.expand(self.n_kv, -1)])
+                if old[i][1] is not None and old[i][1].shape == qk_w.shape and old[i][1].dtype == qk_w.dtype:
+                    qk_w = old[i][1].copy_(qk_w)  # refilled in place: the same address for a CUDA graph
             self.layers.append((
                 layer.input_layernorm.weight, qk_w,
                 _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse,
-                               [at + "q_proj", at + "k_proj", at + "v_proj"], lora),
-                _linear_pieces([a.o_proj], self.fuse, [at + "o_proj"], lora),
+                               [at + "q_proj", at + "k_proj", at + "v_proj"], lora, old[i][2]),
+                _linear_pieces([a.o_proj], self.fuse, [at + "o_proj"], lora, old[i][3]),
                 layer.post_attention_layernorm.weight,
-                _linear_pieces([m.gate_proj, m.up_proj], self.fuse, [mt + "gate_proj", mt + "up_proj"], lora),
-                _linear_pieces([m.down_proj], self.fuse, [mt + "down_proj"], lora),
+                _linear_pieces([m.gate_proj, m.up_proj], self.fuse, [mt + "gate_proj", mt + "up_proj"], lora,
+                               old[i][5]),
+                _linear_pieces([m.down_proj], self.fuse, [mt + "down_proj"], lora, old[i][6]),
             ))
         self.norm_w = self.model.model.norm.weight
         self.embed = self.model.model.embed_tokens.weight
-        self.lm_head = _linear_pieces([self.model.lm_head], self.fuse, ["lm_head"], lora)
+        self.lm_head = _linear_pieces([self.model.lm_head], self.fuse, ["lm_head"], lora,
+                                      into["lm_head"] if into is not None else None)
         rotary = self.model.model.rotary_emb
         self.inv_freq, self.rope_scaling = rotary.inv_freq.float(), rotary.attention_scaling
 

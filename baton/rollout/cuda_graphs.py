@@ -22,8 +22,8 @@ import torch
 
 
 class GraphedStep:
-    """fn() -> Tensor on CUDA device `device`, captured on its first call (see the module
-    docstring). Captured and replayed with `device` current, whichever device the caller's is."""
+    """fn() -> Tensor (or a tuple of them) on CUDA device `device`, captured on its first call
+    (see the module docstring). Captured and replayed with `device` current, whichever device the caller's is."""
 
     def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device):
         self.fn, self.device = fn, device
@@ -48,7 +48,8 @@ class GraphedStep:
         with no_cache, torch.cuda.stream(side):
             out = self.fn()  # the warm-up is this step's real result
         main.wait_stream(side)
-        out.record_stream(main)  # allocated on the side stream, read on the main one
+        for t in out if isinstance(out, tuple) else (out,):
+            t.record_stream(main)  # allocated on the side stream, read on the main one
         graph = torch.cuda.CUDAGraph()
         # stream=side: a capture stream on this device (torch's default one is made once, on
         # whichever device captured first); thread_local: a server's other threads may touch

@@ -9,14 +9,18 @@ or the weights are updated: `baton serve`'s 8 interleaved generations hold one c
 
 How a `generate` call runs:
   1. prompts are sorted by length and cut into groups whose KV cache
-     (rows * n * (prompt_len + max_new_tokens) tokens) fits `max_batch_tokens`;
+     (rows * n * (prompt_len + max_new_tokens) tokens) fits the call's budget: a fixed
+     `max_batch_tokens`, else a `memory_fraction` of the memory free when the call starts
+     (`kv_budget.py`), so on a large GPU a step's groups decode as one;
   2. each group is left-padded and prefilled once per prompt; the cache is then copied to
      the prompt's n sample rows;
   3. a decode loop samples one token per row per step, records tokens and logprobs, and
      marks rows that hit EOS / a stop id / a stop string; once enough rows have finished
      the batch is compacted so finished rows stop costing compute. On a GPU the decode step
-     runs as a CUDA graph over static buckets (`static_decode.py`) and the host looks at
-     the finished rows every `sync_every` steps, so a token costs no sync.
+     runs as a CUDA graph over static buckets (`static_decode.py`, captured once per bucket
+     and kept across calls) and the host looks at the finished rows, and matches stop
+     strings over the tokens since its last look, every `sync_every` steps: one read per
+     look, none in between.
 `generate(..., should_stop=f)` calls `f()` before each prefill and decode step and raises
 `GenerationCancelled` once it returns True (a server drops work nobody waits for).
 `start_generation(...)` returns the same call as a `Generation` to run k steps at a time
@@ -47,10 +51,12 @@ from baton.rollout import _llama
 from baton.rollout._hf import HFRunner
 from baton.rollout._llama import LlamaRunner
 from baton.rollout.protocol import Completion, SamplingParams
-from baton.rollout.sampling import sample
+from baton.rollout.sampling import draw, sample
 from baton.rollout.generation import Generation
+from baton.rollout.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
+                                     kv_bytes_per_token, token_budget)
 from baton.rollout.live_lora import live_lora
-from baton.rollout.static_decode import STEPS, StaticDecoder
+from baton.rollout.static_decode import STEPS, DecodeGraphs, StaticDecoder
 from baton.rollout.stop_strings import StopStringMatcher
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
@@ -79,16 +85,22 @@ class EmbeddedEngine:
     weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
     must refill every parameter before `generate`.
 
+    max_batch_tokens: a fixed KV-cache budget (tokens) per group; memory_fraction: the share
+    of the free memory a call's KV cache and sampling may take (`baton.rollout.kv_budget`).
+    At most one; neither: memory_fraction MEMORY_FRACTION.
+
     static_decode: decode through `baton.rollout.static_decode` (bucket-sized static buffers,
     each bucket's step a CUDA graph on a GPU; on a GPU, prompts prefilled in one pass).
     None (the default): on a GPU with the fast path, off on a CPU; True: on, its step
     "graph" (run eagerly as "fixed" on a CPU); "fixed": eagerly on a GPU too. False: off.
-    sync_every: the host checks for finished rows every this many steps (a sync each); None:
+    sync_every: the host checks for finished rows every this many steps (one read each); None:
     every step on a CPU (syncs are free there, and the compactions fall where they always
     did), every SYNC_EVERY_GPU steps on a GPU. A finished row's later tokens are cut off, so
     a larger value moves only the batch's compactions (greedy tokens do not change; sampled
     ones do, as a row's random draw depends on its place in the batch). Stop strings, which
-    the host matches, are checked every step.
+    the host matches, are checked at the same looks, over the tokens since the last one (a
+    row is cut where its text first held one, whichever look found it); a grammar's mask
+    needs the host every step.
     """
 
     shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
@@ -101,7 +113,8 @@ class EmbeddedEngine:
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *,
                  eos_token_ids: int | list[int] | None = None, pad_token_id: int | None = None,
-                 version: int = 0, max_batch_tokens: int = 65536, fast: bool = True,
+                 version: int = 0, max_batch_tokens: int | None = None, memory_fraction: float | None = None,
+                 fast: bool = True,
                  fuse_weights: bool = True, sleep_mode: str = "cache", static_decode: bool | str | None = None,
                  sync_every: int | None = None):
         if sleep_mode not in SLEEP_MODES:
@@ -111,7 +124,10 @@ class EmbeddedEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.version = version
+        check_budget_options(max_batch_tokens, memory_fraction)
         self.max_batch_tokens = max_batch_tokens
+        self.memory_fraction = MEMORY_FRACTION if memory_fraction is None else memory_fraction
+        self.last_budget: int | None = None  # the KV tokens the last call's groups were cut by
         self.sleep_mode = sleep_mode
         if eos_token_ids is None:
             gen_cfg = getattr(model, "generation_config", None)
@@ -135,6 +151,7 @@ class EmbeddedEngine:
             raise ValueError("static_decode needs the fast Llama / Qwen2 path (fast=True and a plain "
                              f"{' / '.join(_llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
         self.static_decode, self.sync_every = static_decode, sync_every
+        self.graphs = DecodeGraphs()  # static decode's buffers and CUDA graphs, kept across calls
         self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False
         self._device = None  # the weights' device while offloaded
@@ -207,20 +224,23 @@ class EmbeddedEngine:
                 results[i] = comps
         return [c for comps in results for c in comps]
 
+    def batch_budget(self) -> tuple[int, int]:
+        """(KV tokens, a row's sampling memory in tokens) a call may hold now: the fixed
+        `max_batch_tokens`, else `memory_fraction` of the free memory (after the weights)."""
+        if self.max_batch_tokens is not None:
+            return self.max_batch_tokens, 0
+        cfg = self.model.config
+        kv_bytes = kv_bytes_per_token(cfg, self._dtype())
+        if self._static_step(self.device):  # the prefill's cache and the arena it is copied into
+            kv_bytes *= 2
+        return token_budget(free_memory(self.device) + self.graphs.idle_bytes(), self.memory_fraction,
+                            kv_bytes, cfg.vocab_size)
+
     def _groups(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        """Prompt indices, by length, cut so each group's KV cache fits max_batch_tokens."""
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        groups: list[list[int]] = []
-        current: list[int] = []
-        for i in order:  # lengths ascend, so the newest prompt is the group's longest
-            rows = (len(current) + 1) * params.n
-            if current and rows * (len(prompts[i]) + params.max_new_tokens) > self.max_batch_tokens:
-                groups.append(current)
-                current = []
-            current.append(i)
-        if current:
-            groups.append(current)
-        return groups
+        """Prompt indices, by length, cut so each group's KV cache fits the budget."""
+        budget, row_tokens = self.batch_budget()
+        self.last_budget = budget  # what the last call sized its groups by (benches, metrics)
+        return group_prompts([len(p) for p in prompts], params.n, params.max_new_tokens, budget, row_tokens)
 
     def _generate_group(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None,
                         should_stop: Callable[[], bool] | None = None, live: dict[str, Any] | None = None):
@@ -240,7 +260,20 @@ class EmbeddedEngine:
         if n > 1:
             logits = logits.repeat_interleave(n, 0)  # [B * n, V]
         rows = B * n
-        decoder = StaticDecoder(self.runner, rows, static) if static else self.runner
+        # the static step samples too (inside its graph) unless a grammar masks the logits first
+        fused = params if static and params.grammar is None else None
+        decoder = StaticDecoder(self.runner, rows, static, self.graphs, fused) if static else self.runner
+        try:
+            return (yield from self._decode(decoder, logits, params, generator, should_stop, live, B))
+        finally:
+            if static:
+                decoder.close()  # its arena (and graphs) back to the engine, for the next group
+
+    def _decode(self, decoder, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                should_stop: Callable[[], bool] | None, live: dict[str, Any] | None, B: int):
+        """The decode loop of `_generate_group` (a generator, as it is)."""
+        device, n, max_new, on_gpu = self.device, params.n, params.max_new_tokens, self.device.type == "cuda"
+        rows = B * n
         stop_ids = _as_id_list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         stop_ids_t = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
         out_tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [rows, max_new]
@@ -252,8 +285,12 @@ class EmbeddedEngine:
         alive = torch.arange(rows, device=device)  # batch row -> group row
         alive_list = list(range(rows))
         done = torch.zeros(rows, dtype=torch.bool, device=device)  # [b] batch rows that stopped
-        host_each_step = texts is not None or guide is not None  # stop strings and grammars run on the host
-        every = 1 if host_each_step else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)  # host checks
+        # the host looks every `every` steps (one read: the finished rows, and with stop strings
+        # the tokens since its last look); a grammar masks each step's logits, so it looks each step
+        every = 1 if guide is not None else self.sync_every or (SYNC_EVERY_GPU if on_gpu else 1)
+        checked = 0  # steps whose tokens the stop strings have seen
+        fused_step = getattr(decoder, "sampling", None) is not None  # a StaticDecoder that samples
+        sampled = None  # (tokens, logprobs) the last step sampled
         if live is not None:
             live["buffers"] = (out_tokens, hits)
 
@@ -262,33 +299,61 @@ class EmbeddedEngine:
                 raise GenerationCancelled(f"generation cancelled after {t} of {max_new} steps")
             if guide is not None:
                 logits = guide.mask(logits, alive_list)  # [b, V] -inf where the grammar forbids
-            tokens, logprobs = sample(logits, params, generator)  # [b], [b]
+            if sampled is None:
+                tokens, logprobs = sample(logits, params, generator)  # [b], [b]
+            else:
+                tokens, logprobs = sampled  # the step sampled them
             out_tokens[alive, t] = tokens
             out_logprobs[alive, t] = logprobs
             if stops:
                 hit = torch.isin(tokens, stop_ids_t)  # [b]
-                if texts is not None:
-                    hit |= texts.push(alive_list, tokens.tolist()).to(device)
                 if guide is not None:
                     hit |= guide.advance(alive_list, tokens.tolist()).to(device)
                 hits[alive, t] = hit
                 done |= hit
-            if live is not None:
-                live["t"] = t + 1  # tokens recorded so far
-            if t == max_new - 1:
+            # a look every `every` steps; at the last step only for stop strings (to cut the rows)
+            last = t == max_new - 1
+            look = stops and (texts is not None if last else (t + 1) % every == 0)
+            done_list = self._look(done, out_tokens, hits, alive, alive_list, texts, checked, t) if look else None
+            checked = t + 1 if look else checked
+            if live is not None:  # tokens recorded so far (with stop strings: only those they have seen)
+                live["t"] = checked if texts is not None else t + 1
+            if last:
                 break
-            if stops and (t + 1) % every == 0:
-                n_done = int(done.sum())
+            if look:
+                n_done = sum(done_list)
                 if n_done == len(alive_list):
                     break
                 if n_done and n_done * 8 >= len(alive_list):  # compact: finished rows stop costing compute
-                    keep = (~done).nonzero().flatten()  # [b']
+                    keep_list = [j for j, d in enumerate(done_list) if not d]
+                    keep = torch.tensor(keep_list, dtype=torch.long, device=device)  # [b']
                     decoder.select(keep)
                     tokens, alive, done = tokens[keep], alive[keep], done[keep]
-                    alive_list = [alive_list[j] for j in keep.tolist()]
-            logits = decoder.decode(tokens)  # [b, V]
+                    alive_list = [alive_list[j] for j in keep_list]
+            if fused_step:  # the same draws `sample` takes, handed to the step
+                sampled = decoder.decode(tokens, draw(len(alive_list), params, generator, device))
+            else:
+                logits = decoder.decode(tokens)  # [b, V]
             yield
         return self._completions(out_tokens, out_logprobs, hits, B, n)
+
+    @staticmethod
+    def _look(done: torch.Tensor, out_tokens: torch.Tensor, hits: torch.Tensor, alive: torch.Tensor,
+              alive_list: list[int], texts: StopStringMatcher | None, checked: int, t: int) -> list[bool]:
+        """The host's look at step t, one read: which batch rows have finished (done [b], in
+        place); with stop strings, their tokens of steps checked..t first, a row whose text now
+        holds one marked at the step where it first did (hits [rows, T])."""
+        if texts is None:
+            return done.tolist()
+        block = torch.cat([out_tokens[alive, checked:t + 1], done[:, None].long()], 1).tolist()  # [b, k + 1]
+        first = texts.push_block(alive_list, [row[:-1] for row in block])
+        found = [(j, checked + at) for j, at in enumerate(first) if at is not None]
+        if found:
+            js, ts = zip(*found)
+            hits[alive[list(js)], list(ts)] = True
+            done[list(js)] = True
+        found_rows = {j for j, _ in found}
+        return [bool(row[-1]) or j in found_rows for j, row in enumerate(block)]
 
     def _guide(self, params: SamplingParams, vocab: int, rows: int) -> Any:
         if params.grammar is None:
@@ -413,7 +478,9 @@ class EmbeddedEngine:
                                      f"got {tuple(tensor.shape)}")
                 target.copy_(tensor)
                 self._missing.pop(id(target), None)
-        self.runner.unpack()  # generations started from now on fuse the new weights
+        # generations started from now on fuse the new weights (into a new copy while those
+        # in flight still read the old one; else into the old one, in place: same addresses)
+        self.runner.forget() if self._in_flight else self.runner.unpack()
         self.version = version
 
     # --- memory ------------------------------------------------------------------------
@@ -422,7 +489,8 @@ class EmbeddedEngine:
         if self._asleep:
             return
         self.runner.release()
-        self.runner.unpack()
+        self.runner.forget()
+        self.graphs.clear()  # the arenas' KV memory (and their graphs) go too
         if self.sleep_mode == "offload":
             self._device = self.device
             self.model.to("cpu")

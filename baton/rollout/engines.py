@@ -58,6 +58,7 @@ def build_engine(name: str, module: Any, tokenizer: Any, *, model_path: str | No
     `model_path`: the model's directory (an engine that loads its own copy starts from it).
     `options`: keyword arguments of the engine's constructor. Every engine takes
     `sleep_mode` ("cache": sleep frees the KV cache; "discard": the weights too, refilled by
-    the next sync), `max_batch_tokens` and `fuse_weights` (the embedded engine's packed copy
+    the next sync), `max_batch_tokens` (a fixed KV budget; the embedded engine also takes
+    `memory_fraction`, its budget from free memory) and `fuse_weights` (the embedded engine's packed copy
     of the weights; vLLM always packs, and has no sleep mode on a CPU: see its module)."""
     return engine_class(name).build(module, tokenizer, model_path=model_path, **options)

@@ -10,7 +10,9 @@ probabilities with `searchsorted`. Measured on this CPU (64 x 4096 fp32, 1 threa
 ~0.35 ms a step, against ~12 ms for the Gumbel / exponential-race trick (one random number
 per vocabulary entry, which HF generate and `torch.multinomial` also pay). A zero-probability
 (filtered) token can never be drawn: the cumulative sum does not rise across it. Draws come
-from one explicit generator, so a seed fixes the output.
+from one explicit generator, so a seed fixes the output. `draw` takes them apart from the
+rest (`sample_with`), which the static decoder runs inside its captured step: the same draws
+per row, so the same tokens.
 """
 
 from __future__ import annotations
@@ -40,15 +42,36 @@ def filter_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scaled
 
 
+def needs_draw(params: SamplingParams) -> bool:
+    """Whether a step of `params` draws a random number per row (greedy / top_k 1: none)."""
+    return not (params.temperature == 0.0 or params.top_k == 1)
+
+
+def draw(rows: int, params: SamplingParams, generator: torch.Generator | None,
+         device: torch.device) -> torch.Tensor | None:
+    """The step's uniform draws [rows, 1] (None when `params` draws none): what `sample` draws,
+    taken apart so a captured step (`baton.rollout.static_decode`) can sample with them."""
+    if not needs_draw(params):
+        return None
+    return torch.rand(rows, 1, device=device, generator=generator)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row. logits: [B, V] (any float dtype). Returns (tokens [B] long,
     logprobs [B] fp32)."""
+    return sample_with(logits, params, draw(logits.shape[0], params, generator, logits.device))
+
+
+def sample_with(logits: torch.Tensor, params: SamplingParams,
+                u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` with its draws given (u [B, 1] uniform in [0, 1), from `draw`): no host value
+    and fixed shapes, so it can run inside a captured step."""
     logits = logits.float()  # [B, V]
     greedy = params.temperature == 0.0
     scaled = logits if greedy or params.temperature == 1.0 else logits / params.temperature
     logprobs_all = torch.log_softmax(scaled, dim=-1)  # [B, V] convention: before filtering
-    if greedy or params.top_k == 1:
+    if u is None:
         tokens = scaled.argmax(-1)  # [B]
     else:
         filtered = filter_logits(scaled, params)
@@ -56,14 +79,18 @@ def sample(logits: torch.Tensor, params: SamplingParams,
             probs = logprobs_all.exp()  # [B, V] reuse the log_softmax: one exp, no new softmax
         else:
             probs = filtered.softmax(-1)
-        tokens = sample_from_probs(probs, generator)
+        tokens = sample_from_probs(probs, u=u)
     logprobs = logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)  # [B]
     return tokens, logprobs
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One index per row of probs [B, V] (rows need not be normalised) -> [B] long."""
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
+                      u: torch.Tensor | None = None) -> torch.Tensor:
+    """One index per row of probs [B, V] (rows need not be normalised) -> [B] long. u [B, 1]:
+    the uniform draws (None: drawn here from `generator`)."""
     cdf = probs.cumsum(-1)  # [B, V]
-    u = torch.rand(probs.shape[0], 1, device=probs.device, generator=generator) * cdf[:, -1:]  # [B, 1]
+    if u is None:
+        u = torch.rand(probs.shape[0], 1, device=probs.device, generator=generator)
+    u = u * cdf[:, -1:]  # [B, 1]
     # first index whose cumulative mass exceeds u: it has p > 0 since the cdf rises there
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

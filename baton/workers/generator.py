@@ -83,7 +83,8 @@ class GeneratorWorker(RolloutWorker):
         self.tokenizer = load_tokenizer(model.path)
         # RolloutWorker.generate may consult `policy` (a plain module: read in place)
         self.policy = Policy(module, self.tokenizer)
-        self.engine = build_engine(rollout.engine, module, self.tokenizer, model_path=model.path, fuse_weights=False)
+        self.engine = build_engine(rollout.engine, module, self.tokenizer, model_path=model.path, fuse_weights=False,
+                                   **rollout.engine_budget())
         self.own_weights = False  # its weights are the engine's own module, kept between steps
         self.probe_ids = self.tokenizer(probe_prompt).input_ids
 

@@ -49,6 +49,7 @@ from baton.models.precision import autocast, memory_phase
 from baton.protocol import Completion, SamplingParams
 from baton.rollout._llama import LlamaRunner, fuse_storage
 from baton.rollout.grammars import response_format_grammar
+from baton.rollout.kv_budget import check_budget_options
 from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
 from baton.rows import Trajectory, group_ids, to_batch
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
@@ -76,6 +77,17 @@ class RolloutConfig:
     # engine, the `structured` extra; logprobs are the masked distribution's: see
     # baton.rollout.constrained for what PPO then needs). None: free text.
     response_format: dict | None = None
+    # the KV-cache tokens a generate call holds at once (rows x (prompt + max_new_tokens)),
+    # fixed; None: sized from the memory free when the call starts (rollout.memory_fraction)
+    max_batch_tokens: int | None = None
+    # the share of the device's free memory (after weights, gradients, optimizer state) the
+    # embedded engine's KV cache and sampling may take; None: 0.8 unless max_batch_tokens is given
+    memory_fraction: float | None = None
+
+    def engine_budget(self) -> dict:
+        """The KV-budget options to build the engine with (only those given)."""
+        return {k: v for k, v in (("max_batch_tokens", self.max_batch_tokens),
+                                  ("memory_fraction", self.memory_fraction)) if v is not None}
 
     @property
     def grammar(self) -> str | None:
@@ -85,6 +97,13 @@ class RolloutConfig:
     def check(self) -> None:
         check_engine_name(self.engine)
         check_weight_sync_name(self.weight_sync)
+        try:
+            check_budget_options(self.max_batch_tokens, self.memory_fraction)
+        except ValueError as e:
+            raise ValueError(f"rollout: {e}") from None
+        if self.memory_fraction is not None and self.engine != "embedded":
+            raise ValueError(f"rollout.memory_fraction sizes the embedded engine's KV cache; rollout.engine="
+                             f"{self.engine} sizes its own: leave it unset")
         try:
             grammar = self.grammar
         except ValueError as e:
@@ -149,7 +168,7 @@ class RolloutWorker(Worker):
         # fuse_weights=False: read the actor's parameters as they are, no packed copy
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
         self.engine = build_engine(rollout.engine, module, self.tokenizer, fuse_weights=False,
-                                   sleep_mode="discard" if self.own_weights else "cache")
+                                   sleep_mode="discard" if self.own_weights else "cache", **rollout.engine_budget())
         self.engine.version = self.policy.version
         self._engine_wake()  # an own copy: Q|K|V and gate|up laid out for one matmul each
         self.sync = build_transport(sync, "colocated", [self.engine])

@@ -11,13 +11,13 @@ from baton.models import build_tiny_model
 from baton.rollout import embedded as engine_module
 from baton.rollout.embedded import EmbeddedEngine
 from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import StaticDecoder, bucket_for, bucket_sizes
+from baton.rollout.static_decode import StaticDecoder, bucket_for, bucket_sizes, length_bucket
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [40]]  # ragged: left padding
 SAMPLED = SamplingParams(n=3, temperature=0.7, max_new_tokens=12, seed=0)
 # 30 of the 260 ids stop a row: rows finish at different steps, and the 12-row batch shrinks
-# both within a bucket (12 -> 10, 8 -> 7 -> 6: the row map) and into smaller ones (-> 8 -> 4)
+# both within a bucket (the row map) and into smaller ones
 STOPPING = SamplingParams(n=3, temperature=1.0, max_new_tokens=24, seed=1, stop_token_ids=list(range(100, 130)))
 
 
@@ -40,11 +40,13 @@ def decoders(monkeypatch):
     return made
 
 
-def test_buckets_are_the_rows_then_powers_of_two():
-    assert bucket_sizes(12) == [12, 8, 4, 2, 1]
-    assert bucket_sizes(16) == [16, 8, 4, 2, 1]
+def test_buckets_are_powers_of_two_and_one_and_a_half_times_them():
+    assert bucket_sizes(12) == [12, 8, 6, 4, 3, 2, 1]
+    assert bucket_sizes(13) == [16, 12, 8, 6, 4, 3, 2, 1]
     assert bucket_sizes(1) == [1]
-    assert [bucket_for(k, 12) for k in (12, 9, 8, 5, 3, 1)] == [12, 12, 8, 8, 4, 1]
+    assert [bucket_for(k) for k in (12, 9, 8, 5, 3, 1, 100)] == [12, 12, 8, 6, 3, 1, 128]
+    # cache lengths: from 64 slots, then x1.5 / x2 steps (a GRPO run's prompt + max_new share one)
+    assert [length_bucket(n) for n in (10, 64, 65, 128, 129, 200, 2560)] == [64, 64, 128, 128, 192, 256, 3072]
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -60,7 +62,7 @@ def test_static_decode_gives_the_default_paths_tokens(family, step, decoders):
         got, want = [torch.tensor(c.logprobs) for c in out], [torch.tensor(c.logprobs) for c in ref]
         torch.testing.assert_close(torch.cat(got), torch.cat(want), atol=1e-5, rtol=0)
     # STOPPING's rows finished at different steps: the 12-row batch went down the buckets
-    assert decoders[-1].buckets_used[:2] == [12, 8] and len(decoders[-1].buckets_used) > 2
+    assert decoders[-1].buckets_used[0] == 12 and len(decoders[-1].buckets_used) > 2
 
 
 def test_greedy_tokens_do_not_depend_on_how_often_the_host_checks(decoders):
@@ -147,3 +149,36 @@ def test_static_decode_options_are_checked():
         EmbeddedEngine(tiny(), sync_every=0)
     assert EmbeddedEngine(tiny())._static_step(torch.device("cpu")) is None  # CPU default: as before
     assert EmbeddedEngine(tiny())._static_step(torch.device("cuda")) == "graph"
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=3, temperature=0.7, top_k=20, max_new_tokens=12, seed=2),
+    SamplingParams(n=3, temperature=1.0, top_p=0.8, max_new_tokens=12, seed=3, stop_token_ids=list(range(100, 130))),
+    SamplingParams(n=3, temperature=1.3, min_p=0.1, max_new_tokens=12, seed=4),
+    SamplingParams(n=3, temperature=0, max_new_tokens=12, stop_token_ids=list(range(100, 130))),
+], ids=["top_k", "top_p", "min_p", "greedy"])
+def test_the_step_samples_as_the_loop_does(params, decoders):
+    """The static step samples inside itself (in its CUDA graph on a GPU) with the draws the
+    loop takes for its logical rows: the loop's own sampling's tokens, every filter."""
+    model = tiny("llama")
+    ref = EmbeddedEngine(model).generate(PROMPTS, params)
+    out = EmbeddedEngine(model, static_decode="fixed").generate(PROMPTS, params)
+    assert decoders[-1].sampling is params
+    assert [(c.token_ids, c.finish_reason) for c in out] == [(c.token_ids, c.finish_reason) for c in ref]
+    torch.testing.assert_close(torch.tensor([x for c in out for x in c.logprobs]),
+                               torch.tensor([x for c in ref for x in c.logprobs]), atol=1e-5, rtol=0)
+
+
+def test_attention_reads_the_filled_slots_in_length_buckets(decoders):
+    """80 new tokens: a 128-slot arena, attended over 64 slots until they fill, then 128: the
+    default path's tokens, logprobs to rounding, one step per (rows, length) bucket."""
+    model = tiny("qwen2")
+    params = SamplingParams(n=2, temperature=0.9, max_new_tokens=80, seed=5, ignore_eos=True)
+    ref = EmbeddedEngine(model).generate(PROMPTS, params)
+    engine = EmbeddedEngine(model, static_decode="fixed")
+    out = engine.generate(PROMPTS, params)
+    assert decoders[-1].arena is None and engine.graphs.idle[0].length == 128
+    assert sorted(length for _, length, _ in engine.graphs.idle[0].steps) == [64, 128]
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+    torch.testing.assert_close(torch.tensor([x for c in out for x in c.logprobs]),
+                               torch.tensor([x for c in ref for x in c.logprobs]), atol=1e-5, rtol=0)

@@ -62,8 +62,9 @@ Security and bounds (CLI flags; the same keyword arguments on `build_app`):
         listening on the network gets them only when asked with --admin (use an API key too).
   --max-request-tokens N (default 65536): max_tokens x n per prompt, else 400.
   --max-model-len N (default: the model's max_position_embeddings): prompt + max_tokens
-        must fit, else 400. n x (prompt + max_tokens) must also fit --max-batch-tokens (the
-        engine's KV-cache budget; one prompt's samples are never split), else 400.
+        must fit, else 400. n x (prompt + max_tokens) must also fit the engine's KV-cache
+        budget (--max-batch-tokens, else --memory-fraction of the memory free once the
+        weights are loaded; one prompt's samples are never split), else 400.
   --wedged-after-s S (default 300): /health says "wedged" while an engine call makes no
         progress (no decode step) for longer; a call that steps is reported under "busy"
         (call, running_s, last_progress_s_ago, queued_requests) with status "ok".
@@ -138,6 +139,7 @@ from baton.rollout.server.admin import add_admin_routes
 from baton.rollout.server.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission, WaitQueue
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
 from baton.http import DEFAULT_MAX_BODY_BYTES, guarded_router, install_guards, run_uvicorn
+from baton.rollout.kv_budget import check_budget_options
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
 from baton.rollout.server.log import enable as enable_request_log
@@ -321,8 +323,12 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     ap.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
                     help="generation requests that may wait for the engine; past them a request gets 429 with "
                          "Retry-After (default %(default)s)")
-    ap.add_argument("--max-batch-tokens", type=int, default=65536,
-                    help="engine KV-cache budget per group; n x (prompt + max_tokens) must fit it")
+    ap.add_argument("--max-batch-tokens", type=int, default=None,
+                    help="engine KV-cache budget per group, fixed; n x (prompt + max_tokens) must fit it "
+                         "(default: from --memory-fraction)")
+    ap.add_argument("--memory-fraction", type=float, default=None,
+                    help="share of the memory free after the weights that the KV cache and sampling "
+                         "may take (default 0.8 unless --max-batch-tokens is given)")
     ap.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when the client gives none")
     ap.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
                     help="cap on max_tokens x n per prompt (default %(default)s)")
@@ -353,6 +359,11 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
         ap.error(f"--slice-steps must be >= 0 and --max-running >= 1 (got {args.slice_steps}, {args.max_running})")
     if args.max_queued_requests < 1:
         ap.error(f"--max-queued-requests must be >= 1 (got {args.max_queued_requests})")
+    try:
+        check_budget_options(args.max_batch_tokens, args.memory_fraction)
+    except ValueError as e:
+        ap.error(str(e).replace("rollout.max_batch_tokens", "--max-batch-tokens")
+                 .replace("rollout.memory_fraction", "--memory-fraction"))
     environ = os.environ if environ is None else environ
     args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
     args.admin = is_loopback(args.host) if args.admin is None else args.admin
@@ -378,7 +389,8 @@ def serve_main(argv: list[str] | None = None) -> None:
     dtype = args.dtype if args.dtype != "auto" else "bfloat16" if resolve_bf16(None, device) else "float32"
     model = load_model(str(model_dir), dtype=getattr(torch, dtype), device=device)
     tokenizer = load_tokenizer(str(model_dir))
-    engine = build_engine(DEFAULT_ENGINE, model, tokenizer, max_batch_tokens=args.max_batch_tokens)
+    engine = build_engine(DEFAULT_ENGINE, model, tokenizer, max_batch_tokens=args.max_batch_tokens,
+                          memory_fraction=args.memory_fraction)
     name = args.model_name or model_dir.name
     app = build_app(engine, tokenizer, name, max_batch_wait_ms=args.max_batch_wait_ms,
                     max_batch_seqs=args.max_batch_seqs, default_max_tokens=args.default_max_tokens,

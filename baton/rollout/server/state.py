@@ -57,7 +57,8 @@ class _Server:
         cfg = getattr(getattr(engine, "model", None), "config", None)
         self.vocab_size = getattr(cfg, "vocab_size", None) or (len(tokenizer) if tokenizer is not None else None)
         self.context_len = context_len(engine, max_model_len)
-        self.kv_budget = getattr(engine, "max_batch_tokens", None)
+        # the engine's KV budget (sized from free memory now, the weights loaded, if not fixed)
+        self.kv_budget = engine.batch_budget()[0] if hasattr(engine, "batch_budget") else None
         # the names a request's `model` may give: the served name, the model's path and dir name
         self.aliases = [model_name] + sorted({x for x in (model_path, model_path and Path(model_path).name)
                                               if x and x != model_name})
@@ -118,7 +119,7 @@ class _Server:
         if self.kv_budget is not None and n * (longest + max_new) > self.kv_budget:
             raise HTTPException(400, f"n x (prompt + max_tokens) = {n} x {longest + max_new} = "
                                      f"{n * (longest + max_new)} KV-cache tokens exceed this server's budget "
-                                     f"of {self.kv_budget} (--max-batch-tokens)")
+                                     f"of {self.kv_budget} (--max-batch-tokens / --memory-fraction)")
 
     def lora_for(self, name: Any) -> str | None:
         """The served adapter a request names (vLLM: `model`, SGLang: `lora_path`), else None
