@@ -57,12 +57,12 @@ from baton.algos.registry import Registry
 DISTILL_LOSSES = Registry("distillation loss")
 register_distill_loss = DISTILL_LOSSES.register
 SAMPLED = "advantage"  # algo.distill_loss's default: the sampled token's log ratio as the advantage
-DISTILL_HYPER = {"jsd": {"beta": "distill_beta"}}  # a loss's keyword -> the algo.<key> it takes
 
 
 def distill_loss_terms(name: str, student: torch.Tensor, teacher: torch.Tensor, algo) -> torch.Tensor:
-    """[B, R]: DISTILL_LOSSES[name] of student, teacher [B, R, K], with its algo.* keys."""
-    hyper = {kw: getattr(algo, key) for kw, key in DISTILL_HYPER.get(name, {}).items()}
+    """[B, R]: DISTILL_LOSSES[name] of student, teacher [B, R, K], with its algo.* keys (jsd:
+    algo.distill_beta)."""
+    hyper = {"beta": algo.distill_beta} if name == "jsd" else {}
     return DISTILL_LOSSES[name](student=student, teacher=teacher, **hyper)
 
 DISAGREE_MARGIN = math.log(2.0)  # teacher_below: the teacher gives the token < half the student's probability
