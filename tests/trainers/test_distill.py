@@ -106,11 +106,12 @@ def test_pure_distillation_needs_no_reward_and_no_groups(tmp_path):
     assert cfg.roles == ["actor", "rollout", "teacher"]
 
 
-def test_resume_gives_identical_next_step(tmp_path):
+@pytest.mark.parametrize("loss", ["advantage", "forward_kl"])
+def test_resume_gives_identical_next_step(tmp_path, loss):
     full, part = tmp_path / "full", tmp_path / "part"
-    train(config(full, "trainer.steps=3", "trainer.save_every=2"))
-    train(config(part, "trainer.steps=2"))
-    train(config(part, "trainer.steps=3", "trainer.resume=auto"))
+    train(config(full, "trainer.steps=3", "trainer.save_every=2", f"algo.distill_loss={loss}"))
+    train(config(part, "trainer.steps=2", f"algo.distill_loss={loss}"))
+    train(config(part, "trainer.steps=3", "trainer.resume=auto", f"algo.distill_loss={loss}"))
     drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))}
     a, b = [r for r in steps(full) if r["step"] == 3], [r for r in steps(part) if r["step"] == 3]
     assert drop(a[0]) == drop(b[0]) and "distill/reverse_kl" in a[0]
@@ -119,11 +120,12 @@ def test_resume_gives_identical_next_step(tmp_path):
 @pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_the_teacher_on_a_ray_worker_of_its_own(tmp_path):
     """The teacher on the pool 'aux' (its own Ray worker), the actor and rollout on 'main'
-    (a Ray worker too): the same first step as the colocated local run."""
+    (a Ray worker too): the same first step as the colocated local run, with GKD's loss (the
+    teacher's [B, R, V] distributions cross the process boundary)."""
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     train(config(ray_dir, "trainer.steps=1", "placement.backend=ray", "placement.threads_per_worker=1",
-                 "placement.pools.aux=1", "placement.roles.teacher=aux"))
-    train(config(local_dir, "trainer.steps=1"))
+                 "placement.pools.aux=1", "placement.roles.teacher=aux", "algo.distill_loss=forward_kl"))
+    train(config(local_dir, "trainer.steps=1", "algo.distill_loss=forward_kl"))
     a, b = steps(ray_dir)[0], steps(local_dir)[0]
-    for key in ("distill/reverse_kl", "distill/teacher_logprob", "actor/loss"):
+    for key in ("distill/reverse_kl", "distill/teacher_logprob", "actor/loss", "actor/distill_loss"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
