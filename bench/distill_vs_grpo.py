@@ -1,7 +1,7 @@
 """Benchmark: on-policy distillation next to GRPO and next to SFT on the teacher's samples,
 from the same warm start, side by side in one run.
 
-    .venv/bin/python bench/distill_vs_grpo.py [--distill-steps 60 --grpo-steps 300 --sft-steps 120
+    .venv/bin/python bench/distill_vs_grpo.py [--distill-steps 50 --grpo-steps 300 --sft-steps 120
                                                --eval-every 10 --grpo-eval-every 30 --target 0.85
                                                --out runs/distill_vs_grpo]
     .venv/bin/python bench/distill_vs_grpo.py --smoke
@@ -12,8 +12,9 @@ same 200 held-out prompts (greedy, and sampled at T=1 with 4 samples each):
     distill  recipes/distill_arithmetic.yaml: the student samples, checkpoints/arith-grpo gives
              its whole next-token distribution at every sampled position, the exact reverse KL
              to it is the loss (algo.distill_loss=reverse_kl; 64 prompts x 8 a step)
-    sampled  the same recipe with algo.distill_loss=advantage: the sampled token's log ratio
-             log p_teacher - log p_student as the advantage (the one-sample estimate)
+    sampled  the recipe as first shipped (algo.distill_loss=advantage, one pass of 4 optimizer
+             steps of 128 rows): the sampled token's log ratio log p_teacher - log p_student as
+             the advantage (the one-sample estimate)
     grpo     recipes/grpo_arithmetic.yaml: the demo that made the teacher (64 prompts x 8 a step)
     sft      off-policy distillation: baton's SFT driver on the teacher's own samples (T=1, one per
              training prompt, truncated ones dropped), `--sft-batch` rows an optimizer step
@@ -140,7 +141,7 @@ def small_arm(run_dir: Path, a: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--distill-steps", type=int, default=60)
+    p.add_argument("--distill-steps", type=int, default=50)
     p.add_argument("--grpo-steps", type=int, default=300)
     p.add_argument("--sft-steps", type=int, default=120)
     p.add_argument("--sft-batch", type=int, default=128, help="rows an SFT optimizer step (RL: 4 x 128 a step)")
@@ -166,7 +167,8 @@ def main() -> None:
                                   a.smoke, a.distill)
         elif arm == "sampled":
             results[arm] = rl_arm("recipes/distill_arithmetic.yaml", out / arm, a.distill_steps, a.eval_every,
-                                  a.smoke, ["algo.distill_loss=advantage", "actor.epochs=1", *a.distill])
+                                  a.smoke, ["algo.distill_loss=advantage", "actor.epochs=1", "actor.mini_batch_size=128",
+                                   "actor.micro_batch_size=128", *a.distill])
         elif arm == "small":
             results[arm] = small_arm(out / arm, a)
         elif arm == "grpo":
