@@ -1,7 +1,7 @@
 """Benchmark: on-policy distillation next to GRPO and next to SFT on the teacher's samples,
 from the same warm start, side by side in one run.
 
-    .venv/bin/python bench/distill_vs_grpo.py [--distill-steps 60 --grpo-steps 300 --sft-steps 120
+    .venv/bin/python bench/distill_vs_grpo.py [--distill-steps 50 --grpo-steps 300 --sft-steps 120
                                                --eval-every 10 --grpo-eval-every 30 --target 0.85
                                                --out runs/distill_vs_grpo]
     .venv/bin/python bench/distill_vs_grpo.py --smoke
@@ -9,11 +9,18 @@ from the same warm start, side by side in one run.
 Every arm starts from `checkpoints/arith-sft` (held-out greedy 0.475) and is evaluated on the
 same 200 held-out prompts (greedy, and sampled at T=1 with 4 samples each):
 
-    distill  recipes/distill_arithmetic.yaml: the student samples, checkpoints/arith-grpo scores
-             every token, the per-token reverse KL is the advantage (64 prompts x 8 a step)
+    distill  recipes/distill_arithmetic.yaml: the student samples, checkpoints/arith-grpo gives
+             its whole next-token distribution at every sampled position, the exact reverse KL
+             to it is the loss (algo.distill_loss=reverse_kl; 64 prompts x 8 a step)
+    sampled  the recipe as first shipped (algo.distill_loss=advantage, one pass of 4 optimizer
+             steps of 128 rows): the sampled token's log ratio log p_teacher - log p_student as
+             the advantage (the one-sample estimate)
     grpo     recipes/grpo_arithmetic.yaml: the demo that made the teacher (64 prompts x 8 a step)
     sft      off-policy distillation: baton's SFT driver on the teacher's own samples (T=1, one per
              training prompt, truncated ones dropped), `--sft-batch` rows an optimizer step
+    small    a smaller student: the `0.2m` preset (0.21M parameters, the same tokenizer),
+             warm-started as checkpoints/arith-sft was (recipes/sft_arithmetic.yaml, its 180
+             steps), then distilled from the same 0.82M teacher by the distill recipe
 
 The arms run one after the other in this process (`baton.cli.main`, one torch thread, each
 recipe's placement as written: one process). Reported per
@@ -122,9 +129,19 @@ def sft_arm(run_dir: Path, a: argparse.Namespace) -> dict:
     return {**curve(run_dir), "wall_s": wall, "teacher_samples": stats}
 
 
+def small_arm(run_dir: Path, a: argparse.Namespace) -> dict:
+    """The smaller student: SFT warm start of the 0.2m preset, then the distill recipe from it."""
+    warm = run_dir.parent / "small_sft"
+    baton(["train", str(REPO / "recipes/sft_arithmetic.yaml"), "model.preset=0.2m", f"trainer.run_dir={warm}",
+           "trainer.overwrite=true", "trainer.progress=false", *(SMOKE_SFT + ["trainer.steps=2"] if a.smoke else [])])
+    student = max((warm / "checkpoints").iterdir(), key=lambda d: int(d.name.split("_")[-1]))
+    return {**rl_arm("recipes/distill_arithmetic.yaml", run_dir, a.distill_steps, a.eval_every, a.smoke,
+                     [f"model.path={student}", *a.distill]), "student": str(student)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--distill-steps", type=int, default=60)
+    p.add_argument("--distill-steps", type=int, default=50)
     p.add_argument("--grpo-steps", type=int, default=300)
     p.add_argument("--sft-steps", type=int, default=120)
     p.add_argument("--sft-batch", type=int, default=128, help="rows an SFT optimizer step (RL: 4 x 128 a step)")
@@ -132,7 +149,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--grpo-eval-every", type=int, default=30)
     p.add_argument("--target", type=float, default=0.85)
-    p.add_argument("--arms", default="distill,grpo,sft")
+    p.add_argument("--arms", default="distill,grpo,sft,small")
     p.add_argument("--out", default="", help="run dirs and results.json (default runs/distill_vs_grpo; smoke: a temp dir)")
     p.add_argument("--distill", nargs="*", default=[], help="extra overrides for the distillation arm")
     add_smoke(p)
@@ -148,13 +165,19 @@ def main() -> None:
         if arm == "distill":
             results[arm] = rl_arm("recipes/distill_arithmetic.yaml", out / arm, a.distill_steps, a.eval_every,
                                   a.smoke, a.distill)
+        elif arm == "sampled":
+            results[arm] = rl_arm("recipes/distill_arithmetic.yaml", out / arm, a.distill_steps, a.eval_every,
+                                  a.smoke, ["algo.distill_loss=advantage", "actor.epochs=1", "actor.mini_batch_size=128",
+                                   "actor.micro_batch_size=128", *a.distill])
+        elif arm == "small":
+            results[arm] = small_arm(out / arm, a)
         elif arm == "grpo":
             results[arm] = rl_arm("recipes/grpo_arithmetic.yaml", out / arm, a.grpo_steps, a.grpo_eval_every,
                                   a.smoke, [])
         elif arm == "sft":
             results[arm] = sft_arm(out / arm, a)
         else:
-            raise SystemExit(f"unknown arm {arm!r}: distill, grpo, sft")
+            raise SystemExit(f"unknown arm {arm!r}: distill, sampled, small, grpo, sft")
     print(f"held-out greedy / sampled accuracy (200 prompts), first step at greedy >= {a.target}, training s")
     for arm, r in results.items():
         reach = first_reaching(r["evals"], a.target)

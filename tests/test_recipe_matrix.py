@@ -88,7 +88,8 @@ ROWS = [
     ("grpo-data-parallel", "grpo_arithmetic", [*RL, "placement.backend=ray", "placement.world_size=2"], ("ray",)),
     ("grpo-split-reward", "grpo_arithmetic", [*RL, "placement.backend=ray", "placement.pools.aux=1",
                                               "placement.roles.reward=aux"], ("ray", "slow")),
-    ("distill", "distill_arithmetic", RL, ()),
+    ("distill", "distill_arithmetic", RL, ()),  # GKD's forward KL over the teacher's distribution
+    ("distill-sampled", "distill_arithmetic", [*RL, "algo.distill_loss=advantage", "actor.epochs=1"], ()),
     ("ppo-critic", "ppo_arithmetic", PPO, ()),
     ("ppo-kl-in-reward", "ppo_arithmetic", [*PPO, "algo.kl_in_reward=true"], ()),
     ("ppo-one-step-off", "ppo_arithmetic", [*PPO, "trainer.mode=one_step_off"], ("ray", "slow")),
@@ -110,7 +111,8 @@ GOLDEN_RTOL, GOLDEN_ATOL = 1e-3, 1e-5  # see the module docstring
 GOLDEN_KEYS = ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/approx_kl", "actor/kl", "actor/entropy",
                "critic/vf_loss", "critic/grad_norm", "critic/returns_mean", "critic/explained_var",
                "reward/mean", "reward/std", "kl_reward/kl", "dpo/kl", "rewards/margins", "rewards/accuracies",
-               "sft/loss", "sft/grad_norm", "rm/loss", "rm/grad_norm", "rm/accuracy", "distill/reverse_kl")
+               "sft/loss", "sft/grad_norm", "rm/loss", "rm/grad_norm", "rm/accuracy", "distill/reverse_kl",
+               "actor/distill_loss")
 GOLDEN_SKIP = {  # row -> why its first steps are not compared
     "agent-gateway": "the agent's sessions run concurrently: which request the engine samples first varies",
     "grpo-one-step-off-lora": "Ray worker processes; the generator's timing decides nothing, but untested here",

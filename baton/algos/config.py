@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from baton.algos.advantages import ADVANTAGES, NEEDS, estimator_needs
 from baton.algos.aggregate import LOSS_AGG
+from baton.algos.distill import DISTILL_LOSSES, SAMPLED
 from baton.algos.kl import KL_ESTIMATORS
 from baton.algos.kl_control import KL_CONTROLLERS
 from baton.algos.off_policy import OFF_POLICY
@@ -49,6 +50,12 @@ class AlgoConfig:
     # distill: the weight of the task reward (group-centred, on every token) added to the
     # teacher's per-token reverse KL; 0 = the teacher alone (no reward is needed)
     task_reward_coef: float = 0.0
+    # distill: "advantage" = the sampled token's log p_teacher - log p_student as the advantage;
+    # a name in baton.algos.distill.DISTILL_LOSSES ("reverse_kl", "forward_kl", "jsd") = that
+    # divergence over the teacher's top-k tokens at each position as a loss term (GKD)
+    distill_loss: str = "advantage"
+    distill_topk: int = 0  # the teacher's tokens kept per position; 0 = the whole vocabulary
+    distill_beta: float = 0.5  # jsd: the teacher's weight in the mixture, in (0, 1)
     # DAPO dynamic sampling: drop prompt groups whose rewards are all equal and sample more
     # prompts, at most `dynamic_sampling_max_rounds` extra rounds, until the batch is full.
     dynamic_sampling: bool = False
@@ -76,6 +83,8 @@ def check_algo_names(algo: AlgoConfig) -> None:
         name = getattr(algo, key)
         if name not in registry:
             raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
+    if algo.distill_loss != SAMPLED and algo.distill_loss not in DISTILL_LOSSES:
+        raise ValueError(f"algo.distill_loss={algo.distill_loss!r} is not one of {[SAMPLED, *sorted(DISTILL_LOSSES)]}")
 
 
 def check_algo_ranges(algo: AlgoConfig) -> None:
@@ -92,6 +101,8 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
          f"algo.kl_target and algo.kl_horizon must be > 0 (got {a.kl_target}, {a.kl_horizon})"),
         (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, f"algo.gamma and algo.lam must be in [0, 1] (got {a.gamma}, {a.lam})"),
         (a.task_reward_coef >= 0, f"algo.task_reward_coef must be >= 0, got {a.task_reward_coef}"),
+        (a.distill_topk >= 0, f"algo.distill_topk must be >= 0 (0: the whole vocabulary), got {a.distill_topk}"),
+        (0 < a.distill_beta < 1, f"algo.distill_beta must be in (0, 1), got {a.distill_beta}"),
         (a.off_policy_cap >= 1, f"algo.off_policy_cap must be >= 1, got {a.off_policy_cap}"),
         (a.dynamic_sampling_max_rounds >= 0,
          f"algo.dynamic_sampling_max_rounds must be >= 0, got {a.dynamic_sampling_max_rounds}"),
@@ -116,6 +127,8 @@ DEPENDENT_KEYS = (
     ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
     ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
     ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),
+    ("distill_topk", lambda a: a.distill_loss != SAMPLED, "algo.distill_loss=reverse_kl|forward_kl|jsd"),
+    ("distill_beta", lambda a: a.distill_loss == "jsd", "algo.distill_loss=jsd"),
 )
 
 

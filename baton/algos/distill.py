@@ -26,6 +26,22 @@ the same temperature. Observation tokens of agent rows (mask 0) get 0.
                               than the student does (log pi_t < log pi_s - log 2): a stand-in
                               for "the teacher disagrees", since the teacher's full logits are
                               not kept (logprobs come from the fused head, no [V] row per token)
+
+`algo.distill_loss` other than "advantage" (GKD's full-distribution losses, `DISTILL_LOSSES`):
+the teacher keeps its K most likely tokens at every response position (`algo.distill_topk`, 0 =
+the whole vocabulary), the actor computes the student's logprobs of the same K tokens, and the
+divergence between the two distributions, summed over the K tokens (both renormalised over
+them: exact with the whole vocabulary), is a loss term of every policy token, beside the policy
+loss. It replaces the sampled token's one-sample estimate by the exact per-position divergence:
+no sampling noise, so larger steps stay stable. The advantage then holds only the task term
+(0 without algo.task_reward_coef):
+
+    reverse_kl   sum_v p_s(v) (log p_s(v) - log p_t(v))             KL(student || teacher), mode-seeking
+    forward_kl   sum_v p_t(v) (log p_t(v) - log p_s(v))             KL(teacher || student), mass-covering
+    jsd          beta KL(p_t || m) + (1 - beta) KL(p_s || m),  m = beta p_t + (1 - beta) p_s
+                 (GKD's generalised JSD as TRL writes it; beta = algo.distill_beta in (0, 1))
+
+The student's K logprobs carry the gradient; the teacher's are constants.
 """
 
 from __future__ import annotations
@@ -36,20 +52,36 @@ import torch
 
 from baton.algos.advantages import dr_grpo_advantages, register_advantage
 from baton.algos.masked import masked_mean
+from baton.algos.registry import Registry
+
+DISTILL_LOSSES = Registry("distillation loss")
+register_distill_loss = DISTILL_LOSSES.register
+SAMPLED = "advantage"  # algo.distill_loss's default: the sampled token's log ratio as the advantage
+
+
+def distill_loss_terms(name: str, student: torch.Tensor, teacher: torch.Tensor, algo) -> torch.Tensor:
+    """[B, R]: DISTILL_LOSSES[name] of student, teacher [B, R, K], with its algo.* keys (jsd:
+    algo.distill_beta)."""
+    hyper = {"beta": algo.distill_beta} if name == "jsd" else {}
+    return DISTILL_LOSSES[name](student=student, teacher=teacher, **hyper)
 
 DISAGREE_MARGIN = math.log(2.0)  # teacher_below: the teacher gives the token < half the student's probability
 
 
 @register_advantage("distill", inputs=("old_logprobs", "teacher_logprobs", "response_mask", "scores", "group_index"),
-                    hyper={"task_reward_coef": "task_reward_coef"}, reward_if="task_reward_coef")
+                    hyper={"task_reward_coef": "task_reward_coef", "distill_loss": "distill_loss"},
+                    reward_if="task_reward_coef")
 def distill_advantages(*, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, response_mask: torch.Tensor,
                        scores: torch.Tensor | None = None, group_index: torch.Tensor | None = None,
-                       group_size: int | None = None, task_reward_coef: float = 0.0):
+                       group_size: int | None = None, task_reward_coef: float = 0.0, distill_loss: str = SAMPLED):
     """See the module docstring. old_logprobs, teacher_logprobs, response_mask [B, R];
     scores [B] and groups only with task_reward_coef != 0. Returns (advantages, returns),
-    equal, 0 off the mask."""
+    equal, 0 off the mask. distill_loss other than "advantage": the teacher's signal is the
+    actor's loss term (`DISTILL_LOSSES`), the advantage only the task term."""
     mask = response_mask.bool()  # [B, R]
     gap = teacher_logprobs.detach().float() - old_logprobs.detach().float()  # [B, R] -(log s - log t)
+    if distill_loss != SAMPLED:
+        gap = torch.zeros_like(gap)
     adv = torch.where(mask, gap, 0.0)  # `where`: whatever sits on padding / observations stays out
     if task_reward_coef:
         task, _ = dr_grpo_advantages(scores=scores.float(), response_mask=response_mask,
@@ -66,3 +98,33 @@ def distill_metrics(old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
     return {"distill/reverse_kl": masked_mean(student - teacher, response_mask).item(),
             "distill/teacher_logprob": masked_mean(teacher, response_mask).item(),
             "distill/teacher_below": masked_mean(below, response_mask).item()}
+
+
+def _renormalised(logprobs: torch.Tensor) -> torch.Tensor:
+    """[B, R, K] logprobs of K tokens as a distribution over those K (a no-op over the whole
+    vocabulary, up to rounding)."""
+    return logprobs - torch.logsumexp(logprobs, dim=-1, keepdim=True)
+
+
+@register_distill_loss("reverse_kl")
+def reverse_kl_loss(*, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """[B, R]: KL(p_s || p_t) over the K tokens; student, teacher [B, R, K] logprobs."""
+    s, t = _renormalised(student.float()), _renormalised(teacher.detach().float())
+    return (s.exp() * (s - t)).sum(-1)
+
+
+@register_distill_loss("forward_kl")
+def forward_kl_loss(*, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """[B, R]: KL(p_t || p_s) over the K tokens (cross-entropy to the teacher, less its entropy)."""
+    s, t = _renormalised(student.float()), _renormalised(teacher.detach().float())
+    return (t.exp() * (t - s)).sum(-1)
+
+
+@register_distill_loss("jsd")
+def jsd_loss(*, student: torch.Tensor, teacher: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """[B, R]: beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = beta p_t + (1 - beta) p_s."""
+    if not 0 < beta < 1:
+        raise ValueError(f"jsd needs beta in (0, 1), got {beta} (forward_kl / reverse_kl are the ends)")
+    s, t = _renormalised(student.float()), _renormalised(teacher.detach().float())
+    m = torch.logsumexp(torch.stack([t + math.log(beta), s + math.log(1 - beta)]), dim=0)  # [B, R, K]
+    return beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)

@@ -1,6 +1,7 @@
 """A convenience composition of the primitives: the actor's scalar loss for one micro-batch.
 
-per_token = w * policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy, then one
+per_token = w * policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy
+(+ distill: a distillation divergence per token, `baton.algos.distill`), then one
 aggregation for the sum (aggregation is linear, so aggregating the terms separately with
 the same normalisers gives the same number). w = optional truncated-IS weights against
 the engine's behaviour logprobs (`baton.algos.off_policy`); off (w = 1) by default.
@@ -24,7 +25,8 @@ def actor_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                policy_loss: str = "ppo_clip", policy_loss_kwargs: dict | None = None,
                kl_estimator: str = "k3", kl_coef: float = 0.0, entropy_coef: float = 0.0,
                agg_mode: str = "token-mean", global_tokens=None, global_seqs=None,
-               max_len: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               max_len: int | None = None, distill: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss of a micro-batch and its metrics (all inputs [B, R]).
 
     GRPO: advantages from ADVANTAGES["grpo"], kl_coef > 0 with k3 and ref_logprobs.
@@ -33,6 +35,7 @@ def actor_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     GSPO: policy_loss "gspo", agg_mode "seq-mean-token-mean".
     Truncated-IS weights (`baton.algos.off_policy`) reach the loss through `advantages`: the
     driver scales them (w * loss(A) = loss(w * A) for every policy loss, tests/trainers/test_ppo_pieces.py).
+    distill [B, R]: a distillation loss per token (`DISTILL_LOSSES`, with its gradient), added.
     """
     per_token, metrics = POLICY_LOSSES[policy_loss](
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
@@ -47,6 +50,9 @@ def actor_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)  # [B, R]
         per_token = per_token + kl_coef * kl
         metrics["kl"] = masked_mean(kl, response_mask).detach()
+    if distill is not None:
+        per_token = per_token + distill
+        metrics["distill_loss"] = masked_mean(distill, response_mask).detach()
     if entropy_coef:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs entropy")

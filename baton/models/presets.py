@@ -3,6 +3,7 @@ a plain dict, so the command line lists them without importing torch (baton.mode
 builds them)."""
 
 PRESETS: dict[str, dict[str, int]] = {
+    "0.2m": dict(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=192),  # a student for the 0.75m teacher
     "0.75m": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
     "2m": dict(hidden=192, layers=5, heads=6, kv_heads=2, intermediate=576),
     "5m": dict(hidden=256, layers=6, heads=8, kv_heads=4, intermediate=768),

@@ -3,6 +3,7 @@
 Presets cover the sizes baton's tests and demos need (parameter counts with the 260-token
 byte vocabulary of `baton.models.tokenizer`, embeddings tied):
 
+    "0.2m"   hidden 64, 4 layers    0.21M params  a smaller distillation student (BENCHMARKS.md)
     "0.75m"  hidden 128, 4 layers   0.82M params  unit tests, smoke runs
     "2m"     hidden 192, 5 layers   2.2M params
     "5m"     hidden 256, 6 layers   4.8M params

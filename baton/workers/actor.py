@@ -28,6 +28,7 @@ import torch
 
 from baton import fields as F
 from baton.algos import actor_loss
+from baton.algos.distill import SAMPLED, distill_loss_terms
 from baton.algos.off_policy import mismatch_kl_sums
 from baton.algos.policy_loss import policy_loss_args
 from baton.algos.config import AlgoConfig
@@ -44,7 +45,7 @@ from baton.runs.checkpoints import atomic_dir
 from baton.workers.optim import build_optimizer
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.policy import Policy
-from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs
+from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs, response_topk
 
 TRAINER_STATE = "trainer_state.pt"
 
@@ -154,10 +155,18 @@ class ActorWorker(Worker):
     def _loss(self, micro: Batch, n_tokens: float, n_seqs: float
               ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         algo = self.algo
+        distill = None
         with autocast(self.device, self.bf16):
-            logp, ent = response_logprobs(self.model, micro, self.temperature,
-                                          with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                                          share_prompts=self.par.share_prompts)
+            if algo.distill_loss != SAMPLED:  # GKD: the student's logprobs of the teacher's top-k tokens too
+                out = response_topk(self.model, micro, self.temperature, ids=micro[F.TEACHER_TOPK_IDS],
+                                    entropy_grad=algo.entropy_coef > 0, share_prompts=self.par.share_prompts)
+                logp, ent = out["logprobs"], out[F.ENTROPY]
+                distill = distill_loss_terms(algo.distill_loss, out["topk_logprobs"],
+                                             micro[F.TEACHER_TOPK_LOGPROBS], algo)  # [B, R]
+            else:
+                logp, ent = response_logprobs(self.model, micro, self.temperature,
+                                              with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                                              share_prompts=self.par.share_prompts)
         loss, stats = actor_loss(
             logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
             response_mask=micro[F.RESPONSE_MASK].float(),
@@ -166,7 +175,7 @@ class ActorWorker(Worker):
             policy_loss_kwargs=policy_loss_args(algo.policy_loss, algo),  # as the loss declares
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
-            max_len=self.max_new_tokens)
+            max_len=self.max_new_tokens, distill=distill)
         # metrics stay tensors (float64) until the update ends: no device sync per micro-batch
         return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}, logp
 

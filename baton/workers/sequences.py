@@ -168,6 +168,18 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
         yield rows, torch.cat([first_logits[src][:, None], r_logits[:, :-1]], dim=1)  # [b, L, V]
 
 
+def _response_pieces(model: torch.nn.Module, batch: Batch, share_prompts: bool, fused: bool):
+    """(device, fused head or None, pieces): `pieces` yields (rows [b], states [b, L, X]) per
+    bucket, states being logits, or hidden states when the head is fused (`fused_head`)."""
+    device = next(model.parameters()).device
+    head = fused_head(model) if fused else None
+    net = _HiddenView(head[0]) if head is not None else model
+    first, run = prompt_groups(batch) if share_prompts else (None, None)
+    if first is not None and len(first) < len(batch):
+        return device, head, _pieces_shared_prompt(net, batch, first, run, device)
+    return device, head, [(torch.arange(len(batch)), _logits_full(net, batch, device))]
+
+
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
                       with_entropy: bool = False, entropy_grad: bool = False,
                       share_prompts: bool = True, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -179,14 +191,7 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     `fused` (where `fused_head` allows it): no full logits (module docstring); False: the
     plain path through logits (the reference the fused one is tested against).
     """
-    device = next(model.parameters()).device
-    head = fused_head(model) if fused else None
-    net = _HiddenView(head[0]) if head is not None else model
-    first, run = prompt_groups(batch) if share_prompts else (None, None)
-    if first is not None and len(first) < len(batch):
-        pieces = _pieces_shared_prompt(net, batch, first, run, device)
-    else:
-        pieces = [(torch.arange(len(batch)), _logits_full(net, batch, device))]
+    device, head, pieces = _response_pieces(model, batch, share_prompts, fused)
     t = temperature if temperature > 0 else 1.0
     R = batch[F.RESPONSE_IDS].shape[1]
     order, logps, ents = [], [], []
@@ -209,6 +214,45 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     return logp, (torch.cat(ents)[inverse] if with_entropy else None)
 
 
+def response_topk(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, *, k: int = 0,
+                  ids: torch.Tensor | None = None, entropy_grad: bool = False,
+                  share_prompts: bool = True) -> dict[str, torch.Tensor]:
+    """The model's whole next-token distribution at each response position, kept at K tokens:
+    `ids` [B, R, K] given (another model's top K: the student's logprobs of the teacher's
+    tokens), else its own K most likely (k = 0: the whole vocabulary, in id order).
+
+    Returns {"logprobs" [B, R] of the sampled tokens, "entropy" [B, R], "topk_logprobs"
+    [B, R, K], "topk_ids" [B, R, K]}, fp32 (logits upcast), at `temperature`; 0 (id 0) on
+    response padding. Builds the full logits [b, L, V] of a bucket (the fused head too): a
+    distillation loss over the vocabulary needs them, a vocabulary of 150k wants a small K.
+    """
+    device, head, pieces = _response_pieces(model, batch, share_prompts, fused=True)
+    t = temperature if temperature > 0 else 1.0
+    R = batch[F.RESPONSE_IDS].shape[1]
+    order, outs = [], []
+    for rows, states in pieces:
+        L = states.shape[1]
+        logits = upcast(states @ head[1].T if head is not None else states)  # [b, L, V]
+        lsm = torch.log_softmax(logits / t, dim=-1)  # [b, L, V]
+        labels = batch[F.RESPONSE_IDS][rows, :L].to(device)  # [b, L]
+        if ids is not None:
+            top_ids = ids[rows, :L].to(device)  # [b, L, K]
+            top = lsm.gather(-1, top_ids)  # [b, L, K]
+        elif k:
+            top, top_ids = lsm.topk(min(k, lsm.shape[-1]), dim=-1)  # [b, L, K] each
+        else:
+            top, top_ids = lsm, torch.arange(lsm.shape[-1], device=device).expand_as(lsm)  # [b, L, V]
+        p_log = lsm if entropy_grad else lsm.detach()
+        piece = {"logprobs": lsm.gather(-1, labels[..., None])[..., 0],  # [b, L]
+                 "entropy": -(p_log.exp() * p_log).sum(-1),  # [b, L]
+                 "topk_logprobs": top, "topk_ids": top_ids}
+        outs.append({key: torch.nn.functional.pad(v, (0, 0, 0, R - L) if v.dim() == 3 else (0, R - L))
+                     for key, v in piece.items()})
+        order.append(rows)
+    inverse = torch.argsort(torch.cat(order)).to(device)  # rows back in batch order
+    return {key: torch.cat([o[key] for o in outs])[inverse] for key in outs[0]}
+
+
 @torch.no_grad()
 def batched_logprobs(model: torch.nn.Module, batch: Batch, micro_batch_size: int,
                      temperature: float = 1.0, with_entropy: bool = False) -> Batch:
@@ -223,3 +267,13 @@ def batched_logprobs(model: torch.nn.Module, batch: Batch, micro_batch_size: int
     if ents:
         out[F.ENTROPY] = torch.cat(ents)
     return Batch(out)
+
+
+@torch.no_grad()
+def batched_topk(model: torch.nn.Module, batch: Batch, micro_batch_size: int, temperature: float,
+                 k: int) -> dict[str, torch.Tensor]:
+    """`response_topk` (the model's own top `k`; 0: the whole vocabulary) in inference mode
+    over micro-batches: {"logprobs" [B, R], "topk_logprobs" [B, R, K], "topk_ids" [B, R, K]}."""
+    outs = [response_topk(model, micro, temperature, k=k)
+            for micro in batch.minibatches(max(1, micro_batch_size), shuffle=False)]
+    return {key: torch.cat([o[key] for o in outs]) for key in ("logprobs", "topk_logprobs", "topk_ids")}

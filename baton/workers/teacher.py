@@ -6,6 +6,11 @@ the softmax), at the rollout temperature, as the reference computes its own: it 
 reference worker (`ReferenceWorker.frozen_logprobs`) loaded from `teacher.path`. Agents'
 observation tokens are scored too (they are context) and masked by the estimator.
 
+With `algo.distill_loss` other than "advantage" it also keeps, at every response position, its
+K most likely tokens and their logprobs (teacher_topk_ids / teacher_topk_logprobs [B, R, K],
+K = `algo.distill_topk`, 0 = the whole vocabulary), from the full logits: the student's
+divergence to them is the actor's loss term (baton.algos.distill).
+
 Placement is the reference's: colocated in the actor's process by default, or on a pool of its
 own with `placement.roles.teacher=POOL` (on Ray, a worker or several of its own, on a GPU of
 its own where `placement.gpus_per_worker` gives one).
@@ -23,7 +28,9 @@ from baton import fields as F
 from baton.batch import Batch
 from baton.controller import Dispatch, register
 from baton.models.config import ModelConfig, check_model_path
+from baton.models.precision import autocast
 from baton.workers.reference import ReferenceWorker
+from baton.workers.sequences import batched_topk
 
 
 @dataclass
@@ -64,10 +71,16 @@ class TeacherWorker(ReferenceWorker):
     machinery on `teacher.path`, in `teacher.bf16`'s precision."""
 
     def __init__(self, teacher: TeacherConfig, *, temperature: float, micro_batch_size: int,
-                 strategy: str = "ddp"):
+                 strategy: str = "ddp", topk: int | None = None):
         super().__init__(ModelConfig(path=teacher.path), temperature=temperature,
                          micro_batch_size=micro_batch_size, strategy=strategy, bf16=teacher.bf16)
+        self.topk = topk  # None: the sampled tokens' logprobs only; K (0: all) with algo.distill_loss
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_teacher_logprobs(self, batch: Batch) -> Batch:
-        return Batch({F.TEACHER_LOGPROBS: self.frozen_logprobs(batch)})
+        if self.topk is None:
+            return Batch({F.TEACHER_LOGPROBS: self.frozen_logprobs(batch)})
+        with autocast(self.device, self.bf16):
+            out = batched_topk(self.model, batch, self.micro_batch_size, self.temperature, self.topk)
+        return Batch({F.TEACHER_LOGPROBS: out["logprobs"], F.TEACHER_TOPK_IDS: out["topk_ids"],
+                      F.TEACHER_TOPK_LOGPROBS: out["topk_logprobs"]})

@@ -1,12 +1,14 @@
 """The `distill` estimator (on-policy distillation) on hand-worked numbers, against a
-reference computation, and its metrics."""
+reference computation, and its metrics; GKD's full-distribution losses (algo.distill_loss)
+by hand, their top-k renormalisation, their direction, and their place in the actor loss."""
 
 import math
 
 import torch
 
-from baton.algos import ADVANTAGES, compute_advantages, distill_metrics, estimator_needs
+from baton.algos import ADVANTAGES, actor_loss, compute_advantages, distill_metrics, estimator_needs
 from baton.algos.config import AlgoConfig
+from baton.algos.distill import DISTILL_LOSSES, jsd_loss, reverse_kl_loss
 
 
 def _reference(student, teacher, mask):
@@ -91,3 +93,79 @@ def test_it_declares_a_teacher_and_reads_the_reward_only_when_mixed():
     assert not needs.reads_reward(AlgoConfig()) and not needs.compares_groups(AlgoConfig())
     assert needs.compares_groups(AlgoConfig(task_reward_coef=0.5))
     assert not estimator_needs("grpo").teacher and estimator_needs("grpo").compares_groups(AlgoConfig())
+
+
+# --- GKD's full-distribution losses (algo.distill_loss) ------------------------------------
+def _log(*p):
+    return torch.log(torch.tensor([list(p)], dtype=torch.float64))[None]  # [1, 1, K]
+
+
+def test_divergences_by_hand():
+    # one position, two tokens: student (0.5, 0.5), teacher (0.25, 0.75)
+    #   reverse KL(s || t) = 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75)            = 0.5 ln(4/3)
+    #   forward KL(t || s) = 0.25 ln(0.25/0.5) + 0.75 ln(0.75/0.5)
+    #   jsd, beta 0.5: m = (0.375, 0.625);
+    #     0.5 [0.25 ln(0.25/0.375) + 0.75 ln(0.75/0.625)] + 0.5 [0.5 ln(0.5/0.375) + 0.5 ln(0.5/0.625)]
+    s, t = _log(0.5, 0.5), _log(0.25, 0.75)
+    ln = math.log
+    expected = {"reverse_kl": 0.5 * ln(4 / 3), "forward_kl": 0.25 * ln(0.5) + 0.75 * ln(1.5),
+                "jsd": 0.5 * (0.25 * ln(2 / 3) + 0.75 * ln(1.2)) + 0.5 * (0.5 * ln(4 / 3) + 0.5 * ln(0.8))}
+    assert abs(expected["reverse_kl"] - 0.143841) < 1e-6 and abs(expected["jsd"] - 0.0338225) < 1e-6
+    for name, value in expected.items():
+        got = DISTILL_LOSSES[name](student=s, teacher=t)
+        assert got.shape == (1, 1) and math.isclose(got.item(), value, abs_tol=1e-6), (name, got.item(), value)
+    # jsd's beta weighs the teacher: beta 0.25, m = 0.25 t + 0.75 s = (0.4375, 0.5625)
+    m = (0.4375, 0.5625)
+    by_hand = (0.25 * (0.25 * ln(0.25 / m[0]) + 0.75 * ln(0.75 / m[1]))
+               + 0.75 * (0.5 * ln(0.5 / m[0]) + 0.5 * ln(0.5 / m[1])))
+    assert math.isclose(jsd_loss(student=s, teacher=t, beta=0.25).item(), by_hand, abs_tol=1e-6)
+    for name in expected:  # zero where the student is the teacher
+        assert abs(DISTILL_LOSSES[name](student=t, teacher=t).item()) < 1e-6
+
+
+def test_top_k_renormalises_both_over_the_teachers_tokens():
+    # vocabulary of 3: student (0.5, 0.3, 0.2), teacher (0.6, 0.3, 0.1); the teacher's top 2 =
+    # tokens 0, 1 -> student (0.625, 0.375), teacher (2/3, 1/3) over them
+    s, t = _log(0.5, 0.3), _log(0.6, 0.3)
+    by_hand = 0.625 * math.log(0.625 / (2 / 3)) + 0.375 * math.log(0.375 / (1 / 3))
+    assert math.isclose(reverse_kl_loss(student=s, teacher=t).item(), by_hand, abs_tol=1e-6)
+
+
+def test_the_gradient_moves_the_student_toward_the_teacher_and_never_the_teacher():
+    """A few gradient steps on the student's logits lower each divergence; the teacher's
+    logprobs get no gradient (they are the target)."""
+    teacher = torch.log_softmax(torch.tensor([[[2.0, 0.0, -1.0, 0.5]]]), -1).requires_grad_(True)
+    for name in DISTILL_LOSSES:
+        logits = torch.tensor([[[0.3, -0.2, 0.9, -1.1]]], requires_grad=True)
+        values = []
+        for _ in range(5):
+            loss = DISTILL_LOSSES[name](student=torch.log_softmax(logits, -1), teacher=teacher).sum()
+            values.append(loss.item())
+            (g,) = torch.autograd.grad(loss, logits)
+            logits = (logits - 1.0 * g).detach().requires_grad_(True)
+        assert all(b < a for a, b in zip(values, values[1:])), (name, values)
+        assert teacher.grad is None
+        out = DISTILL_LOSSES[name](student=torch.log_softmax(logits, -1), teacher=teacher)
+        assert not out.requires_grad or teacher not in [n for n in out.grad_fn.next_functions]
+
+
+def test_with_a_distill_loss_the_advantage_is_the_task_term_only():
+    student = torch.tensor([[-1.0, -1.0], [-0.5, -2.0]])
+    teacher = torch.tensor([[-0.5, -1.5], [-0.5, -1.0]])
+    mask = torch.ones(2, 2)
+    adv, _ = ADVANTAGES["distill"](old_logprobs=student, teacher_logprobs=teacher, response_mask=mask,
+                                   distill_loss="reverse_kl")
+    assert torch.equal(adv, torch.zeros(2, 2))
+    adv, _ = compute_advantages("distill", old_logprobs=student, teacher_logprobs=teacher, response_mask=mask,
+                                scores=torch.tensor([1.0, 0.0]), group_index=torch.tensor([0, 0]),
+                                values=None, task_reward_coef=0.4, distill_loss="jsd")
+    torch.testing.assert_close(adv, torch.tensor([[0.2, 0.2], [-0.2, -0.2]]), atol=1e-6, rtol=0)
+
+
+def test_the_loss_term_is_added_to_the_actor_loss():
+    # zero advantages: the policy loss is 0, the loss is the distill term's token mean
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    lp = torch.zeros(2, 2)
+    distill = torch.tensor([[0.3, 0.6], [0.9, 100.0]])  # the padded token's 100 never counts
+    loss, stats = actor_loss(logprobs=lp, old_logprobs=lp, advantages=lp, response_mask=mask, distill=distill)
+    assert math.isclose(loss.item(), 0.6, abs_tol=1e-6) and math.isclose(stats["distill_loss"].item(), 0.6, abs_tol=1e-6)

@@ -35,16 +35,21 @@ def steps(run_dir) -> list[dict]:
     return [r for r in read_metrics(run_dir) if r["step"] > 0]
 
 
-def test_the_student_moves_toward_its_teacher(tmp_path):
+@pytest.mark.parametrize("loss", ["advantage", "reverse_kl"])
+def test_the_student_moves_toward_its_teacher(tmp_path, loss):
     """On a fixed set of 16 prompts (as tests/trainers/test_grpo_learns.py: fresh prompts each
     step would bury a few steps' change in sampling noise), the per-token reverse KL to the
     teacher on the student's own samples falls over 8 steps, and the teacher's logprob of
-    the student's tokens rises."""
+    the student's tokens rises: with the sampled token's log ratio as the advantage, and with
+    GKD's exact reverse KL over the whole vocabulary as the loss (algo.distill_loss)."""
     if "arithmetic-16" not in TASKS:
         register_task(ArithmeticTask(name="arithmetic-16", train_size=16))
     train(config(tmp_path, "trainer.steps=8", "data.task=arithmetic-16", "data.prompts_per_step=16", "rollout.n=4",
-                 "actor.mini_batch_size=32", "actor.micro_batch_size=64", "actor.lr=1e-4", "actor.lr_warmup_steps=0"))
+                 "actor.mini_batch_size=32", "actor.micro_batch_size=64", "actor.lr=1e-4", "actor.lr_warmup_steps=0",
+                 f"algo.distill_loss={loss}"))
     rows = steps(tmp_path)
+    if loss != "advantage":  # the loss term is the actor's, the advantage (no task term) is 0
+        assert rows[0]["actor/distill_loss"] > 0 and rows[0]["actor/pg_loss"] == 0
     kl = [r["distill/reverse_kl"] for r in rows]
     teacher = [r["distill/teacher_logprob"] for r in rows]
     first, last = sum(kl[:2]) / 2, sum(kl[-2:]) / 2
@@ -84,6 +89,11 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_anything_is_written
     ([*DISTILL, "algo.task_reward_coef=0.5", "reward.functions={}"], "nothing scores"),
     ([*DISTILL, "algo.task_reward_coef=0.5", "rollout.n=1"], "rollout.n=1"),  # its task term compares samples
     (["algo.advantage=distill", "teacher.bf16=false"], "teacher.path is required"),
+    ([*DISTILL, "algo.distill_loss=kl"], "algo.distill_loss='kl' is not one of"),  # an unknown divergence
+    ([*DISTILL, "algo.distill_topk=8"], "algo.distill_topk=8 is read only with"),  # top-k of the sampled estimate
+    ([*DISTILL, "algo.distill_loss=reverse_kl", "algo.distill_beta=0.3"], "algo.distill_beta=0.3 is read only"),
+    ([*DISTILL, "algo.distill_loss=jsd", "algo.distill_beta=1.0"], "algo.distill_beta must be in (0, 1)"),
+    (["algo.distill_loss=reverse_kl"], "algo.distill_loss=reverse_kl is read only"),  # without distill
 ])
 def test_combinations_that_make_no_sense_are_refused(overrides, says):
     with pytest.raises(ConfigError, match=None) as e:
@@ -96,11 +106,12 @@ def test_pure_distillation_needs_no_reward_and_no_groups(tmp_path):
     assert cfg.roles == ["actor", "rollout", "teacher"]
 
 
-def test_resume_gives_identical_next_step(tmp_path):
+@pytest.mark.parametrize("loss", ["advantage", "forward_kl"])
+def test_resume_gives_identical_next_step(tmp_path, loss):
     full, part = tmp_path / "full", tmp_path / "part"
-    train(config(full, "trainer.steps=3", "trainer.save_every=2"))
-    train(config(part, "trainer.steps=2"))
-    train(config(part, "trainer.steps=3", "trainer.resume=auto"))
+    train(config(full, "trainer.steps=3", "trainer.save_every=2", f"algo.distill_loss={loss}"))
+    train(config(part, "trainer.steps=2", f"algo.distill_loss={loss}"))
+    train(config(part, "trainer.steps=3", "trainer.resume=auto", f"algo.distill_loss={loss}"))
     drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))}
     a, b = [r for r in steps(full) if r["step"] == 3], [r for r in steps(part) if r["step"] == 3]
     assert drop(a[0]) == drop(b[0]) and "distill/reverse_kl" in a[0]
@@ -109,11 +120,12 @@ def test_resume_gives_identical_next_step(tmp_path):
 @pytest.mark.ray  # the session's Ray instance (tests/conftest.py)
 def test_the_teacher_on_a_ray_worker_of_its_own(tmp_path):
     """The teacher on the pool 'aux' (its own Ray worker), the actor and rollout on 'main'
-    (a Ray worker too): the same first step as the colocated local run."""
+    (a Ray worker too): the same first step as the colocated local run, with GKD's loss (the
+    teacher's [B, R, V] distributions cross the process boundary)."""
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     train(config(ray_dir, "trainer.steps=1", "placement.backend=ray", "placement.threads_per_worker=1",
-                 "placement.pools.aux=1", "placement.roles.teacher=aux"))
-    train(config(local_dir, "trainer.steps=1"))
+                 "placement.pools.aux=1", "placement.roles.teacher=aux", "algo.distill_loss=forward_kl"))
+    train(config(local_dir, "trainer.steps=1", "algo.distill_loss=forward_kl"))
     a, b = steps(ray_dir)[0], steps(local_dir)[0]
-    for key in ("distill/reverse_kl", "distill/teacher_logprob", "actor/loss"):
+    for key in ("distill/reverse_kl", "distill/teacher_logprob", "actor/loss", "actor/distill_loss"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key

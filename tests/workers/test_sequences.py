@@ -109,3 +109,28 @@ def test_fused_head_only_where_logits_are_the_head_of_the_hidden_state():
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32))
     assert sequences.fused_head(gpt2) is None  # not in FUSED_HEAD_TYPES: the logits path
+
+
+def test_top_k_distributions_match_the_logprobs_and_the_full_softmax():
+    """`response_topk` (GKD's distributions): its sampled-token logprobs and entropy equal
+    `response_logprobs`'; its whole-vocabulary rows are the log-softmax of the plain logits;
+    its own top k are the k largest of them; gathered at other ids, those ids' entries."""
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64)).double()
+    batch = grouped_batch()
+    mask = batch[F.RESPONSE_MASK].bool()
+    logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    full = sequences.response_topk(model, batch, temperature=0.7)  # k=0: the whole vocabulary
+    assert full["topk_logprobs"].shape == (*mask.shape, 64)
+    torch.testing.assert_close(full["logprobs"][mask], logp[mask])
+    torch.testing.assert_close(full["entropy"][mask], ent[mask])
+    plain = sequences._logits_full(model, batch, torch.device("cpu"))  # [B, R, V] no sharing, no fusing
+    torch.testing.assert_close(full["topk_logprobs"][mask], torch.log_softmax(plain / 0.7, -1)[mask])
+    top = sequences.response_topk(model, batch, temperature=0.7, k=5)
+    torch.testing.assert_close(top["topk_logprobs"][mask], full["topk_logprobs"].topk(5, -1).values[mask])
+    ids = top["topk_ids"].flip(-1)  # other ids: gathered in their order
+    other = sequences.response_topk(model, batch, temperature=0.7, ids=ids)
+    torch.testing.assert_close(other["topk_logprobs"][mask], full["topk_logprobs"].gather(-1, ids)[mask])
+    assert torch.equal(other["topk_ids"][mask], ids[mask])

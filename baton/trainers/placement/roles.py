@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from baton.algos.distill import SAMPLED
 from baton.controller import build_role_groups
 from baton.sources import apart
 from baton.trainers.ppo_config import PPOConfig
@@ -57,7 +58,8 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
     if cfg.teacher is not None:  # the reference's machinery on the teacher's model
         classes["teacher"] = (TeacherWorker, (cfg.teacher,),
                               dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
-                                   strategy=cfg.actor.strategy))
+                                   strategy=cfg.actor.strategy,
+                                   topk=None if cfg.algo.distill_loss == SAMPLED else cfg.algo.distill_topk))
     if cfg.critic is not None:
         classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
                              dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
