@@ -4,6 +4,7 @@ the package's docstrings and comments resolves to a module or an attribute that 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -18,7 +19,9 @@ def resolves(dotted: str) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("baton"):  # the module is there; an extra it imports is not
+                return importlib.util.find_spec(".".join(parts[:cut])) is not None
             continue
         try:
             for attr in parts[cut:]:
