@@ -11,6 +11,14 @@ from baton.workers import sequences
 from baton.workers.sequences import length_buckets, prompt_groups, response_logprobs
 
 
+def tiny_double_model() -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 of 64 tokens in float64, seeded (0)."""
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64,
+                                        max_position_embeddings=64)).double()
+
+
 def grouped_batch(n=3):
     g = torch.Generator().manual_seed(0)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
@@ -40,10 +48,7 @@ def test_prompt_groups_finds_runs():
 def test_shared_prompt_forward_equals_full_forward_and_gradient(call_cost, monkeypatch):
     if call_cost is not None:
         monkeypatch.setattr(sequences, "CALL_COST_TOKENS", call_cost)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         intermediate_size=64, max_position_embeddings=64)).double()
+    model = tiny_double_model()
     batch = grouped_batch()
     mask = batch[F.RESPONSE_MASK].float()
 
@@ -81,10 +86,7 @@ def test_length_buckets_minimise_padding_plus_call_cost():
 def test_fused_head_equals_the_logits_path_values_and_gradients(share):
     """The default path (hidden states through `linear_logprobs`, no full logits) gives the
     plain path's logprobs, entropies and gradients, entropy bonus included, in float64."""
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         intermediate_size=64, max_position_embeddings=64)).double()
+    model = tiny_double_model()
     assert sequences.fused_head(model) is not None
     batch = grouped_batch()
     mask = batch[F.RESPONSE_MASK].double()
@@ -115,10 +117,7 @@ def test_top_k_distributions_match_the_logprobs_and_the_full_softmax():
     """`response_topk` (GKD's distributions): its sampled-token logprobs and entropy equal
     `response_logprobs`'; its whole-vocabulary rows are the log-softmax of the plain logits;
     its own top k are the k largest of them; gathered at other ids, those ids' entries."""
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         intermediate_size=64, max_position_embeddings=64)).double()
+    model = tiny_double_model()
     batch = grouped_batch()
     mask = batch[F.RESPONSE_MASK].bool()
     logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
