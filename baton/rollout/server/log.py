@@ -3,7 +3,8 @@
     POST /generate 200 12+4 tokens 0.031 s
 
 (method, path, status, prompt+completion tokens when the request generated, wall time).
-Pure ASGI, so a client's disconnect still reaches the app."""
+Pure ASGI, so a client's disconnect still reaches the app. The line is logged before the
+response's last body chunk is sent, so a client that has the response can find its line."""
 
 from __future__ import annotations
 
@@ -45,17 +46,24 @@ class RequestLog:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        t0, status = time.monotonic(), [0]
+        t0, status, logged = time.monotonic(), [0], [False]
+
+        def line() -> None:
+            if not logged[0]:
+                logged[0] = True
+                tokens = (scope.get("state") or {}).get("baton_tokens")
+                used = f" {tokens[0]}+{tokens[1]} tokens" if tokens else ""
+                log.info("%s %s %d%s %.3f s", scope.get("method"), scope.get("path"), status[0] or 500, used,
+                         time.monotonic() - t0)
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                line()  # before the client can have the whole response: its line is already written
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            tokens = (scope.get("state") or {}).get("baton_tokens")
-            used = f" {tokens[0]}+{tokens[1]} tokens" if tokens else ""
-            log.info("%s %s %d%s %.3f s", scope.get("method"), scope.get("path"), status[0] or 500, used,
-                     time.monotonic() - t0)
+            line()  # a request that ended without a last body (a disconnect, an error)
