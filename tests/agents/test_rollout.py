@@ -105,13 +105,19 @@ def test_guess_per_turn_rewards(qwen_tok):
     assert stats["turns_mean"] == 2
 
 
-HANG_RELEASE, HANG_ENDED = threading.Event(), threading.Event()  # the test ends the hang, not a clock
+HANG_RELEASE = threading.Event()  # the test ends the hang, not a clock
+HANGS = {"started": 0, "ended": 0}  # calls of _hang, under HANG_COUNT
+HANG_COUNT = threading.Condition()
 
 
 def _hang(expr: str) -> str:
     """Hangs until the test releases it."""
+    with HANG_COUNT:
+        HANGS["started"] += 1
     HANG_RELEASE.wait(60)
-    HANG_ENDED.set()
+    with HANG_COUNT:
+        HANGS["ended"] += 1
+        HANG_COUNT.notify_all()
     return "0"
 
 
@@ -133,14 +139,17 @@ class BoomEnv(CalculatorEnv):
 @pytest.mark.parametrize("env,kind", [("test_hang", "tool_timeout"), ("test_boom", "tool_error")])
 def test_faulty_tool_drops_trajectory_counted(qwen_tok, env, kind):
     cfg = AgentConfig(env=env, tool_timeout_s=0.2, max_tokens=400, turn_max_new_tokens=80)
-    HANG_RELEASE.clear(), HANG_ENDED.clear()
+    HANG_RELEASE.clear()
+    ended = HANGS["ended"]
     try:
         rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok,
                                    _prompts([{"prompt": "12*34=", "answer": "408"}]), 2, cfg, SamplingParams())
         assert stats["dropped"] == {kind: 2} and len(rows) == 0
-        assert not HANG_ENDED.is_set()  # returned while the hung tool still hangs: never waited for it
+        assert HANGS["ended"] == ended  # returned while the hung tools still hang: never waited for them
     finally:
         HANG_RELEASE.set()
+        with HANG_COUNT:  # the hung calls end here, not in the next test (which counted them as its own)
+            assert HANG_COUNT.wait_for(lambda: HANGS["ended"] == HANGS["started"], timeout=60), HANGS
 
 
 def test_budget_truncate_and_drop(qwen_tok):
