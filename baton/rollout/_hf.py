@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.padding import position_ids
+from baton.rollout._llama import FAMILIES
 
 
 class HFRunner:
@@ -34,8 +35,8 @@ class HFRunner:
 
     def pack(self, lora=None, reuse: bool = False) -> None:  # nothing to pre-pack: HF reads its parameters itself
         if lora is not None:
-            raise ValueError("serving a LoRA adapter by name needs the fast Llama / Qwen2 path; "
-                             f"{type(self.model).__name__} runs through its HF forward")
+            raise ValueError("serving a LoRA adapter by name needs the fast decoder path (model_type one of "
+                             f"{', '.join(FAMILIES)}); {type(self.model).__name__} runs through its HF forward")
 
     def unpack(self) -> None:  # nothing packed
         pass

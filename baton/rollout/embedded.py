@@ -148,7 +148,7 @@ class EmbeddedEngine:
         if static_decode not in (None, True, False, *STEPS):
             raise ValueError(f"static_decode must be None, a bool or one of {STEPS}, got {static_decode!r}")
         if static_decode and not isinstance(self.runner, LlamaRunner):
-            raise ValueError("static_decode needs the fast Llama / Qwen2 path (fast=True and a plain "
+            raise ValueError("static_decode needs the fast decoder path (fast=True and a plain "
                              f"{' / '.join(_llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
         self.static_decode, self.sync_every = static_decode, sync_every
         self.graphs = DecodeGraphs()  # static decode's buffers and CUDA graphs, kept across calls
@@ -412,7 +412,8 @@ class EmbeddedEngine:
             source = read_adapter(source)
         config, tensors = source
         if not isinstance(self.runner, LlamaRunner):
-            raise ValueError("LoRA adapters are served on the fast Llama / Qwen2 path only")
+            raise ValueError("LoRA adapters are served on the fast decoder path only (model_type one of "
+                             f"{', '.join(_llama.FAMILIES)}); this model runs through its HF forward")
         if config.get("rank_pattern") or config.get("alpha_pattern"):
             raise ValueError("per-module LoRA ranks / alphas (rank_pattern, alpha_pattern) are not supported")
         r, alpha = int(config["r"]), float(config["lora_alpha"])

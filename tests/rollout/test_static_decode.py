@@ -141,7 +141,7 @@ def test_one_pass_prefill_matches_the_chunked_one(monkeypatch):
 def test_static_decode_options_are_checked():
     from transformers import GPT2Config, GPT2LMHeadModel
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64))
-    with pytest.raises(ValueError, match="fast Llama / Qwen2 path"):
+    with pytest.raises(ValueError, match="fast decoder path"):
         EmbeddedEngine(gpt2, static_decode=True)
     with pytest.raises(ValueError, match="static_decode must be"):
         EmbeddedEngine(tiny(), static_decode="graphs")
