@@ -22,6 +22,7 @@ time for rows: generation is the bottleneck").
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -33,9 +34,11 @@ from baton import fields as F
 PHASES = ("timing/rollout_s", "timing/score_s", "timing/update_s", "timing/sync_s")  # a step's work
 
 
+@functools.lru_cache(maxsize=16)
 def matmul_rate(device: str = "cpu", threads: int = 1, size: int = 512, seconds: float = 0.1) -> float:
     """FLOP/s of one square matmul of `size` on `device` (fp32 on the CPU with `threads`
-    threads, bf16 on a GPU), timed for about `seconds`."""
+    threads, bf16 on a GPU), timed for about `seconds`; once a process (a property of the
+    machine, a rough one: runs in one process reuse it)."""
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     a = torch.randn(size, size, device=device, dtype=dtype)
     before = torch.get_num_threads()
