@@ -6,6 +6,7 @@ through others; only `baton/controller/ray_backend.py` imports ray."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,11 @@ def imports_of(module: str) -> set[str]:
     return {m for m in found if m != module}
 
 
-GRAPH = {m: imports_of(m) for m in MODULES}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Every module's baton imports (parsed when a test first asks: not at collection, which
+    every xdist worker does)."""
+    return {m: imports_of(m) for m in MODULES}
 
 
 def test_every_package_has_a_layer():
@@ -80,7 +85,7 @@ def test_every_package_has_a_layer():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_down(module):
     mine = unit(module)
-    upward = sorted(t for t in GRAPH[module] if unit(t) != mine and LEVEL[unit(t)] <= LEVEL[mine])
+    upward = sorted(t for t in graph()[module] if unit(t) != mine and LEVEL[unit(t)] <= LEVEL[mine])
     assert not upward, (f"{module} (layer {mine!r}) imports {upward}: a module may import only its own "
                         f"package or a lower layer (see docs/ARCHITECTURE.md)")
 
@@ -92,16 +97,16 @@ def test_no_import_cycles():
     def visit(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for t in sorted(GRAPH.get(m, ())):
+        for t in sorted(graph().get(m, ())):
             if state.get(t) == 1:
                 cycle = stack[stack.index(t):] + [t]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
-            if t in GRAPH and t not in state:
+            if t in graph() and t not in state:
                 visit(t)
         stack.pop()
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph()):
         if m not in state:
             visit(m)
 

@@ -5,8 +5,9 @@ and ends with finite metrics and a checkpoint that resumes.
 
 Placement chooses where, never what: for every row the two placements resolve to the same
 config outside the `placement:` section (checked for every row, cheaply). Where they also
-place the roles alike (the tiny models here run in one process on a small machine), one run
-covers both; where they differ, both run.
+place the roles alike with as many threads (the tiny models here run in one process on a small
+machine; auto's one thread is what `threads_per_worker: 0`, torch's default, gives under the
+suite's workers: `_as_run`), one run covers both; where they differ, both run.
 
 The start-failure matrix: for each recipe family a missing model dir, a wrong type, an
 unknown key and a missing user module are one line and exit 2, before anything is written,
@@ -205,12 +206,23 @@ def _run_and_resume(recipe: str, overrides: list[str], run_dir: Path) -> None:
     _check_run(run_dir, 3)
 
 
+def _as_run(placement: dict | None) -> dict | None:
+    """The placement as it runs here: `threads_per_worker: 0` is torch's default, which leaves a
+    process's threads as they are, i.e. torch.get_num_threads() of this process and of the Ray
+    workers it starts (one under the suite's workers, OMP_NUM_THREADS=1). Auto's 1 then places
+    alike, and one run covers both; where the default is more (a run with -n 0 on a bigger
+    machine), both run."""
+    if placement and placement.get("threads_per_worker") == 0:
+        return {**placement, "threads_per_worker": torch.get_num_threads()}
+    return placement
+
+
 @pytest.mark.parametrize("recipe, overrides", [_mark(r) for r in ROWS])
 def test_recipe_runs_under_both_placements(recipe, overrides, tmp_path, request):
     default = _resolved(recipe, overrides)
     placed = "placement" in default  # sft and rm run in one process: no placement section
     off = _resolved(recipe, [*overrides, "placement.auto=false"]) if placed else dict(default)
-    placement_default, placement_off = default.pop("placement", None), off.pop("placement", None)
+    placement_default, placement_off = _as_run(default.pop("placement", None)), _as_run(off.pop("placement", None))
     assert default == off, "placement.auto changed what the recipe computes"
     _run_and_resume(recipe, overrides, tmp_path / "default")
     own = tmp_path / "default"  # the recipe's own placement: what the golden first steps hold
