@@ -2,11 +2,12 @@
 
 Starting Ray costs seconds to tens of seconds on a loaded 2-core machine, and its daemons
 ~10 s of CPU, so the suite starts one for the session:
-  * under xdist (the default: a worker per core), the controller starts a Ray head in the
-    background when the session begins (`ray start --head --block`, a temp dir of its own, no
-    dashboard) while the workers collect; each worker joins it as a driver (a job of its own)
-    at its first test that needs Ray; the controller stops it at the end (SIGTERM to that
-    `ray start`, which stops the processes it started);
+  * under xdist (the default: a worker per core plus one), the controller starts a Ray head
+    in the background when the session begins, whether or not the selection needs it
+    (`ray start --head --block`, a temp dir of its own, no dashboard), while the workers
+    collect; each worker joins it as a driver (a job of its own) at its first test that
+    needs Ray; the controller stops it at the end (SIGTERM to that `ray start`, which stops
+    the processes it started);
   * in one process (`-n 0`), the process starts Ray itself at the first test that needs it.
 A test marked `ray` gets it without asking; a fixture that needs Ray (e.g. a module's worker
 group) names `ray_cluster`. Tests must not shut it down (a trainer's teardown leaves it up: it
@@ -170,7 +171,9 @@ def _start_ray_head(cpus: int) -> tuple:
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="bt-ray-")  # short (Ray's socket paths are length-limited)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_worker_niceness": "0"}  # as ensure_ray starts one (baton/controller/ray_backend.py)
+           "RAY_worker_niceness": "0",  # as ensure_ray starts one (baton/controller/ray_backend.py)
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # Ray workers inherit it, as they did
+    # from the xdist worker that started its own Ray (one torch thread a process, above)
     with open(os.path.join(temp, "ray-head.log"), "wb") as log:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
                                  f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
