@@ -10,6 +10,7 @@ baton's sampler draws them (TRL's own shuffling off).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -29,11 +30,14 @@ def trl_reward(name: str, fn: Callable[..., float], columns: list[str],
     `seen`, if given, collects the prompts of each call (to check the data order).
     """
 
-    def reward(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+    def reward(prompts: list, completions: list, **kwargs: Any) -> list[float]:
         if seen is not None:
             seen.append(list(prompts))
+        # a conversational dataset (chat-message prompts): TRL passes each completion as
+        # [{"role": "assistant", "content": text}]; baton's reward functions read the text
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(fn(p, c, **{k: kwargs[k][i] for k in columns}))
-                for i, (p, c) in enumerate(zip(prompts, completions))]
+                for i, (p, c) in enumerate(zip(prompts, texts))]
 
     reward.__name__ = name.replace("/", "_")  # TRL logs rewards/<__name__>/mean
     return reward
@@ -151,8 +155,9 @@ def run_trl(model_dir: str, step_rows: list[list[dict[str, Any]]], *, G: int, ma
     if len(records) != steps:
         raise RuntimeError(f"TRL ran {len(records)} steps, expected {steps}")
     # Same prompts per step as baton, G samples each (TRL's order within a step may differ).
-    got = [sorted(p) for p in seen]
-    want = [sorted(r["prompt"] for r in step for _ in range(G)) for step in step_rows]
+    key = json.dumps  # a prompt is a string or a list of chat messages
+    got = [sorted(map(key, p)) for p in seen]
+    want = [sorted(key(r["prompt"]) for r in step for _ in range(G)) for step in step_rows]
     if got != want:
         raise RuntimeError("TRL did not see the prompts in the order given (check shuffle_dataset)")
     return records

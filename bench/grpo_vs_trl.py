@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/grpo_vs_trl.py [--steps 20 --prompts 16 --G 8 --max-new-tokens 8
                                            --runs baton@1,trl@1 --shape demo|5m|25m|qwen2.5-0.5b
-                                           --python SIDE=PATH --device cpu|cuda]
+                                           --python SIDE=PATH --device cpu|cuda --recipe RECIPE]
 
 `--runs` lists SIDE@THREADS (SIDE: baton, baton-vllm = baton generating with vLLM, or trl;
 THREADS: a thread count both libraries run with, or `default`: what each does untold (TRL:
 torch's own thread count; baton: `placement.auto`, the ranks, generation overlap and threads
 it picks for the machine)); a baton side may add config overrides: `baton@1+KEY=VALUE+...`.
-`--python SIDE=PATH` runs a side in another venv. `--shape` picks the model: the demo's
+`--python SIDE=PATH` runs a side in another venv. `--recipe` picks the task, reward and loss
+settings (default the demo's; `recipes/grpo_smollm2.yaml --model $(baton fetch smollm2-135m)`
+is the real model on chat prompts, which TRL renders with the same chat template). `--shape` picks the model: the demo's
 `checkpoints/arith-sft`, or a random one of a tiny preset or of the Qwen2.5-0.5B shape (vocab
 151936). The table also gives each step as a fraction of the machine's matmul limit: the
 step's FLOPs (8 x params x tokens: a forward per token to generate, forward + backward to
@@ -67,6 +69,7 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
           f"rollout.n={a.G}", f"rollout.max_new_tokens={a.max_new_tokens}",
           "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
           "algo.kl_coef=0.0", "algo.loss_agg=token-mean", "algo.advantage=grpo",
+          "algo.overlong_buffer=0",  # TRL has no DAPO overlong penalty: the same rewards on both sides
           "actor.mini_batch_size=0", "actor.epochs=1", f"actor.micro_batch_size={rows}",  # one fwd/bwd, as TRL
           "actor.lr_warmup_steps=0", "actor.lr_schedule=constant",
           f"actor.bf16={'true' if a.device == 'cuda' else 'false'}",  # as TRL's bf16 flag
@@ -85,7 +88,7 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
 def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
     from _common import driver, load_rl_config
 
-    cfg = load_rl_config("grpo", RECIPE, spec["overrides"])
+    cfg = load_rl_config("grpo", spec["recipe"], spec["overrides"])
     driver("grpo")[0](cfg)
     records = []
     for line in open(Path(cfg.trainer.run_dir) / "metrics.jsonl"):
@@ -145,10 +148,10 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
     a.threads = 1
     overrides = baton_overrides(a, str(work / "baton_run"))
-    cfg = load_rl_config("grpo", RECIPE, overrides)
+    cfg = load_rl_config("grpo", a.recipe, overrides)
     state = RunState.fresh(cfg.data)  # the very sampler the baton trainer draws its prompts from
     step_rows = [state.sampler.next_batch(a.prompts) for _ in range(a.steps)]
-    return {"overrides": overrides, "model": a.model, "step_rows": step_rows, "G": a.G,
+    return {"overrides": overrides, "recipe": str(a.recipe), "model": a.model, "step_rows": step_rows, "G": a.G,
             "max_new_tokens": a.max_new_tokens, "lr": cfg.actor.lr, "seed": a.seed, "threads": 1,
             "reward_weights": dict(cfg.reward.functions), "clip_low": cfg.algo.clip_low,
             "clip_high": cfg.algo.clip_high, "device": a.device}
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", default="demo", choices=["demo", "0.75m", "2m", "5m", "25m", "qwen2.5-0.5b"],
                    help="demo: checkpoints/arith-sft; else a random model of that shape")
     p.add_argument("--model", default=None, help="a local HF model dir (overrides --shape)")
+    p.add_argument("--recipe", default=str(RECIPE), help="the recipe both sides train (task, reward, lr, clip)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, run dirs)")

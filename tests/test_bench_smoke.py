@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-FAST = {"actor_update", "api_load", "bf16_parity_depth", "engine_throughput", "reward_runner", "server_batching",
+FAST = {"actor_update", "api_load", "bf16_parity_depth", "engine_throughput", "real_model_engine", "reward_runner", "server_batching",
         "update_ceiling", "weight_sync", "wgrad_backward"}  # ~5 s each
 TIMEOUT_S = {"fast": 60, "slow": 300}
 

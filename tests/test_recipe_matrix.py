@@ -75,12 +75,30 @@ GATEWAY = ["data.source=gateway", "gateway.agent=openai_agent:solve", "agent=nul
            "model.path=checkpoints/arith-sft", *RL]
 LORA = ["model.lora.rank=8", "model.lora.alpha=16", "actor.lr=1e-3"]  # the README's LoRA line
 
+
+def _tiny_llama_chat() -> str:
+    """A tiny random Llama with tied embeddings and GQA (SmolLM2-135M-Instruct's architecture)
+    and a tokenizer with a chat template: the real-model recipe's row runs on it (the real model
+    runs in CI's real-model job: scripts/ci_real_model.sh). Built once per machine, atomically."""
+    import tempfile
+
+    from baton.models.make import make_tiny_checkpoint
+
+    path = Path(tempfile.gettempdir()) / "baton-tests-tiny-llama-chat-v1"
+    if not (path / "config.json").is_file():
+        make_tiny_checkpoint(path, preset="0.2m", family="llama")
+    return str(path)
+
+
+SMOLLM2 = [*RL, f"model.path={_tiny_llama_chat()}", "rollout.max_new_tokens=8", "algo.overlong_buffer=4"]
+
 # (id, recipe, overrides, marks): every recipe, then the combinations the docs show
 ROWS = [
     ("grpo", "grpo_arithmetic", RL, ()),
     ("grpo-lora", "grpo_arithmetic", [*RL, *LORA], ()),
     ("grpo-kl-loss", "grpo_arithmetic", [*RL, "algo.kl_coef=0.01"], ()),
     ("grpo-dapo", "grpo_arithmetic", [*RL, "algo.dynamic_sampling=true"], ()),
+    ("grpo-smollm2", "grpo_smollm2", SMOLLM2, ()),  # the real-model recipe, on a tiny Llama of its family
     ("grpo-reinforce-pp", "grpo_arithmetic", [*RL, "algo.advantage=reinforce_pp", "algo.gamma=0.9"], ()),
     ("grpo-one-step-off", "grpo_arithmetic", [*RL, "trainer.mode=one_step_off"], ("ray", "slow")),  # reduced: +lora
     ("grpo-one-step-off-lora", "grpo_arithmetic", [*RL, *LORA, "trainer.mode=one_step_off"], ("ray",)),

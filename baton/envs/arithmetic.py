@@ -114,9 +114,13 @@ class ArithmeticTask:
             if tries > 1000 * n + 10_000:
                 raise RuntimeError("task space too small for the requested number of rows")
             row = self.make_row(rng)
-            if _heldout(row["prompt"], self.heldout_every) == heldout:
+            if _heldout(self.heldout_key(row), self.heldout_every) == heldout:
                 rows.append(row)
         return rows
+
+    def heldout_key(self, row: Row) -> str:
+        """The text whose hash decides whether a row is held out (the problem, not its wording)."""
+        return row["prompt"]
 
     def train_rows(self, n: int | None = None, seed: int = 0) -> list[Row]:
         return self._rows(self.train_size if n is None else n, seed, heldout=False)
