@@ -48,6 +48,7 @@ from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # model_type values with a fast path
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
+ROPE = ("cos", "sin", "cs", "eye", "roll")  # the RoPE tables' attributes (`LlamaRunner.rope_tables`)
 ONE_PASS_TOKENS = 32768  # a one-pass prefill's chunk (padded tokens): ~0.6 GB of bf16 MLP activations at 0.5B
 
 
@@ -256,7 +257,8 @@ class LlamaRunner:
 
     def release(self) -> None:
         self.layers, self.cache, self.lm_head = [], [], None
-        self.cos = self.sin = self.cs = self.key_bias = self.next_pos = None
+        self.key_bias = self.next_pos = None
+        vars(self).update(dict.fromkeys(ROPE))
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -273,18 +275,21 @@ class LlamaRunner:
         # HF: x * cos + cat(-x2, x1) * sin  ==  x * cos + roll(x) * cat(-sin1, sin2)
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
-    def _rope_tables(self, length: int, dtype: torch.dtype, device: torch.device) -> None:
+    def rope_tables(self, length: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """The RoPE tables of `length` cache slots, by the attribute names the forward reads
+        them under (`ROPE`): cos, sin' [S, D]; cs [S, 2, D] (both, one gather a decode step);
+        the [D, D] identity and half roll the decode step's rotation is built from."""
         # exactly HF's arithmetic: fp32 position * inv_freq, duplicated, cos/sin, scaled, cast
         pos = torch.arange(length, device=device, dtype=torch.float32)
         freqs = pos[:, None] * self.inv_freq.to(device)[None, :]  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
-        self.cos = (emb.cos() * self.rope_scaling).to(dtype)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)
         sin = (emb.sin() * self.rope_scaling).to(dtype)
         half = sin.shape[-1] // 2
-        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
-        self.cs = torch.stack((self.cos, self.sin), dim=1)  # [S, 2, D]: one gather a decode step
-        self.eye = torch.eye(self.head_dim, dtype=dtype, device=device)
-        self.roll = half_roll(self.head_dim, dtype, device)
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
+        return {"cos": cos, "sin": sin, "cs": torch.stack((cos, sin), dim=1),
+                "eye": torch.eye(self.head_dim, dtype=dtype, device=device),
+                "roll": half_roll(self.head_dim, dtype, device)}
 
     # --- prefill ---------------------------------------------------------------------
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int,
@@ -296,7 +301,7 @@ class LlamaRunner:
         B, P = ids.shape
         dtype, device = self.embed.dtype, self.embed.device
         S = P + max_new
-        self._rope_tables(S, dtype, device)
+        vars(self).update(self.rope_tables(S, dtype, device))
         self.cache = [(torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device),
                        torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device))
                       for _ in self.layers]
