@@ -34,7 +34,8 @@ of a colocated peft policy, or an adapter the engine serves by name) and reads e
 wrapped linear's `base_layer`. With `fuse=True` the adapter is merged into the fused copy
 that is built anyway (W + scale * B @ A, no extra memory); with `fuse=False` the base
 weights are read in place and each adapted matmul adds scale * (x @ A^T) @ B^T (two
-rank-r matmuls, no merged copy of anything).
+rank-r matmuls, no merged copy of anything). Adapters of another dtype than their base (peft's
+fp32 over a bf16 base) are cast to the base's first: a copy of the rank-r factors per pack.
 """
 
 from __future__ import annotations
@@ -123,8 +124,11 @@ def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = 
     one view over them all where they lie back to back (`fuse_storage`) and no LoRA.
     into: an earlier fused piece of these modules, refilled in place when its layout fits
     (the same addresses: a CUDA graph over them stays valid)."""
-    adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
     mods = [_base(m) for m in mods]
+    # the adapters in their base weight's dtype: peft keeps them fp32 over a bf16 base (a GPU's
+    # frozen base, `precision.weights_dtype`), and a matmul takes one dtype (a copy of r rows then)
+    adapters = [None if ad is None else (ad[0].to(m.weight.dtype), ad[1].to(m.weight.dtype), ad[2])
+                for m, ad in zip(mods, [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))])]
     joint = _joint([m.weight for m in mods]) if not fuse and len(mods) > 1 and not any(adapters) else None
     if joint is not None:
         return [(joint.t(), _joint_bias(mods), None)]
