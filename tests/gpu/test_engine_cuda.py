@@ -42,7 +42,7 @@ def _liveness(monkeypatch):
 def within(figure: float, bound: float | None, name: str) -> bool:
     """figure <= bound; a bound never measured (None) passes with a warning naming the figure."""
     if bound is None:
-        warnings.warn(f"{name} = {figure:.4g}: no bound yet (never measured on a device); set one from this run")
+        warnings.warn(f"{name} = {figure:.4g}: no bound yet (never measured on a device); set one from this run", stacklevel=2)
         return True
     return figure <= bound
 

@@ -28,7 +28,7 @@ def test_the_bf16_weight_gradient_is_the_fp32_sum_of_the_chunk_products(monkeypa
     ok = ll._mixed_addmm_ok(torch.device("cuda"), torch.bfloat16, torch.float32)
     print(f"\naddmm bf16 -> fp32 in place on CUDA, torch {torch.__version__}: {ok}")
     if not ok:
-        warnings.warn(f"torch {torch.__version__}: no bf16 GEMM into fp32 on CUDA; the update upcasts each chunk")
+        warnings.warn(f"torch {torch.__version__}: no bf16 GEMM into fp32 on CUDA; the update upcasts each chunk", stacklevel=1)
     seen = []
 
     def spy(gw, d, h, scratch):
