@@ -9,8 +9,10 @@ with the runner's interface (`decode(tokens)`, `select(keep)`):
     (powers of two and 1.5x them: a batch is padded by < 50%), cache length (prompt +
     max_new) likewise rounded up; a bucket's rows are a prefix of its `Arena`'s buffers;
   * an `Arena` (one per cache-length bucket and generation in flight): the KV cache, key
-    bias, positions, token buffer, slot and every RoPE table the step reads at fixed addresses, kept by the
-    engine's `DecodeGraphs` across `generate` calls and `baton serve`'s requests. A group's
+    bias, positions, token buffer, slot and every RoPE table the step reads (its own: the
+    runner's are dropped by `release` and replaced by the next `start`) at fixed addresses,
+    kept by the engine's `DecodeGraphs` across `generate` calls and `baton serve`'s requests
+    (tests/graph_replay.py checks each replay on the CPU). A group's
     prefilled cache is copied into it (padded with copies of its first row); dropping
     finished rows only changes the row map `phys` until the logical rows fit a smaller
     bucket, then the live rows are gathered to the front of the same buffers;
