@@ -87,9 +87,13 @@ def wide_tokenizer(vocab_size: int) -> Any:
     return out
 
 
-def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0) -> str:
+def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> str:
     """A random HF checkpoint of a tiny preset ("5m", "25m", ...) or of "qwen2.5-0.5b" (the
-    real vocabulary, `wide_tokenizer`), saved to `out_dir`."""
+    real vocabulary, `wide_tokenizer`), saved to `out_dir`. device "cuda": the 0.5B is built
+    on the GPU and saved in bf16 (on one CPU thread its init alone takes ~15 s, and fp32
+    files are 2 GB; the sides load it in their own dtypes)."""
+    import torch
+
     from baton.models.make import make_tiny_checkpoint
 
     if shape != "qwen2.5-0.5b":
@@ -98,8 +102,9 @@ def random_model_dir(shape: str, out_dir: str | Path, seed: int = 0) -> str:
     from baton.models.load import save_pretrained
 
     tok = wide_tokenizer(QWEN25_05B["vocab_size"])
-    model = build_tiny_model(None, seed=seed, max_position=1024, **QWEN25_05B)
-    return str(save_pretrained(model, tok, out_dir))
+    with torch.device(device):
+        model = build_tiny_model(None, seed=seed, max_position=1024, **QWEN25_05B)
+    return str(save_pretrained(model.to(torch.bfloat16) if device == "cuda" else model, tok, out_dir))
 
 
 def child_paths(script: str, paths: tuple[str, ...], tmp: str, args: list[str]) -> dict[str, dict]:

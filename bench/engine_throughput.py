@@ -4,7 +4,8 @@ Qwen2-shaped models with random weights (EOS ignored, so every method produces e
 prompts x new tokens): ~0.75M / 5M / 25M parameters for a CPU (64 prompts of 16..48 tokens,
 left-padded, x 64 new tokens), the Qwen2.5-0.5B / 1.5B shapes for a GPU (issue 28's case:
 `--device cuda --dtype bfloat16 --sizes 0.5b --prompts 128 --new-tokens 256`). Sampling at
-temperature 1. Prints median tokens/s over --repeats runs of: HF generate; the engine as
+temperature 1. Prints each run's rate as it is measured, then median tokens/s over --repeats
+runs (HF generate's once with --hf-once) of: HF generate; the engine as
 configured by default on that device ("engine"); and its other decode path ("other": on a
 CPU static decode forced on, on a GPU static decode off - the eager path, a kernel launch
 per op per token). Then the speedups over HF, and how far the engine is from its limit:
@@ -89,21 +90,29 @@ def run_engine(engine: EmbeddedEngine, prompts: list[list[int]], new: int) -> in
     return sum(len(c.token_ids) for c in engine.generate(prompts, params))
 
 
-def timed(fns: dict, repeats: int, device: str) -> dict[str, tuple[float, int]]:
+def timed(fns: dict, repeats: int, device: str, once: dict | None = None) -> dict[str, tuple[float, int]]:
     """Median seconds and token count per method; the methods take turns in every round,
-    so load from other processes on a shared machine hits them alike."""
+    so load from other processes on a shared machine hits them alike. `once`: methods timed
+    in the first round only, each warmed up by its light call given there (HF generate's
+    baseline: one run of it costs what a GPU check cannot spend three times). Each run's
+    rate is printed as it is measured (a step killed at its limit still shows what ran)."""
+    once = once or {}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for fn in fns.values():
-        fn()  # warm-up (allocator, lazy init)
+    for name, fn in fns.items():
+        once.get(name, fn)()  # warm-up (allocator, lazy init)
     times: dict[str, list[float]] = {k: [] for k in fns}
     tokens: dict[str, int] = {}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for name, fn in fns.items():
+            if round_ and name in once:
+                continue
             sync()
             t0 = time.perf_counter()
             tokens[name] = fn()
             sync()
             times[name].append(time.perf_counter() - t0)
+            print(f"  {name} run {round_ + 1}: {tokens[name] / times[name][-1]:.0f} tokens/s "
+                  f"({times[name][-1]:.2f} s)", flush=True)
     return {k: (statistics.median(times[k]), tokens[k]) for k in fns}
 
 
@@ -180,10 +189,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--no-hf-runner", action="store_true", help="skip the engine's generic HF path")
     ap.add_argument("--ref", default=None, help="also time the engine with _llama.py at this git revision")
+    ap.add_argument("--hf-once", action="store_true",
+                    help="time HF generate in one run (warmed up by a short call), not --repeats")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
         args.repeats, args.sizes, args.no_hf_runner, args.prompts, args.new_tokens = 1, "0.75m", True, 16, 16
+        args.hf_once = True
     dtype, gpu = getattr(torch, args.dtype), args.device == "cuda"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -212,7 +224,8 @@ def main() -> None:
             fns["ref"] = partial(run_engine, at_ref, prompts, new)
         if not args.no_hf_runner:
             fns["slow"] = partial(run_engine, EmbeddedEngine(model, fast=False), prompts, new)
-        res = timed(fns, args.repeats, args.device)
+        once = {"hf": partial(run_hf, model, prompts[:2], 4)} if args.hf_once else None
+        res = timed(fns, args.repeats, args.device, once)
         assert {tokens for _, tokens in res.values()} == {args.prompts * new}, res
         rate = {k: tokens / t for k, (t, tokens) in res.items()}
         slow = f"{rate['slow']:.0f}/s" if "slow" in rate else "-"

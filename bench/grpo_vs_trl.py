@@ -25,13 +25,14 @@ per prompt, the same max new tokens, torch thread count, learning rate and loss 
 Each side runs in its own fresh Python process, one after the other, so neither inherits
 the other's threads, caches or allocator state.
 
-Step times are per-step wall times without baton's start/end evaluation and checkpoint
-save (TRL does neither inside a step); the first step is a warm-up and left out of medians.
+Step times are per-step wall times without baton's start/end evaluation (TRL does none
+inside a step); baton's end-of-run checkpoint is not written (TRL writes none); the first step is a warm-up and left out of medians.
 Sampling is random on both sides, so rewards agree only statistically.
 
 `--device cuda`: both sides on the GPU (baton: `placement.gpus_per_worker=1`; TRL: its own
 `generate`, `use_cpu=False`), both in bf16 autocast with fp32 master weights (baton
-`actor.bf16=true`, TRL `bf16=True`); THREADS then only sets the CPU threads, and the matmul
+`actor.bf16=true`, TRL `bf16=True`), a random model built on the GPU and saved in bf16 (each
+side loads that one directory); THREADS then only sets the CPU threads, and the matmul
 limit line (a CPU figure) is left out. `--smoke` keeps `--device cpu` (CI has no GPU).
 Needs the optional extra `bench` (`pip install trl`). TRL-specific settings: bench/_trl_side.py.
 """
@@ -88,7 +89,12 @@ def baton_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
 def run_baton(spec: dict[str, Any]) -> list[dict[str, float]]:
     from _common import driver, load_rl_config
 
+    import baton.trainers.ppo as ppo
+
     cfg = load_rl_config("grpo", spec["recipe"], spec["overrides"])
+    # no checkpoint at the run's end: not part of a GRPO step, and at 0.5B it writes ~6 GB
+    # (weights and optimizer state) that a GPU check has no time for; TRL saves none either
+    ppo.save = lambda *args, **kwargs: None
     driver("grpo")[0](cfg)
     records = []
     for line in open(Path(cfg.trainer.run_dir) / "metrics.jsonl"):
@@ -142,7 +148,7 @@ def prepare(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         else:
             shape = "0.75m" if a.shape == "demo" else a.shape
             print(f"building a random model of shape {shape} ...", flush=True)
-            a.model = random_model_dir(shape, work / "model")
+            a.model = random_model_dir(shape, work / "model", device=a.device)  # cuda: built there, bf16
     a.model = str(Path(a.model).resolve())
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"--model {a.model}: not a local HF model directory (no config.json)")
@@ -226,6 +232,11 @@ def launch(run: str, index: int, spec: dict[str, Any], work: Path,
               + "".join(log.read_text().splitlines(True)[-30:]), flush=True)
         return None
     res = json.loads(out.read_text())
+    timed = res["records"][1:] or res["records"]  # as `summarise`: step 1 is a warm-up
+    if timed:  # this run's rate now: a check killed at its limit still shows the runs that ended
+        print(f"{run}: median step {statistics.median(r['step_s'] for r in timed):.3f} s, "
+              f"{statistics.median(r['tokens'] / r['step_s'] for r in timed):.0f} completion tokens/s "
+              f"(process {res['wall_s']:.1f} s)", flush=True)
     if side.startswith("baton"):
         line = next((ln for ln in log.read_text().splitlines() if "placement auto" in ln), None)
         res["placement"] = line

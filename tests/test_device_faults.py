@@ -6,7 +6,11 @@ on the host beside a device tensor, fails here with the op's name instead of on 
 
 Host reads of device tensors (`.item()`, `.tolist()`, `bool(t)`, `.cpu()`: what a GPU waits
 for) are counted while the engine generates and while the actor updates, and held to a
-budget per generated token and per step. The rows that need Ray (other processes: the mode
+budget per generated token and per step. As on a GPU, frozen weights (a LoRA base) are bf16
+(`baton.models.precision.weights_dtype` answers for the worker's device as for "cuda"), and
+the engine's decode steps are "graph" steps, each replay checked on the CPU (tests/graph_replay.py:
+a replay that would read a storage other than its capture's, or a capture that syncs, fails the
+row). The rows that need Ray (other processes: the mode
 lives in this one) and the `slow` rows are left out; the default run takes a representative
 subset (one row per driver and source kind), the rest run under `slow`.
 """
@@ -24,9 +28,10 @@ import torch
 from baton.cli import main
 from baton.metrics import read_metrics
 from tests.device_fault_mode import WORKER, DeviceFaultMode
+from tests.graph_replay import ReplayChecker
 from tests.test_recipe_matrix import REPO, ROWS, AGENTS
 
-DEFAULT = {"grpo", "ppo-critic", "online-dpo", "agent-calculator", "agent-gateway", "sft"}  # one per driver / source
+DEFAULT = {"grpo", "grpo-lora", "ppo-critic", "online-dpo", "agent-calculator", "agent-gateway", "sft"}  # one per driver / source
 IN_PROCESS = {"sft", "rm", "sft-calc-format", "sft-calc-mixed"}  # trainer.bf16, trainer.device
 
 
@@ -41,8 +46,12 @@ def _rows():
 @pytest.fixture
 def mode(monkeypatch):
     """Workers on WORKER (cpu:1) under a DeviceFaultMode; the engine's generation and the
-    actor's update counted as regions."""
+    actor's update counted as regions; frozen weights in a GPU's dtype; graph replays checked
+    (`m.replays`)."""
     import baton.controller.worker as worker
+    import baton.workers.actor as actor
+    import baton.workers.reference as reference
+    from baton.models.precision import weights_dtype
     from baton.rollout.embedded import EmbeddedEngine
     from baton.rollout.generation import Generation
     from baton.workers.actor import ActorWorker
@@ -51,7 +60,10 @@ def mode(monkeypatch):
     monkeypatch.syspath_prepend(str(AGENTS))
     monkeypatch.setenv("BATON_PLACEMENT_AUTO", "0")
     monkeypatch.setattr(worker, "_device_for", lambda use_cuda, local_rank: WORKER)
+    for module in (actor, reference):  # the workers' device answers as a GPU's does
+        monkeypatch.setattr(module, "weights_dtype", lambda device_type, *a: weights_dtype("cuda", *a))
     m = DeviceFaultMode()
+    m.replays = ReplayChecker().install(monkeypatch)
     tokens, calls, steps, active = [0], [0], [0], threading.local()
 
     def engine(self, *a, _real=EmbeddedEngine.__init__, **k):  # the GPU's decode: static steps, a host look every 8
@@ -103,6 +115,8 @@ def test_a_row_runs_on_a_device_of_its_own(rid, recipe, overrides, mode, tmp_pat
     assert reads.get("generate", 0) <= 5 * calls + steps // 8 + 2, (reads, mode.where, calls, steps)
     # the actor's update reads its metrics once, at its end: 17 a step (grpo), 8.5 (PPO's actor)
     assert reads.get("update", 0) <= 20 * 2, (reads, mode.where)
+    mode.replays.assert_clean()  # every replay of a kept decode graph read what its capture read
+    assert mode.replays.replays > 0 or calls == 0
 
 
 def test_the_mode_faults_on_mixing_and_counts_host_reads():

@@ -25,10 +25,13 @@ which it no longer makes; in fp32 both are the same addmm, bit for bit.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from baton.algos.logprobs import _inv_temperature, upcast
 
+log = logging.getLogger("baton.algos.linear_logprobs")
 CHUNK_ELEMENTS = 1 << 24  # logits per chunk: 64 MiB in float32 (110 tokens at V = 152k)
 
 
@@ -135,8 +138,9 @@ _MIXED_ADDMM: dict[tuple, bool] = {}  # (device type, in dtype, out dtype) -> th
 
 def _mixed_addmm_ok(device: torch.device, in_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
     """Whether `torch.addmm(c, a, b, out_dtype=, out=c)` with `in_dtype` inputs runs on this
-    device and adds the product into c in place (CUDA in recent torch; not the CPU): probed
-    once per (device type, dtypes) on a 2 x 2 product."""
+    device and adds the product into c in place (CUDA in recent torch; not the CPU; never run
+    on the GPU machine's torch 2.11): probed once per (device type, dtypes) on a 2 x 2
+    product, the verdict logged; `accumulate_wgrad` upcasts where it is no."""
     key = (device.type, in_dtype, out_dtype)
     if key not in _MIXED_ADDMM:
         a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
@@ -146,6 +150,9 @@ def _mixed_addmm_ok(device: torch.device, in_dtype: torch.dtype, out_dtype: torc
             _MIXED_ADDMM[key] = bool(torch.equal(c.cpu(), torch.tensor([[6.0, 12.0], [12.0, 26.0]], dtype=out_dtype)))
         except (RuntimeError, TypeError, NotImplementedError):
             _MIXED_ADDMM[key] = False
+        # the verdict, once: on a GPU whose torch says no, each chunk's operands are upcast
+        log.info("addmm of %s inputs into %s in place on %s (torch %s): %s", in_dtype, out_dtype, device.type,
+                 torch.__version__, "yes, one GEMM a chunk" if _MIXED_ADDMM[key] else "no, the operands upcast")
     return _MIXED_ADDMM[key]
 
 

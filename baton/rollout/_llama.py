@@ -34,7 +34,8 @@ of a colocated peft policy, or an adapter the engine serves by name) and reads e
 wrapped linear's `base_layer`. With `fuse=True` the adapter is merged into the fused copy
 that is built anyway (W + scale * B @ A, no extra memory); with `fuse=False` the base
 weights are read in place and each adapted matmul adds scale * (x @ A^T) @ B^T (two
-rank-r matmuls, no merged copy of anything).
+rank-r matmuls, no merged copy of anything). Adapters of another dtype than their base (peft's
+fp32 over a bf16 base) are cast to the base's first: a copy of the rank-r factors per pack.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # model_type values with a fast path
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
+ROPE = ("cos", "sin", "cs", "eye", "roll")  # the RoPE tables' attributes (`LlamaRunner.rope_tables`)
 ONE_PASS_TOKENS = 32768  # a one-pass prefill's chunk (padded tokens): ~0.6 GB of bf16 MLP activations at 0.5B
 
 
@@ -122,8 +124,11 @@ def _linear_pieces(mods: list[nn.Module], fuse: bool, paths: list[str] | None = 
     one view over them all where they lie back to back (`fuse_storage`) and no LoRA.
     into: an earlier fused piece of these modules, refilled in place when its layout fits
     (the same addresses: a CUDA graph over them stays valid)."""
-    adapters = [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))]
     mods = [_base(m) for m in mods]
+    # the adapters in their base weight's dtype: peft keeps them fp32 over a bf16 base (a GPU's
+    # frozen base, `precision.weights_dtype`), and a matmul takes one dtype (a copy of r rows then)
+    adapters = [None if ad is None else (ad[0].to(m.weight.dtype), ad[1].to(m.weight.dtype), ad[2])
+                for m, ad in zip(mods, [lora.get(p) if lora and paths else None for p in (paths or [None] * len(mods))])]
     joint = _joint([m.weight for m in mods]) if not fuse and len(mods) > 1 and not any(adapters) else None
     if joint is not None:
         return [(joint.t(), _joint_bias(mods), None)]
@@ -256,7 +261,8 @@ class LlamaRunner:
 
     def release(self) -> None:
         self.layers, self.cache, self.lm_head = [], [], None
-        self.cos = self.sin = self.cs = self.key_bias = self.next_pos = None
+        self.key_bias = self.next_pos = None
+        vars(self).update(dict.fromkeys(ROPE))
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -273,18 +279,21 @@ class LlamaRunner:
         # HF: x * cos + cat(-x2, x1) * sin  ==  x * cos + roll(x) * cat(-sin1, sin2)
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
-    def _rope_tables(self, length: int, dtype: torch.dtype, device: torch.device) -> None:
+    def rope_tables(self, length: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """The RoPE tables of `length` cache slots, by the attribute names the forward reads
+        them under (`ROPE`): cos, sin' [S, D]; cs [S, 2, D] (both, one gather a decode step);
+        the [D, D] identity and half roll the decode step's rotation is built from."""
         # exactly HF's arithmetic: fp32 position * inv_freq, duplicated, cos/sin, scaled, cast
         pos = torch.arange(length, device=device, dtype=torch.float32)
         freqs = pos[:, None] * self.inv_freq.to(device)[None, :]  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
-        self.cos = (emb.cos() * self.rope_scaling).to(dtype)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)
         sin = (emb.sin() * self.rope_scaling).to(dtype)
         half = sin.shape[-1] // 2
-        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
-        self.cs = torch.stack((self.cos, self.sin), dim=1)  # [S, 2, D]: one gather a decode step
-        self.eye = torch.eye(self.head_dim, dtype=dtype, device=device)
-        self.roll = half_roll(self.head_dim, dtype, device)
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded in
+        return {"cos": cos, "sin": sin, "cs": torch.stack((cos, sin), dim=1),
+                "eye": torch.eye(self.head_dim, dtype=dtype, device=device),
+                "roll": half_roll(self.head_dim, dtype, device)}
 
     # --- prefill ---------------------------------------------------------------------
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int, n: int,
@@ -296,7 +305,7 @@ class LlamaRunner:
         B, P = ids.shape
         dtype, device = self.embed.dtype, self.embed.device
         S = P + max_new
-        self._rope_tables(S, dtype, device)
+        vars(self).update(self.rope_tables(S, dtype, device))
         self.cache = [(torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device),
                        torch.empty(B * n, self.n_kv, S, self.head_dim, dtype=dtype, device=device))
                       for _ in self.layers]

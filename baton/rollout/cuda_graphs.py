@@ -11,19 +11,27 @@ the next replay overwrites.
 NOT RUN ON A CPU: CI has no GPU, so this file is exercised only by tests/gpu/
 (test_engine_cuda.py: captured vs eager static decode, logprobs vs the trainer's) and by
 `bench/engine_throughput.py --device cuda`. On a CPU the same step runs eagerly, and that
-path is what tests/rollout/ check.
+path is what tests/rollout/ check; tests/graph_replay.py stands in for this class there,
+checking that each replay reads the storages its capture read and that no capture syncs.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
+
+# torch's own check that a graph's inputs outlive it (a freed one fails the replay), where
+# this torch has it (2.13 does; the GPU machine's 2.11 may not): tests/gpu turn it on
+HAS_LIVENESS_CHECK = "check_input_liveness" in inspect.signature(torch.cuda.graph).parameters
 
 
 class GraphedStep:
     """fn() -> Tensor (or a tuple of them) on CUDA device `device`, captured on its first call
     (see the module docstring). Captured and replayed with `device` current, whichever device the caller's is."""
+
+    check_liveness = False  # capture with torch's input liveness check (HAS_LIVENESS_CHECK): a debugging aid
 
     def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device):
         self.fn, self.device = fn, device
@@ -54,7 +62,8 @@ class GraphedStep:
         # stream=side: a capture stream on this device (torch's default one is made once, on
         # whichever device captured first); thread_local: a server's other threads may touch
         # CUDA while this one captures
-        with no_cache, torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        check = {"check_input_liveness": True} if self.check_liveness and HAS_LIVENESS_CHECK else {}
+        with no_cache, torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local", **check):
             self.out = self.fn()  # recorded, not run: the cache is written once, above
         self.graph = graph
         return out

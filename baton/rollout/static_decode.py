@@ -9,8 +9,10 @@ with the runner's interface (`decode(tokens)`, `select(keep)`):
     (powers of two and 1.5x them: a batch is padded by < 50%), cache length (prompt +
     max_new) likewise rounded up; a bucket's rows are a prefix of its `Arena`'s buffers;
   * an `Arena` (one per cache-length bucket and generation in flight): the KV cache, key
-    bias, positions, token buffer, slot and RoPE tables at fixed addresses, kept by the
-    engine's `DecodeGraphs` across `generate` calls and `baton serve`'s requests. A group's
+    bias, positions, token buffer, slot and every RoPE table the step reads (its own: the
+    runner's are dropped by `release` and replaced by the next `start`) at fixed addresses,
+    kept by the engine's `DecodeGraphs` across `generate` calls and `baton serve`'s requests
+    (tests/graph_replay.py checks each replay on the CPU). A group's
     prefilled cache is copied into it (padded with copies of its first row); dropping
     finished rows only changes the row map `phys` until the logical rows fit a smaller
     bucket, then the live rows are gathered to the front of the same buffers;
@@ -49,6 +51,7 @@ from baton.rollout.protocol import SamplingParams
 from baton.rollout.sampling import needs_draw, sample_with
 
 STEPS = ("fixed", "graph")
+GRAPH_DEVICES = ("cuda",)  # device types whose "graph" step is captured (elsewhere it runs as "fixed")
 MIN_LENGTH = 64  # the smallest cache-length bucket
 
 
@@ -108,10 +111,9 @@ class Arena:
         self.u = torch.zeros(capacity, 1, dtype=torch.float32, device=device)  # a fused sampler's draws
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.slots = torch.arange(length, device=device)
-        cos, sin = runner.cos, runner.sin
-        runner._rope_tables(length, dtype, device)  # RoPE over the arena's slots, kept
-        self.cos, self.sin = runner.cos, runner.sin
-        runner.cos, runner.sin = cos, sin
+        # RoPE over the arena's slots: every table its steps read is the arena's own (the
+        # runner's are dropped by `release` and replaced by the next `start`)
+        self.rope = runner.rope_tables(length, dtype, device)
         self.steps: dict[tuple, Callable] = {}  # (bucket rows, sampling) -> its step
         self.weights: tuple | None = None  # weights_key of the steps held
 
@@ -152,7 +154,7 @@ class Arena:
         length = self.length if length is None else length
         runner.cache = [(ak[:size, :, :length], av[:size, :, :length]) for ak, av in self.cache]
         runner.key_bias, runner.next_pos = self.key_bias[:size, ..., :length], self.next_pos[:size]
-        runner.cos, runner.sin = self.cos, self.sin
+        vars(runner).update(self.rope)
 
 
 class DecodeGraphs:
@@ -219,7 +221,7 @@ class StaticDecoder:
         self.runner, self.rows, self.sampling = runner, rows, sampling
         self.graphs = graphs if graphs is not None else DecodeGraphs()
         device = runner.next_pos.device
-        self.mode = "fixed" if step == "graph" and device.type != "cuda" else step
+        self.mode = "fixed" if step == "graph" and device.type not in GRAPH_DEVICES else step
         self.arena = self.graphs.lease(runner, rows)
         self.size, self.k = bucket_for(rows), rows  # bucket rows, logical rows
         self.arena.load(runner, rows, self.size)  # the prefill's own cache is dropped with it

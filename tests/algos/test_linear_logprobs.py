@@ -185,3 +185,27 @@ def test_bf16_backward_allocates_no_weight_sized_tensor_per_chunk():
     assert big(fused) == [V * H * 2, V * H * 4]
     assert big(unfused) == sorted([V * H * 2, V * H * 4] + [V * H * 2, V * H * 4] * 5)
     assert max(n for n in fused if n < V * H * 2) <= max(chunk * V * 4, N * H * 4)  # fp32 logits, grad h
+
+
+def test_the_probes_no_takes_the_upcast_path(monkeypatch, caplog):
+    """A device whose torch refuses a bf16 GEMM into fp32 (the probe says no, logged once):
+    the weight gradient upcasts each chunk's operands, no mixed addmm is tried, and the sum
+    is the exact one (what a GPU with an older torch runs; forced here on the CPU)."""
+    key = ("cpu", torch.bfloat16, torch.float32)
+    monkeypatch.delitem(ll._MIXED_ADDMM, key, raising=False)
+    with caplog.at_level("INFO", logger="baton.algos.linear_logprobs"):
+        assert ll._mixed_addmm_ok(torch.device("cpu"), torch.bfloat16, torch.float32) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"addmm of torch.bfloat16 inputs into torch.float32 in place on cpu (torch {torch.__version__}): "
+        "no, the operands upcast"]
+    monkeypatch.setitem(ll._MIXED_ADDMM, key, False)  # the verdict, forced
+    mixed, real = [], torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: mixed.append(k) if "out_dtype" in k else real(*a, **k))
+    seen = []
+    monkeypatch.setattr(ll, "accumulate_wgrad", lambda gw, d, h, s: seen.append((d.double(), h.double()))
+                        or accumulate_wgrad(gw, d, h, s))
+    grad, _ = bf16_backward(True)
+    assert not mixed and len(seen) == 5
+    exact = sum(d.T @ h for d, h in seen)
+    scale = sum(d.abs().T @ h.abs() for d, h in seen)
+    assert ((grad.double() - exact).abs() <= 40 * 2**-24 * scale + 1e-30).all()

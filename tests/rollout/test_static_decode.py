@@ -14,6 +14,7 @@ from baton.rollout.protocol import SamplingParams
 from baton.rollout.static_decode import StaticDecoder, bucket_for, bucket_sizes, length_bucket
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("replays")  # "graph" steps as checked replays (tests/graph_replay.py)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [40]]  # ragged: left padding
 SAMPLED = SamplingParams(n=3, temperature=0.7, max_new_tokens=12, seed=0)
 # 30 of the 260 ids stop a row: rows finish at different steps, and the 12-row batch shrinks
