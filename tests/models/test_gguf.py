@@ -106,6 +106,12 @@ def test_gguf_model_path_for_eval_train_and_serve(arith_gguf, cache, tmp_path, c
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["path"] == str(converted)
+    trained = run / "checkpoints" / "step_1"  # the trained checkpoint, out as GGUF again
+    assert main(["export", str(trained), str(tmp_path / "trained.gguf"), "--gguf", "--gguf-type", "f32"]) == 0
+    tok_a = AutoTokenizer.from_pretrained(str(trained))
+    model_a = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32).eval()
+    tok_b, model_b = read_back(tmp_path / "trained.gguf")
+    assert [greedy(model_b, tok_b, p) for p in PROMPTS[:5]] == [greedy(model_a, tok_a, p) for p in PROMPTS[:5]]
     from baton.rollout.server import parse_serve_args
 
     assert parse_serve_args([str(arith_gguf)]).model_dir == converted
