@@ -117,6 +117,18 @@ def test_gguf_model_path_for_eval_train_and_serve(arith_gguf, cache, tmp_path, c
     assert parse_serve_args([str(arith_gguf)]).model_dir == converted
 
 
+def test_every_model_path_key_takes_a_gguf(arith_gguf):
+    """The teacher, critic and reward model too: each key of MODEL_PATH_KEYS, as a recipe maps it."""
+    from baton.models.gguf_in import cached_dir
+    from baton.models.resolve import MODEL_PATH_KEYS, resolve_model_paths
+
+    merged = {key.split(".")[0]: {"path": str(arith_gguf), "weight": 1.0} for key in MODEL_PATH_KEYS}
+    resolved = resolve_model_paths({**merged, "data": {"path": "rows.gguf"}})  # not a model key: left alone
+    assert {s: b["path"] for s, b in resolved.items()} == {**{s: str(cached_dir(arith_gguf)) for s in merged},
+                                                          "data": "rows.gguf"}
+    assert resolved["teacher"]["weight"] == 1.0 and merged["teacher"]["path"] == str(arith_gguf)
+
+
 def write_gguf(path: Path, arch: str) -> Path:
     """A small GGUF of architecture `arch` (one tensor), as any converter would write it."""
     import numpy as np
