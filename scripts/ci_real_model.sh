@@ -37,7 +37,7 @@ step "eval"
 baton eval "$MODEL" --n 4 --max-new-tokens 8
 
 step "serve + one chat completion with the openai client"
-baton serve "$MODEL" --port 0 --threads 2 > "$WORK/serve.log" &
+"$PY" -m baton.cli serve "$MODEL" --port 0 --threads 2 > "$WORK/serve.log" &  # not the function: $! is the server
 SERVER=$!
 for _ in $(seq 600); do grep -q " on http://" "$WORK/serve.log" && break; kill -0 "$SERVER"; sleep 0.5; done
 URL=$(grep -o "http://[0-9.:]*" "$WORK/serve.log" | head -1)
