@@ -89,6 +89,28 @@ def test_llama_round_trip_gives_the_same_logits(llama_dir, tmp_path, kind, atol)
     assert diff < atol, (kind, diff)
 
 
+def test_a_lora_checkpoint_exports_merged(llama_dir, tmp_path):
+    """A PEFT adapter dir goes out as its base with the adapter merged (what --merge writes)."""
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(str(llama_dir), dtype=torch.float32)
+    peft_model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    peft_model.save_pretrained(str(tmp_path / "adapter"))
+    assert main(["export", str(tmp_path / "adapter"), str(tmp_path / "merged"), "--merge"]) == 0
+    assert main(["export", str(tmp_path / "adapter"), str(tmp_path / "a.gguf"), "--gguf", "--gguf-type", "f32"]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()
+    tok, model_b = read_back(tmp_path / "a.gguf")
+    ids = tok("12+34=56, 7*8=", return_tensors="pt").input_ids
+    with torch.no_grad():
+        diff = (merged(ids).logits - model_b(ids).logits).abs().max().item()
+        moved = (AutoModelForCausalLM.from_pretrained(str(llama_dir))(ids).logits - merged(ids).logits).abs().max()
+    assert diff < 1e-5 and moved > 1e-3, (diff, moved)  # the adapter's change is in the file
+
+
 def test_gguf_model_path_for_eval_train_and_serve(arith_gguf, cache, tmp_path, capsys):
     assert main(["eval", str(arith_gguf), "--n", "8", "--max-new-tokens", "4"]) == 0
     out, err = capsys.readouterr()
