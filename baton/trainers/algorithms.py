@@ -77,13 +77,11 @@ def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = N
     say = say or sys.stdout
 
     from baton.config import ConfigError, load_config, merge_recipe
-    from baton.models.hub import is_hub_id, resolve_model_path
+    from baton.models.resolve import resolve_model_paths
 
     cls = config_class(name)
-    merged = merge_recipe(recipe, overrides)
-    model = merged.get("model")
-    if isinstance(model, dict) and is_hub_id(model.get("path")):  # a hub id: its local snapshot (baton.models.hub)
-        merged["model"] = {**model, "path": resolve_model_path(model["path"])}
+    # a hub id or a .gguf file: a local HF directory (baton.models.resolve)
+    merged = resolve_model_paths(merge_recipe(recipe, overrides))
     if merged.get("placement") == "auto":
         merged["placement"] = {"auto": True}
     has_placement = "placement" in {f.name for f in dataclasses.fields(cls)}

@@ -305,7 +305,7 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     """`baton serve`'s options with the defaults resolved: api_key (flag, else
     $BATON_API_KEY, else None), admin (True/False), weights_dirs (resolved paths)."""
     ap = argparse.ArgumentParser(prog="baton serve", description="Serve a local HF checkpoint over HTTP.")
-    ap.add_argument("model_dir", help="local Hugging Face checkpoint directory (model + tokenizer)")
+    ap.add_argument("model_dir", help="local Hugging Face checkpoint directory (model + tokenizer), or a .gguf file")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (printed on stdout)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -367,7 +367,9 @@ def parse_serve_args(argv: list[str] | None = None, environ: dict[str, str] | No
     environ = os.environ if environ is None else environ
     args.api_key = args.api_key or environ.get("BATON_API_KEY") or None
     args.admin = is_loopback(args.host) if args.admin is None else args.admin
-    args.model_dir = Path(args.model_dir).resolve()
+    from baton.models.resolve import local_model_path
+
+    args.model_dir = Path(local_model_path(args.model_dir, "MODEL_DIR")).resolve()  # a .gguf: its HF directory
     args.weights_dirs = [Path(d).resolve() for d in (args.weight_dir_list or [args.model_dir])]
     return args
 
