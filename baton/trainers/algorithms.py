@@ -46,7 +46,8 @@ AUTO_FAMILY = ("grpo", "ppo")  # algorithms whose placement `placement.auto` cho
 AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe sets it (the test suite)
 
 
-def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
+def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None,
+                data: dict[str, Any] | None = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, placed: a generator ahead on
     a pool of its own (`baton.trainers.placement.generator`), and `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
@@ -62,13 +63,15 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     (or the environment sets BATON_PLACEMENT_AUTO=0). A resumed run (trainer.resume set, the
     run dir's config.yaml present) keeps the placement and trainer.mode that config.yaml holds
     instead of choosing again. `say` is where the line goes (a text stream; stdout by default:
-    `baton config` sends it to stderr)."""
+    `baton config` sends it to stderr). `data`: sections (a mapping, as a recipe file holds
+    them) over the recipe file's, before the overrides (`baton.train` with a dict)."""
     from baton.trainers.placement.generator import place_generator
 
-    return place_generator(_load_auto(name, recipe, overrides, say))
+    return place_generator(_load_auto(name, recipe, overrides, say, data))
 
 
-def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
+def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None,
+               data: dict[str, Any] | None = None) -> Any:
     """`load_recipe` before the generator's placement: the config with placement.auto applied."""
     import dataclasses
     import os
@@ -80,7 +83,7 @@ def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = N
     from baton.models.hub import is_hub_id, resolve_model_path
 
     cls = config_class(name)
-    merged = merge_recipe(recipe, overrides)
+    merged = merge_recipe(recipe, overrides, data)
     model = merged.get("model")
     if isinstance(model, dict) and is_hub_id(model.get("path")):  # a hub id: its local snapshot (baton.models.hub)
         merged["model"] = {**model, "path": resolve_model_path(model["path"])}
