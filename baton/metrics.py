@@ -4,8 +4,9 @@
   * `metrics.jsonl` in the run directory (always; one JSON object per line, with `step`),
   * the console: a rich progress bar on a terminal; without one (nohup, SLURM, CI logs,
     where a bar shows nothing until the end) a plain line every few steps (`progress_line`),
-  * tensorboard / wandb when asked for (optional extras, imported only then; `check_sinks`
-    tells a missing package at config time).
+  * tensorboard / wandb / mlflow when asked for (`trainer.sinks`: baton/metric_sinks.py;
+    optional extras, imported only then; `check_sinks` tells a missing package at config
+    time), which also get the run's config at the start and its report image at the end.
 `write_report(run_dir)` plots into `report.png` one panel per kind of metric the run has
 (`REPORT_PANELS`: reward, held-out accuracy, loss, KL, entropy, response length, DPO margins
 and accuracies, critic explained variance, queue health and the staleness histogram of the
@@ -26,8 +27,7 @@ from typing import Any, Iterator
 from baton.runs.metrics_log import read_metrics as _read_metrics
 from baton.runs.metrics_log import truncate_after
 
-SINKS = ("tensorboard", "wandb")  # optional metric sinks, beside metrics.jsonl and the console
-_SINK_MODULES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}  # module, pip name
+from baton.metric_sinks import PACKAGES, SINKS  # optional metric sinks, beside metrics.jsonl and the console
 
 
 def check_sinks(sinks: list[str]) -> None:
@@ -36,10 +36,10 @@ def check_sinks(sinks: list[str]) -> None:
     import importlib.util
 
     for sink in sinks:
-        module, package = _SINK_MODULES.get(sink, (sink, sink))
+        module, package = PACKAGES.get(sink, (sink, sink))
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"trainer.sinks: {sink!r} needs the {package!r} package, which is not installed "
-                             f"(pip install {package}, or drop {sink!r} from trainer.sinks)")
+                             f"(pip install -e '.[{package}]', or drop {sink!r} from trainer.sinks)")
 
 
 class Timer:
@@ -98,27 +98,19 @@ def progress_line(step: int, total: int, record: dict[str, Any], elapsed_s: floa
 class MetricsLogger:
     """See the module docstring. console: show progress at all; lines: plain lines instead of
     the rich bar (None: when stdout is not a terminal), one every `line_every` steps (0: about
-    20 over the run) and on the first and last step."""
+    20 over the run) and on the first and last step. config: the run's resolved config (a
+    mapping), which the sinks log at the start."""
 
     def __init__(self, run_dir: str | Path, total_steps: int, *, console: bool = True,
                  sinks: list[str] | None = None, start_step: int = 0, lines: bool | None = None,
-                 line_every: int = 0) -> None:
+                 line_every: int = 0, config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if start_step == 0 and self.path.exists():
             self.path.unlink()
         elif start_step:
             self._truncate_after(start_step)
-        self._writers: list[Any] = []
-        for sink in sinks or []:
-            if sink == "tensorboard":
-                from torch.utils.tensorboard import SummaryWriter  # optional extra
-                self._writers.append(("tb", SummaryWriter(str(Path(run_dir) / "tb"))))
-            elif sink == "wandb":
-                import wandb  # optional extra
-                self._writers.append(("wandb", wandb.init(dir=str(run_dir))))
-            else:
-                raise ValueError(f"unknown metric sink {sink!r}; use one of {list(SINKS)}")
+        self._writers: list[Any] = [SINKS[sink](run_dir, config) for sink in sinks or []]
         self._progress = None
         self.total_steps, self._start_step, self._t0 = total_steps, start_step, time.perf_counter()
         self._lines = console and (not sys.stdout.isatty() if lines is None else lines)
@@ -141,13 +133,9 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        for kind, writer in self._writers:
-            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
-            if kind == "tb":
-                for k, v in numbers.items():
-                    writer.add_scalar(k, v, step)
-            else:
-                writer.log(numbers, step=step)
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        for writer in self._writers:
+            writer.log(numbers, step)
         if self._lines and step > self._start_step and (
                 step % self._line_every == 0 or step == self.total_steps or step == self._start_step + 1):
             print(progress_line(step, self.total_steps, record,
@@ -156,11 +144,16 @@ class MetricsLogger:
             info = "  ".join(progress_line(step, self.total_steps, record, 0.0).split("  ")[1:])
             self._progress.update(self._task, completed=step, info=info)
 
+    def log_image(self, name: str, path: str | Path) -> None:
+        """An image (the run's report.png) to every sink."""
+        for writer in self._writers:
+            writer.image(name, Path(path))
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        for kind, writer in self._writers:
-            writer.close() if kind == "tb" else writer.finish()
+        for writer in self._writers:
+            writer.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ LAYERS = [
     {"sync", "rewards", "models", "data", "algos", "controller"},
     {"rows"},  # the training row (`Trajectory`) and the one `to_batch` every source pads with
     {"batch", "metrics", "config"},
+    {"metric_sinks"},  # TensorBoard, wandb, MLflow: classes in a registry
     {"fields", "protocol", "runs", "registry", "padding", "user_modules", "http"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
