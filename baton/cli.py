@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from baton.config import ConfigError, load_config
 
@@ -41,16 +42,19 @@ def _train(args: argparse.Namespace) -> int:
     if name == "dpo":
         _print_preferences(result)
     _print_accuracy(result, cfg.trainer.run_dir)  # an RM run has no task accuracy: its samples and run dir
-    _print_queue(cfg.trainer.run_dir)
+    _print_queue(cfg)
     return 0
 
 
-def _print_queue(run_dir: str) -> None:
-    """The run's bottleneck in one line (RL runs: baton/trainers/report/queue_health.py)."""
-    from baton.metrics import read_metrics
+def _print_queue(cfg: Any) -> None:
+    """The run's bottleneck in one line (RL runs with a queue: baton/trainers/report/queue_health.py;
+    a sync run alternates generating and training, and says nothing)."""
+    from baton.metrics import has_queue, read_metrics
     from baton.trainers.report.queue_health import summary
 
-    line = summary(read_metrics(run_dir))
+    if not has_queue(getattr(cfg.trainer, "mode", "sync"), getattr(getattr(cfg, "data", None), "source", None)):
+        return
+    line = summary(read_metrics(cfg.trainer.run_dir))
     if line:
         print(line)
 

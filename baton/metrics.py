@@ -176,22 +176,59 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
     ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
+    ("agent turns", ("agent/turns_mean",), None),
+    ("agent turn reward", ("agent/turn_reward_mean",), None),
+    ("agent: dropped trajectories", ("agent/dropped/*",), None),  # a key per fault kind seen
     ("queue: idle share", ("throughput/trainer_idle", "throughput/generator_idle"), (0.0, 1.0)),
     ("queue: rows/s", ("throughput/rows_trained_per_s", "throughput/rows_generated_per_s"), None),
     ("update: share of the matmul rate", ("throughput/update_matmul_share",), None),
 )
 AGE_COUNTS = "queue/age_counts"  # a list a step (rows per policy age): one bar chart over the run
 AGE_PANEL = "staleness of trained rows"
+SAME_AS = {"actor/pg_loss": "actor/loss"}  # drawn only where it differs (no KL or entropy term: the same line)
 
 
-def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tuple[float, float] | None]]:
-    """The panels of REPORT_PANELS that `rows` have data for, each with the keys it plots."""
+def has_queue(mode: str | None, source: str | None) -> bool:
+    """Whether a run's rows wait in a queue, so that the queue's idle shares, rates and
+    staleness say something: generation overlaps the update (`trainer.mode` one_step_off /
+    async), or the rows come from services running beside the trainer (`data.source=api`).
+    A sync run alternates generating and training: its idle shares are only the phases'."""
+    return mode != "sync" or source == "api"
+
+
+def _run_has_queue(run_dir: str | Path) -> bool:
+    """`has_queue` for the run dir's config.yaml (True without one: nothing to tell by)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return True
+    trainer, data = cfg.get("trainer") or {}, cfg.get("data") or {}
+    return has_queue(trainer.get("mode"), data.get("source")) if isinstance(trainer, dict) and isinstance(
+        data, dict) else True
+
+
+def _keys(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> list[str]:
+    """The keys `rows` have numbers for; "prefix/*" stands for every key under prefix/."""
+    out: list[str] = []
+    for k in keys:
+        names = (sorted({n for r in rows for n in r if n.startswith(k[:-1])}) if k.endswith("/*") else [k])
+        out += [n for n in names if any(isinstance(r.get(n), (int, float)) for r in rows)]
+    return [k for k in out if not (k in SAME_AS and SAME_AS[k] in out
+                                   and all(r.get(k) == r.get(SAME_AS[k]) for r in rows))]
+
+
+def report_panels(rows: list[dict[str, Any]], queue: bool = True
+                  ) -> list[tuple[str, list[str], tuple[float, float] | None]]:
+    """The panels of REPORT_PANELS that `rows` have data for, each with the keys it plots;
+    without a queue (`has_queue`) no queue or staleness panels."""
     out = []
     for title, keys, ylim in REPORT_PANELS:
-        present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
-        if present:
+        present = _keys(keys, rows)
+        if present and (queue or not title.startswith("queue:")):
             out.append((title, present, ylim))
-    if any(r.get(AGE_COUNTS) for r in rows):
+    if queue and any(r.get(AGE_COUNTS) for r in rows):
         out.append((AGE_PANEL, [AGE_COUNTS], None))
     return out
 
@@ -216,7 +253,7 @@ def write_report(run_dir: str | Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
-    panels = report_panels(rows) or [("no metrics yet", [], None)]
+    panels = report_panels(rows, queue=_run_has_queue(run_dir)) or [("no metrics yet", [], None)]
     cols = min(3, len(panels))
     nrows = -(-len(panels) // cols)
     width, height = 5.0 * cols, 3.3 * nrows

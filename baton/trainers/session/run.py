@@ -83,8 +83,8 @@ def open_run(cfg: Any) -> PreparedRun:
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
         run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
-        for notice in run.notices:
-            log.warning("%s", notice)
+        for notice in run.notices:  # printed once; the log keeps it at INFO (a WARNING would print it twice)
+            log.info("%s", notice)
             print(f"baton: {notice}")
         save_config(cfg, run.path / "config.yaml")
     except BaseException:
