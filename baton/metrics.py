@@ -178,7 +178,7 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
     ("agent turns", ("agent/turns_mean",), None),
     ("agent turn reward", ("agent/turn_reward_mean",), None),
-    ("agent: dropped trajectories", ("agent/dropped/*",), None),  # a key per fault kind seen
+    ("agent: dropped trajectories", ("agent/dropped/*", "eval/dropped/*"), None),  # a key per fault kind seen
     ("queue: idle share", ("throughput/trainer_idle", "throughput/generator_idle"), (0.0, 1.0)),
     ("queue: rows/s", ("throughput/rows_trained_per_s", "throughput/rows_generated_per_s"), None),
     ("update: share of the matmul rate", ("throughput/update_matmul_share",), None),

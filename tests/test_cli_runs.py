@@ -45,6 +45,7 @@ def test_resume_changes_and_a_finished_run(model_dir, tmp_path, capsys, monkeypa
     assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01") == 1
     err = capsys.readouterr().err
     assert "actor.lr: 0.001 -> 0.01" in err and "trainer.resume_changes=allow" in err and err.count("\n") == 1, err
+    assert f"`baton train {run / 'config.yaml'} trainer.resume=auto` resumes with the run's own config" in err
     assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["lr"] == 0.001  # not overwritten
     assert [r["step"] for r in read_metrics(run)] == [0, 1]
     assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01",
