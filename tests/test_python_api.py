@@ -166,3 +166,17 @@ def test_the_result_generates_and_evaluates(tmp_path):
     assert run.evaluate()["eval/accuracy_greedy"] == run.accuracy  # the run's held-out rows, greedy
     assert run.tokenizer is not None and sum(p.numel() for p in run.model.parameters()) > 0
 
+
+
+def test_a_typed_config_is_a_recipe(tmp_path):
+    """A config object (what `load_config` builds, changed in Python) runs as its recipe would."""
+    from baton.config import load_config
+    from baton.trainers.ppo_config import PPOConfig
+
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
+                      [f"{k}={json.dumps(v)}" for k, v in SMALL.items()])
+    cfg.trainer.steps, cfg.trainer.run_dir = 1, str(tmp_path / "typed")
+    run = baton.train(cfg, reward_funcs={"arithmetic/correct": 1.0, lambda completion, **_: 0.5: 0.5})
+    assert run.config.trainer.steps == 1 and run.config.actor.lr == cfg.actor.lr
+    step = read_metrics(run.run_dir)[1]
+    assert step["reward/python/lambda"] == 0.5 and "reward/arithmetic/correct" in step
