@@ -4,6 +4,9 @@ The public names of the single controller and the data container import from her
 
     from baton import Batch, Worker, WorkerGroup, ResourcePool, register, Dispatch
 
+and a run from Python (docs/PYTHON_API.md): `run = baton.train(recipe, reward_funcs=[fn],
+train_dataset=rows)`, a `baton.TrainResult`.
+
 They are resolved on first use (PEP 562), so `import baton.algos` stays light.
 """
 
@@ -14,6 +17,7 @@ from typing import Any
 
 _PUBLIC = {
     "Batch": "baton.batch", "collate": "baton.batch",
+    "train": "baton.python_api", "TrainResult": "baton.python_api",
     **{name: "baton.controller" for name in (
         "Worker", "WorkerGroup", "ResourcePool", "register", "Dispatch", "Execute", "WorkerError",
         "Future", "Topology", "DispatchMode", "register_dispatch_mode", "colocated_groups",

@@ -28,58 +28,35 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from baton.config import ConfigError, load_config
 
 
-def _algorithm(recipe: str, overrides: list[str], default: str | None = "grpo") -> str | None:
-    """The recipe's top-level `algorithm:` (an `algorithm=...` override wins); `default` if absent."""
-    import yaml
-
-    name = default
-    try:
-        with open(recipe) as f:
-            data = yaml.safe_load(f) or {}
-        if isinstance(data, dict) and "algorithm" in data:
-            name = str(data["algorithm"])
-    except (OSError, yaml.YAMLError):
-        pass  # load_config names the missing or malformed recipe
-    for text in overrides:
-        if text.split("=", 1)[0].strip() == "algorithm":
-            name = text.split("=", 1)[1].strip()
-    return name
-
-
 def _train(args: argparse.Namespace) -> int:
     """`baton train RECIPE`: the driver the recipe's `algorithm:` names. The per-algorithm
-    commands (`baton sft`, `rm`, `online-dpo`, `dpo`) are aliases that also check the name."""
-    from baton.trainers.algorithms import DEFAULT, config_class, driver, load_recipe
+    commands (`baton sft`, `rm`, `online-dpo`, `dpo`) are aliases that also check the name.
+    `baton.train` (baton/python_api.py) runs the same two calls (baton/trainers/run_recipe.py)."""
+    from baton.trainers.run_recipe import build_recipe, run_built
 
-    declared, expected = _algorithm(args.recipe, args.overrides, default=None), args.algorithm
-    if expected and declared not in (None, expected):
-        raise ConfigError(f"baton {args.command} runs algorithm {expected!r}, but the recipe says algorithm: "
-                          f"{declared}; run `baton train {args.recipe}`")
-    name = expected or declared or DEFAULT
-    try:
-        config_class(name)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    overrides = [o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"]
-    cfg = load_recipe(name, args.recipe, [*overrides, f"algorithm={name}"])  # placement.auto applied
-    result = driver(name)(cfg)
+    name, cfg = build_recipe(args.recipe, args.overrides, expected=args.algorithm, command=args.command)
+    result = run_built(name, cfg)
     if name == "dpo":
         _print_preferences(result)
     _print_accuracy(result, cfg.trainer.run_dir)  # an RM run has no task accuracy: its samples and run dir
-    _print_queue(cfg.trainer.run_dir)
+    _print_queue(cfg)
     return 0
 
 
-def _print_queue(run_dir: str) -> None:
-    """The run's bottleneck in one line (RL runs: baton/trainers/report/queue_health.py)."""
-    from baton.metrics import read_metrics
+def _print_queue(cfg: Any) -> None:
+    """The run's bottleneck in one line (RL runs with a queue: baton/trainers/report/queue_health.py;
+    a sync run alternates generating and training, and says nothing)."""
+    from baton.metrics import has_queue, read_metrics
     from baton.trainers.report.queue_health import summary
 
-    line = summary(read_metrics(run_dir))
+    if not has_queue(getattr(cfg.trainer, "mode", "sync"), getattr(getattr(cfg, "data", None), "source", None)):
+        return
+    line = summary(read_metrics(cfg.trainer.run_dir))
     if line:
         print(line)
 
@@ -228,8 +205,9 @@ def _config(args: argparse.Namespace) -> int:
 
     from baton.config import to_dict
     from baton.trainers.algorithms import load_recipe
+    from baton.trainers.run_recipe import recipe_algorithm
 
-    name = _algorithm(args.recipe, args.overrides)
+    name = recipe_algorithm(args.recipe, args.overrides)
     cfg = load_recipe(name, args.recipe,  # as `baton train` resolves it: placement.auto applied (its line on stderr)
                       [*(o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"), f"algorithm={name}"],
                       say=sys.stderr)

@@ -4,8 +4,9 @@
   * `metrics.jsonl` in the run directory (always; one JSON object per line, with `step`),
   * the console: a rich progress bar on a terminal; without one (nohup, SLURM, CI logs,
     where a bar shows nothing until the end) a plain line every few steps (`progress_line`),
-  * tensorboard / wandb when asked for (optional extras, imported only then; `check_sinks`
-    tells a missing package at config time).
+  * tensorboard / wandb / mlflow when asked for (`trainer.sinks`: baton/metric_sinks.py;
+    optional extras, imported only then; `check_sinks` tells a missing package at config
+    time), which also get the run's config at the start and its report image at the end.
 `write_report(run_dir)` plots into `report.png` one panel per kind of metric the run has
 (`REPORT_PANELS`: reward, held-out accuracy, loss, KL, entropy, response length, DPO margins
 and accuracies, critic explained variance, queue health and the staleness histogram of the
@@ -26,8 +27,7 @@ from typing import Any, Iterator
 from baton.runs.metrics_log import read_metrics as _read_metrics
 from baton.runs.metrics_log import truncate_after
 
-SINKS = ("tensorboard", "wandb")  # optional metric sinks, beside metrics.jsonl and the console
-_SINK_MODULES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}  # module, pip name
+from baton.metric_sinks import PACKAGES, SINKS  # optional metric sinks, beside metrics.jsonl and the console
 
 
 def check_sinks(sinks: list[str]) -> None:
@@ -36,10 +36,10 @@ def check_sinks(sinks: list[str]) -> None:
     import importlib.util
 
     for sink in sinks:
-        module, package = _SINK_MODULES.get(sink, (sink, sink))
+        module, package = PACKAGES.get(sink, (sink, sink))
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"trainer.sinks: {sink!r} needs the {package!r} package, which is not installed "
-                             f"(pip install {package}, or drop {sink!r} from trainer.sinks)")
+                             f"(pip install -e '.[{package}]', or drop {sink!r} from trainer.sinks)")
 
 
 class Timer:
@@ -98,27 +98,19 @@ def progress_line(step: int, total: int, record: dict[str, Any], elapsed_s: floa
 class MetricsLogger:
     """See the module docstring. console: show progress at all; lines: plain lines instead of
     the rich bar (None: when stdout is not a terminal), one every `line_every` steps (0: about
-    20 over the run) and on the first and last step."""
+    20 over the run) and on the first and last step. config: the run's resolved config (a
+    mapping), which the sinks log at the start."""
 
     def __init__(self, run_dir: str | Path, total_steps: int, *, console: bool = True,
                  sinks: list[str] | None = None, start_step: int = 0, lines: bool | None = None,
-                 line_every: int = 0) -> None:
+                 line_every: int = 0, config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if start_step == 0 and self.path.exists():
             self.path.unlink()
         elif start_step:
             self._truncate_after(start_step)
-        self._writers: list[Any] = []
-        for sink in sinks or []:
-            if sink == "tensorboard":
-                from torch.utils.tensorboard import SummaryWriter  # optional extra
-                self._writers.append(("tb", SummaryWriter(str(Path(run_dir) / "tb"))))
-            elif sink == "wandb":
-                import wandb  # optional extra
-                self._writers.append(("wandb", wandb.init(dir=str(run_dir))))
-            else:
-                raise ValueError(f"unknown metric sink {sink!r}; use one of {list(SINKS)}")
+        self._writers: list[Any] = [SINKS[sink](run_dir, config) for sink in sinks or []]
         self._progress = None
         self.total_steps, self._start_step, self._t0 = total_steps, start_step, time.perf_counter()
         self._lines = console and (not sys.stdout.isatty() if lines is None else lines)
@@ -141,13 +133,9 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        for kind, writer in self._writers:
-            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
-            if kind == "tb":
-                for k, v in numbers.items():
-                    writer.add_scalar(k, v, step)
-            else:
-                writer.log(numbers, step=step)
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        for writer in self._writers:
+            writer.log(numbers, step)
         if self._lines and step > self._start_step and (
                 step % self._line_every == 0 or step == self.total_steps or step == self._start_step + 1):
             print(progress_line(step, self.total_steps, record,
@@ -156,11 +144,16 @@ class MetricsLogger:
             info = "  ".join(progress_line(step, self.total_steps, record, 0.0).split("  ")[1:])
             self._progress.update(self._task, completed=step, info=info)
 
+    def log_image(self, name: str, path: str | Path) -> None:
+        """An image (the run's report.png) to every sink."""
+        for writer in self._writers:
+            writer.image(name, Path(path))
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        for kind, writer in self._writers:
-            writer.close() if kind == "tb" else writer.finish()
+        for writer in self._writers:
+            writer.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -183,22 +176,59 @@ REPORT_PANELS: tuple[tuple[str, tuple[str, ...], tuple[float, float] | None], ..
     ("DPO preference accuracy", ("rewards/accuracies",), (0.0, 1.0)),
     ("critic explained variance", ("critic/explained_var",), None),
     ("distillation", ("distill/reverse_kl", "distill/teacher_below"), None),
+    ("agent turns", ("agent/turns_mean",), None),
+    ("agent turn reward", ("agent/turn_reward_mean",), None),
+    ("agent: dropped trajectories", ("agent/dropped/*", "eval/dropped/*"), None),  # a key per fault kind seen
     ("queue: idle share", ("throughput/trainer_idle", "throughput/generator_idle"), (0.0, 1.0)),
     ("queue: rows/s", ("throughput/rows_trained_per_s", "throughput/rows_generated_per_s"), None),
     ("update: share of the matmul rate", ("throughput/update_matmul_share",), None),
 )
 AGE_COUNTS = "queue/age_counts"  # a list a step (rows per policy age): one bar chart over the run
 AGE_PANEL = "staleness of trained rows"
+SAME_AS = {"actor/pg_loss": "actor/loss"}  # drawn only where it differs (no KL or entropy term: the same line)
 
 
-def report_panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str], tuple[float, float] | None]]:
-    """The panels of REPORT_PANELS that `rows` have data for, each with the keys it plots."""
+def has_queue(mode: str | None, source: str | None) -> bool:
+    """Whether a run's rows wait in a queue, so that the queue's idle shares, rates and
+    staleness say something: generation overlaps the update (`trainer.mode` one_step_off /
+    async), or the rows come from services running beside the trainer (`data.source=api`).
+    A sync run alternates generating and training: its idle shares are only the phases'."""
+    return mode != "sync" or source == "api"
+
+
+def _run_has_queue(run_dir: str | Path) -> bool:
+    """`has_queue` for the run dir's config.yaml (True without one: nothing to tell by)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return True
+    trainer, data = cfg.get("trainer") or {}, cfg.get("data") or {}
+    return has_queue(trainer.get("mode"), data.get("source")) if isinstance(trainer, dict) and isinstance(
+        data, dict) else True
+
+
+def _keys(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> list[str]:
+    """The keys `rows` have numbers for; "prefix/*" stands for every key under prefix/."""
+    out: list[str] = []
+    for k in keys:
+        names = (sorted({n for r in rows for n in r if n.startswith(k[:-1])}) if k.endswith("/*") else [k])
+        out += [n for n in names if any(isinstance(r.get(n), (int, float)) for r in rows)]
+    return [k for k in out if not (k in SAME_AS and SAME_AS[k] in out
+                                   and all(r.get(k) == r.get(SAME_AS[k]) for r in rows))]
+
+
+def report_panels(rows: list[dict[str, Any]], queue: bool = True
+                  ) -> list[tuple[str, list[str], tuple[float, float] | None]]:
+    """The panels of REPORT_PANELS that `rows` have data for, each with the keys it plots;
+    without a queue (`has_queue`) no queue or staleness panels."""
     out = []
     for title, keys, ylim in REPORT_PANELS:
-        present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
-        if present:
+        present = _keys(keys, rows)
+        if present and (queue or not title.startswith("queue:")):
             out.append((title, present, ylim))
-    if any(r.get(AGE_COUNTS) for r in rows):
+    if queue and any(r.get(AGE_COUNTS) for r in rows):
         out.append((AGE_PANEL, [AGE_COUNTS], None))
     return out
 
@@ -223,7 +253,7 @@ def write_report(run_dir: str | Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
-    panels = report_panels(rows) or [("no metrics yet", [], None)]
+    panels = report_panels(rows, queue=_run_has_queue(run_dir)) or [("no metrics yet", [], None)]
     cols = min(3, len(panels))
     nrows = -(-len(panels) // cols)
     width, height = 5.0 * cols, 3.3 * nrows

@@ -95,7 +95,7 @@ def test_start_failures_are_one_line_before_anything_is_written(tmp_path, capsys
     (tmp_path / "empty").mkdir()
     (tmp_path / "noweights").mkdir()
     (tmp_path / "noweights" / "config.json").write_text("{}")
-    monkeypatch.setitem(baton.metrics._SINK_MODULES, "wandb", ("baton_no_such_module", "wandb"))
+    monkeypatch.setitem(baton.metrics.PACKAGES, "wandb", ("baton_no_such_module", "wandb"))
     for override, needle in [("model.path=/nonexistent", "model.path=/nonexistent: no such directory"),
                              (f"model.path={tmp_path / 'empty'}", "holds no config.json"),
                              (f"model.path={tmp_path / 'noweights'}", "holds a config.json but no weights"),

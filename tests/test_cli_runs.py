@@ -32,7 +32,10 @@ def train(model_dir, run_dir, *extra):
                  *TINY, *extra])
 
 
-def test_resume_changes_and_a_finished_run(model_dir, tmp_path, capsys):
+def test_resume_changes_and_a_finished_run(model_dir, tmp_path, capsys, monkeypatch):
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as under `baton`: warnings reach stderr by themselves
     run = tmp_path / "run"
     assert train(model_dir, run, "trainer.steps=1") == 0
     capsys.readouterr()
@@ -42,11 +45,14 @@ def test_resume_changes_and_a_finished_run(model_dir, tmp_path, capsys):
     assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01") == 1
     err = capsys.readouterr().err
     assert "actor.lr: 0.001 -> 0.01" in err and "trainer.resume_changes=allow" in err and err.count("\n") == 1, err
+    assert f"`baton train {run / 'config.yaml'} trainer.resume=auto` resumes with the run's own config" in err
     assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["lr"] == 0.001  # not overwritten
     assert [r["step"] for r in read_metrics(run)] == [0, 1]
     assert train(model_dir, run, "trainer.steps=2", "trainer.resume=auto", "actor.lr=0.01",
                  "trainer.resume_changes=allow") == 0
-    assert "trainer.resume_changes=allow: actor.lr: 0.001 -> 0.01" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "trainer.resume_changes=allow: actor.lr: 0.001 -> 0.01" in out
+    assert (out + err).count(f"resuming {run} from checkpoint step_1 (step 1 of 2)") == 1, (out, err)  # once
     assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
     assert yaml.safe_load((run / "config.yaml").read_text())["actor"]["lr"] == 0.01
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "baton"
 # Top to bottom. A module may import its own package (same first component) or any package
 # of a LOWER layer; never a package of its own layer or of a higher one.
 LAYERS = [
-    {"cli", "__init__"},  # `baton` itself: the public names, resolved lazily
+    {"cli", "__init__", "python_api"},  # `baton` itself: the public names (resolved lazily), the CLI, baton.train
     {"cli_help"},  # the CLI's key listings and `baton config`
     {"trainers"},
     # where a step's rows come from: the drivers and their configs ask it; it drives the roles
@@ -30,6 +30,7 @@ LAYERS = [
     {"sync", "rewards", "models", "data", "algos", "controller"},
     {"rows"},  # the training row (`Trajectory`) and the one `to_batch` every source pads with
     {"batch", "metrics", "config"},
+    {"metric_sinks"},  # TensorBoard, wandb, MLflow: classes in a registry
     {"fields", "protocol", "runs", "registry", "padding", "user_modules", "http"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -49,6 +49,18 @@ def test_report_panels_follow_the_metrics():
     assert panels["loss"] == ["actor/loss", "critic/vf_loss"] and "critic explained variance" in panels
 
 
+def test_agent_panels_and_no_pg_loss_line_under_an_identical_loss():
+    agent = [{"step": s, "reward/mean": 0.5, "actor/loss": 0.1 * s, "actor/pg_loss": 0.1 * s,
+              "agent/turns_mean": 2.5, "agent/turn_reward_mean": 0.2, "agent/dropped/env_error": s,
+              "agent/dropped/env_timeout": 1} for s in range(1, 4)]
+    panels = dict((t, k) for t, k, _ in report_panels(agent))
+    assert panels["loss"] == ["actor/loss"]  # pg_loss equals the loss at every step: one line
+    assert panels["agent turns"] == ["agent/turns_mean"] and panels["agent turn reward"] == ["agent/turn_reward_mean"]
+    assert panels["agent: dropped trajectories"] == ["agent/dropped/env_error", "agent/dropped/env_timeout"]
+    agent[1]["actor/pg_loss"] = 0.15  # a KL or entropy term: the two differ, both drawn
+    assert dict((t, k) for t, k, _ in report_panels(agent))["loss"] == ["actor/loss", "actor/pg_loss"]
+
+
 def test_write_report_draws_the_panels(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **DPO}) + "\n" for s in range(1, 5)))
     out = write_report(tmp_path)

@@ -91,3 +91,21 @@ def test_readme_tools_example_runs(capsys):
     finally:
         server.stop()
     assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_readme_python_example_runs(tmp_path):
+    """The "From Python" example, as a plain script, with 1 step and fewer rows per step."""
+    code = re.search(r"## From Python\n.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
+    given = '"trainer.steps": 60, "trainer.run_dir": "runs/from_python"'
+    assert given in code
+    code = code.replace(given, f'"trainer.steps": 1, "trainer.run_dir": {str(tmp_path / "run")!r}, '
+                               '"data.prompts_per_step": 8, "data.eval_size": 16, "rollout.n": 4, '
+                               '"actor.mini_batch_size": 32, "actor.micro_batch_size": 32, "trainer.progress": False')
+    (tmp_path / "example.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(README.parent), "BATON_ROWS_CACHE": str(tmp_path / "rows")}
+    out = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=README.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert re.fullmatch(r"held-out accuracy \d\.\d{3} -> \d\.\d{3}", lines[-3]), lines
+    assert "'eval/accuracy_greedy'" in lines[-2] and re.fullmatch(r"\['-?\d*', '-?\d*'\]", lines[-1]), lines

@@ -9,6 +9,7 @@ the download command."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,8 +111,21 @@ def test_a_hub_id_without_network_is_one_line_with_the_download_command(tmp_path
         load_recipe("grpo", str(REPO / "recipes/grpo_qwen05b_gsm8k.yaml"), [])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("model.path=Qwen/Qwen2.5-0.5B-Instruct: not a local directory")
-    assert "`huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct`" in msg
+    assert "`hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct`" in msg
     assert msg.endswith("then model.path=models/Qwen2.5-0.5B-Instruct")
+    # the command it names is one the installed huggingface_hub has (2.x has `hf`, no `huggingface-cli`)
+    command = msg.split("`")[1].split()[0]
+    assert shutil.which(command, path=str(Path(sys.executable).parent)), command
+
+
+def test_download_hints_name_the_installed_cli():
+    """Every download hint in the repository (README, recipes' headers, docs, code) names `hf`:
+    huggingface_hub 1.0 dropped `huggingface-cli` (a new user's trial ran the old name)."""
+    assert shutil.which("hf", path=str(Path(sys.executable).parent))
+    old = [str(p.relative_to(REPO)) for p in [REPO / "README.md", *REPO.glob("recipes/**/*.yaml"),
+                                              *REPO.glob("docs/*.md"), *REPO.glob("baton/**/*.py")]
+           if "huggingface" + "-cli" in p.read_text()]
+    assert not old, old
 
 
 @pytest.mark.slow  # a 494M-parameter model on the CPU: 63 s at load 4 on 2 cores (random weights built and saved)

@@ -115,6 +115,17 @@ def _apart_from_the_run_s_signals():
                 signal.signal(s, handler)
 
 
+def check_serializable(obj: Any) -> str | None:
+    """Why Ray could not send `obj` to a worker process (its cloudpickle's error, in one
+    line), or None when it can: a Python reward function bound for a Ray actor
+    (`baton.python_api`) is checked before the run starts."""
+    try:
+        ray.cloudpickle.dumps(obj)
+    except Exception as e:  # noqa: BLE001 - whatever cloudpickle raises is the reason
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    return None
+
+
 def ensure_ray_for_pool() -> None:
     """What a pool does on start: `ensure_ray()`; an instance started here belongs to the run
     (nobody else asked for it), so the run's teardown (`shutdown_ray(only_ours=True)`) stops it."""

@@ -23,7 +23,7 @@ def is_hub_id(path: str) -> bool:
 
 
 def download_command(repo_id: str) -> str:
-    return f"huggingface-cli download {repo_id} --local-dir models/{repo_id.split('/')[1]}"
+    return f"hf download {repo_id} --local-dir models/{repo_id.split('/')[1]}"
 
 
 def resolve_model_path(path: str, key: str = "model.path") -> str:

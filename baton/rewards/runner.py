@@ -85,7 +85,12 @@ _KINDS = {ERROR: "errors", TIMEOUT: "timeouts", NONFINITE: "nonfinite"}
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """A registered name, or `package.module:function`."""
+    """A registered name, a Python callable `baton.train` registered (`python/...`), or
+    `package.module:function`."""
+    from baton.rewards.python import PYTHON_REWARDS
+
+    if name in PYTHON_REWARDS:
+        return PYTHON_REWARDS[name]
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if ":" in name:
@@ -96,6 +101,9 @@ def resolve_reward(name: str) -> RewardFn:
         if callable(fn):
             return fn
         raise ValueError(f"reward function {name!r}: {module} has no callable {attr!r}")
+    if name.startswith("python/"):
+        raise ValueError(f"reward function {name!r} was a Python callable given to baton.train in another "
+                         f"process: run it from Python again (the same call, with trainer.resume=auto to continue)")
     raise ValueError(f"unknown reward function {name!r}; registered: {sorted(REWARD_FUNCTIONS)} "
                      f"(or give 'package.module:function')")
 
@@ -173,8 +181,12 @@ class RewardRunner:
         if sandbox == "process":
             raise ValueError(f"reward functions {self.names} cannot run in worker processes ({why}); "
                              f"define them at the top level of an importable module, or use sandbox='thread'")
-        log.warning("reward functions %s run in threads of this process, not in worker processes (%s): "
-                    "a hung call cannot be stopped there", self.names, why)
+        from baton.rewards.python import PythonReward
+
+        # a callable given to baton.train from a script or notebook: threads are its expected home
+        given = any(isinstance(fn, PythonReward) for fn in self._fn_list)
+        log.log(logging.INFO if given else logging.WARNING, "reward functions %s run in threads of this process, "
+                "not in worker processes (%s): a hung call cannot be stopped there", self.names, why)
         return "thread"
 
     # ---- workers ----------------------------------------------------------------------

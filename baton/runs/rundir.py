@@ -352,7 +352,8 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
     if changes and not allow:
         raise RunDirError(f"resuming {Path(run_path)} with a config that differs from its {CONFIG_FILE}: "
                           f"{'; '.join(changes)}. Set trainer.resume_changes=allow to resume with these "
-                          f"changes, or put them back")
+                          f"changes, or put them back: `baton train {Path(run_path) / CONFIG_FILE} "
+                          f"trainer.resume=auto` resumes with the run's own config, overrides included")
     return changes
 
 

@@ -154,11 +154,15 @@ def evaluate_episodes(rollout: Any, cfg: AgentConfig, eval_rows: list[dict[str, 
     from baton.batch import collate
 
     rows = rollout.generate_episodes(collate(eval_rows), 0, asdict(cfg), True)
-    m = agent_metrics(rows, rows.meta.get("agent_stats", {}), len(eval_rows))
+    stats = rows.meta.get("agent_stats", {})
+    m = agent_metrics(rows, stats, len(eval_rows))
+    # dropped episodes (an env past agent.env_timeout_s, an env error, ...) count 0 in the
+    # accuracy; how many and why is logged beside it, as training's agent/dropped/* are
+    dropped = {f"eval/dropped/{kind}": float(n) for kind, n in sorted((stats.get("dropped") or {}).items())}
     if not AGENT_ENVS[cfg.env].TOOLS:  # e.g. guess: no tool calls to count
-        return {"eval/accuracy_greedy": m["accuracy"]}
+        return {"eval/accuracy_greedy": m["accuracy"], **dropped}
     return {"eval/accuracy_greedy": m["accuracy"], "eval/tool_call_ok": m["first_turn_call_ok"],
-            "eval/tool_call_ok_of_tried": m["tool_call_ok"]}
+            "eval/tool_call_ok_of_tried": m["tool_call_ok"], **dropped}
 
 
 # --- the registered builders (baton.sources.SOURCES) --------------------------------------

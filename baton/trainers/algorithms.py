@@ -46,7 +46,8 @@ AUTO_FAMILY = ("grpo", "ppo")  # algorithms whose placement `placement.auto` cho
 AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe sets it (the test suite)
 
 
-def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
+def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None,
+                data: dict[str, Any] | None = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, placed: a generator ahead on
     a pool of its own (`baton.trainers.placement.generator`), and `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
@@ -62,13 +63,15 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     (or the environment sets BATON_PLACEMENT_AUTO=0). A resumed run (trainer.resume set, the
     run dir's config.yaml present) keeps the placement and trainer.mode that config.yaml holds
     instead of choosing again. `say` is where the line goes (a text stream; stdout by default:
-    `baton config` sends it to stderr)."""
+    `baton config` sends it to stderr). `data`: sections (a mapping, as a recipe file holds
+    them) over the recipe file's, before the overrides (`baton.train` with a dict)."""
     from baton.trainers.placement.generator import place_generator
 
-    return place_generator(_load_auto(name, recipe, overrides, say))
+    return place_generator(_load_auto(name, recipe, overrides, say, data))
 
 
-def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None) -> Any:
+def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None,
+               data: dict[str, Any] | None = None) -> Any:
     """`load_recipe` before the generator's placement: the config with placement.auto applied."""
     import dataclasses
     import os
@@ -81,7 +84,7 @@ def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = N
 
     cls = config_class(name)
     # a hub id or a .gguf file: a local HF directory (baton.models.resolve)
-    merged = resolve_model_paths(merge_recipe(recipe, overrides))
+    merged = resolve_model_paths(merge_recipe(recipe, overrides, data))
     if merged.get("placement") == "auto":
         merged["placement"] = {"auto": True}
     has_placement = "placement" in {f.name for f in dataclasses.fields(cls)}

@@ -32,6 +32,20 @@ class RewardConfig:
     max_workers: int = 4  # calls in flight at once (worker processes); more for latency-bound verifiers
     max_failed_steps: int = 3  # stop after this many steps in a row where every reward call failed
 
+    # Pickled (to a Ray worker process), the section carries the Python callables its names
+    # refer to (`baton.train(reward_funcs=[fn])`: baton.rewards.python), registered on arrival.
+    def __getstate__(self) -> dict:
+        from baton.rewards.python import shipped
+
+        return {**self.__dict__, "_python_rewards": shipped(self.functions)}
+
+    def __setstate__(self, state: dict) -> None:
+        from baton.rewards.python import receive
+
+        state = dict(state)
+        receive(state.pop("_python_rewards", {}))
+        self.__dict__.update(state)
+
     def check(self) -> None:
         if not self.functions:
             raise ValueError("reward.functions is empty: name at least one reward function")

@@ -6,6 +6,9 @@ guess inside the range the feedback allows so far) or, when found, done with rew
     python -m recipes.envs.openenv_guess --port 8011        # serve it (openenv's own server)
     baton train recipes/envs/grpo_openenv.yaml              # train against it (agent.env: openenv)
 
+The server prints one line when it listens ("openenv guess env: listening on http://..."),
+and a session the client ends is closed without a word (see `QuietDisconnects`).
+
 The "=" after each observation is for the arithmetic warm start, which answers a number after
 it (the same game as baton's own `agent.env: guess`, recipes/agent_guess.yaml).
 """
@@ -19,6 +22,7 @@ from typing import Any
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
+from starlette.websockets import WebSocketDisconnect
 
 
 class GuessAction(Action):
@@ -65,16 +69,50 @@ class GuessEnvironment(Environment):
         return self._state
 
 
+class QuietDisconnects:
+    """ASGI middleware: a WebSocket session the client ended is not an error. openenv-core
+    0.3.0's /ws endpoint, when a client sends "close" and hangs up (as its own client does),
+    destroys the session and then closes the socket the client already closed; starlette
+    raises WebSocketDisconnect out of the app, and uvicorn logs a traceback for every session
+    (thousands in a training run). The session is already destroyed by then: the exception
+    is dropped here, for WebSocket connections only."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            pass
+
+
 def make_app(max_sessions: int = 256) -> Any:
-    return create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess",
-                      max_concurrent_envs=max_sessions)
+    app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess",
+                     max_concurrent_envs=max_sessions)
+    app.add_middleware(QuietDisconnects)
+    return app
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8011)
-    a = ap.parse_args()
-    uvicorn.run(make_app(), host=a.host, port=a.port, log_level="warning")
+    a = ap.parse_args(argv)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # bound and accepting: say where (log_level=warning prints nothing else)
+                print(f"openenv guess env: listening on http://{a.host}:{a.port} (sessions: ws://{a.host}:{a.port}/ws)",
+                      flush=True)
+
+    Server(uvicorn.Config(make_app(), host=a.host, port=a.port, log_level="warning")).run()
+
+
+if __name__ == "__main__":
+    main()

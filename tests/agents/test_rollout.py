@@ -226,6 +226,22 @@ def test_env_deadline_drops(qwen_tok):
     assert not SlowStart.started_ended.is_set()  # cut at the deadline, not after the 30 s start
 
 
+def test_a_timed_out_eval_episode_is_in_the_eval_metrics(qwen_tok):
+    """Held-out episodes past agent.env_timeout_s count 0 in eval/accuracy_greedy and are counted
+    in eval/dropped/env_timeout (metrics.jsonl), not lost (a new user's trial saw neither)."""
+    from baton.sources.episodes import evaluate_episodes
+
+    class Rollout:  # the rollout role's generate_episodes (baton/workers/rollout.py), on the scripted engine
+        def generate_episodes(self, prompts, step, agent_cfg, greedy):
+            rows, _ = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, prompts, 1, AgentConfig(**agent_cfg),
+                                   SamplingParams(temperature=0.0))
+            return rows
+
+    cfg = AgentConfig(env="test_slow_start", env_timeout_s=0.2)
+    out = evaluate_episodes(Rollout(), cfg, [{"prompt": "12*34=", "answer": "408"}, {"prompt": "2*3=", "answer": "6"}])
+    assert out["eval/accuracy_greedy"] == 0.0 and out["eval/dropped/env_timeout"] == 2.0
+
+
 def test_budget_exactly_used_by_observation(qwen_tok):
     # find the response length after turn 1 + observation, then make that the whole budget
     p = _prompts([{"prompt": "12*34=", "answer": "408"}])

@@ -207,3 +207,44 @@ def test_recipe_runs_two_steps(guess_url, tmp_path, monkeypatch):
                  "actor.mini_batch_size=0", "actor.micro_batch_size=32", "trainer.progress=false"]) == 0
     steps = [r for r in read_metrics(tmp_path) if "actor/loss" in r]
     assert len(steps) == 2 and all(0 <= s["reward/mean"] <= 1.5 for s in steps)
+
+
+def test_the_documented_server_says_where_it_listens_and_ends_sessions_quietly(tmp_path):
+    """`python -m recipes.envs.openenv_guess --port P` as docs/ENVIRONMENTS.md runs it: one line
+    saying where it listens, and nothing on its stderr for sessions its clients open and close
+    (openenv-core 0.3.0 logged a WebSocketDisconnect traceback per session: 5,004 in a run)."""
+    import os
+    import subprocess
+    import sys
+
+    from openenv import GenericEnvClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = open(tmp_path / "stderr", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "recipes.envs.openenv_guess", "--port", str(port)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        import select
+
+        assert select.select([proc.stdout], [], [], 60)[0], "the server printed no line in 60 s"
+        line = proc.stdout.readline()
+        assert line == f"openenv guess env: listening on http://127.0.0.1:{port} (sessions: ws://127.0.0.1:{port}/ws)\n"
+
+        async def sessions() -> list[str]:
+            seen = []
+            for seed in range(5):
+                client = GenericEnvClient(base_url=f"http://127.0.0.1:{port}")
+                seen.append((await client.reset(seed=seed)).observation["text"])
+                await client.step({"guess": "5"})
+                await client.close()
+            return seen
+
+        assert all(t.endswith("=") for t in asyncio.run(sessions()))
+        time.sleep(0.5)  # the server's side of the last close
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    err.seek(0)
+    assert "Traceback" not in err.read()

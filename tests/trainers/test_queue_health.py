@@ -46,20 +46,27 @@ def test_the_summary_names_the_bottleneck():
     assert summary([{"sft/loss": 1.0}]) == ""
 
 
-def test_the_demo_reports_its_queue(tmp_path, capsys):
+def test_a_sync_run_logs_its_rates_but_shows_no_queue(tmp_path, capsys):
+    """The demo alternates generating and training (trainer.mode=sync, one process): its
+    throughput metrics are logged, but no queue line is printed and report.png draws no queue or
+    staleness panels (they describe a queue it does not have); a run with a queue does."""
     from baton.cli import main
-    from baton.metrics import AGE_PANEL, read_metrics, report_panels
+    from baton.metrics import AGE_PANEL, has_queue, read_metrics, report_panels
 
     run = tmp_path / "run"
     assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={run}", "trainer.steps=2",
                  "data.prompts_per_step=4", "rollout.n=2", "data.eval_size=2", "actor.mini_batch_size=0",
                  "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false"]) == 0
     out = capsys.readouterr().out
-    assert "queue: the " in out and "rows/s trained" in out and "matmul rate" in out, out[-1500:]
+    assert "queue: " not in out, out[-1500:]
     rows = read_metrics(run)
-    titles = [t for t, _, _ in report_panels(rows)]
-    assert {"queue: idle share", "queue: rows/s", "update: share of the matmul rate", AGE_PANEL} <= set(titles)
+    queued = {"queue: idle share", "queue: rows/s", AGE_PANEL}
+    assert not queued & {t for t, _, _ in report_panels(rows, queue=False)}
+    assert queued <= {t for t, _, _ in report_panels(rows)}  # what a run with a queue draws
+    assert "update: share of the matmul rate" in {t for t, _, _ in report_panels(rows, queue=False)}
     steps = [r for r in rows if r.get("step", 0) >= 1 and "throughput/trainer_idle" in r]
     assert len(steps) == 2 and all(r["queue/age_counts"] == [8] for r in steps)  # on-policy: 8 rows of age 0
     assert all(0 < r["throughput/rows_generated_per_s"] and 0 <= r["throughput/generator_idle"] <= 1 for r in steps)
     assert (run / "report.png").stat().st_size > 0
+    assert not has_queue("sync", "rollout") and not has_queue("sync", "agent")
+    assert has_queue("one_step_off", "rollout") and has_queue("async", "agent") and has_queue("sync", "api")

@@ -1,6 +1,7 @@
 """`reward/tied_group_frac` by hand, and the one warning (then a count) when most groups tie."""
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -68,3 +69,17 @@ def test_a_resumed_run_goes_on_counting(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/tied_group_frac": 1.0}\n'
                                             '{"step": 2, "reward/tied_group_frac": 0.25}\n{"step": 3, "rew')  # torn
     assert TiedGroups(config(run_dir=tmp_path)).check(3, torch.zeros(4), torch.arange(4) // 2)["reward/tied_steps"] == 2
+
+
+def test_a_source_that_scores_its_rows_is_named_not_the_unread_reward_functions():
+    """An OpenEnv run (data.source=agent) keeps the default reward.functions it never reads: the
+    warning names the environment's scores, not arithmetic/correct (a new user's trial)."""
+    from baton.config import load_config
+    from baton.trainers.ppo_config import PPOConfig
+    from baton.trainers.report.tied_groups import reward_names
+
+    repo = Path(__file__).resolve().parents[2]
+    agent = load_config(PPOConfig, repo / "recipes/agent_guess.yaml")
+    assert agent.reward.functions == {"arithmetic/correct": 1.0}  # the default, carried but unread
+    assert reward_names(agent) == ["data.source=agent's own scores"]
+    assert reward_names(load_config(PPOConfig, repo / "recipes/grpo_arithmetic.yaml")) == ["arithmetic/correct"]

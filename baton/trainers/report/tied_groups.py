@@ -62,10 +62,16 @@ def tied_steps_logged(path: Path, before: int) -> int:
 
 
 def reward_names(cfg: Any) -> list[str]:
-    """What scores a PPO-family run's rows: its reward functions and its reward model."""
-    names = list(getattr(getattr(cfg, "reward", None), "functions", {}) or {})
+    """What scores a PPO-family run's rows: its reward functions (unless its row source scores
+    its own rows: an agent's env, a gateway's agent, the trajectory API's environments, which
+    leave `reward.functions` unread) and its reward model."""
+    source = getattr(cfg, "source", None)
+    scored = bool(getattr(source, "scored", False))
+    names = [] if scored else list(getattr(getattr(cfg, "reward", None), "functions", {}) or {})
     if getattr(cfg, "reward_model", None) is not None:
         names.append(f"reward model {cfg.reward_model.path}")
+    if scored:
+        names.insert(0, f"data.source={cfg.data.source}'s own scores")
     return names or ["the source's own scores"]
 
 

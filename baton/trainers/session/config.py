@@ -82,7 +82,7 @@ class TrainerConfig:
     resume_changes: Literal["refuse", "allow"] = "refuse"  # resume with a config that differs from the run's
     keep_checkpoints: int = 0  # keep the last K checkpoints (0 = all)
     max_nonfinite_steps: int = 3  # stop after this many steps with a non-finite loss/gradient
-    sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb
+    sinks: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb, mlflow (docs/LOGGING.md)
     progress: bool = True
 
     def check(self) -> None:

@@ -83,8 +83,8 @@ def open_run(cfg: Any) -> PreparedRun:
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
         run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
-        for notice in run.notices:
-            log.warning("%s", notice)
+        for notice in run.notices:  # printed once; the log keeps it at INFO (a WARNING would print it twice)
+            log.info("%s", notice)
             print(f"baton: {notice}")
         save_config(cfg, run.path / "config.yaml")
     except BaseException:
@@ -93,12 +93,13 @@ def open_run(cfg: Any) -> PreparedRun:
     return run
 
 
-def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int) -> MetricsLogger:
-    """The step metrics sink; on resume, lines after `start_step` (steps the checkpoint does
-    not cover, and a torn last line) are dropped first."""
+def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int, cfg: Any = None) -> MetricsLogger:
+    """The step metrics sink (the extra sinks get `cfg`, the run's config); on resume, lines
+    after `start_step` (steps the checkpoint does not cover, and a torn last line) are dropped first."""
     if start_step and run.metrics_path.exists():
         truncate_after(run.metrics_path, start_step)
-    return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step)
+    return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step,
+                         config=to_dict(cfg) if cfg is not None and t.sinks else None)
 
 
 def is_due(step: int, every: int, last: bool) -> bool:
@@ -294,13 +295,17 @@ class RunSession:
         for s, handler in self._old_handlers.items():
             signal.signal(s, handler)
         try:
-            for thing in [*self.closing, self.log]:
+            for thing in self.closing:
                 if thing is not None:
                     thing.close()
+            if error is None:  # before the metric sinks close: they log the report too
+                report = write_report(self.run.path)
+                if self.log is not None:
+                    self.log.log_image("report", report)
+            if self.log is not None:
+                self.log.close()
         finally:
             close_run(self.run, self.roles, getattr(getattr(self.cfg, "placement", None), "backend", "local"))
-        if error is None:
-            write_report(self.run.path)
 
     def start(self, state: Any, *, restore: Callable[[str], None] | None = None,
               evaluate: Callable[[], dict[str, float]] | None = None,
@@ -310,7 +315,7 @@ class RunSession:
         self.state = state
         if self.run.resume_from and restore is not None:
             restore(str(self.run.resume_from))
-        self.log = metrics_logger(self.run, self.t, start_step=state.step)
+        self.log = metrics_logger(self.run, self.t, start_step=state.step, cfg=self.cfg)
         evaluation = None
         if evaluate is not None:
             def evaluation() -> dict[str, float]:
