@@ -182,3 +182,7 @@ class VerifiersTask:
 
     def is_correct(self, completion: str, row: Row) -> bool:
         return task_reward(_task_of(row), completion) >= 1.0
+
+    def prepare(self) -> None:
+        """verifiers' import (seconds), as evaluation's verifier worker starts (`envs.evaluate.Verdict`)."""
+        _vf()

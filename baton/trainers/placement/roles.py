@@ -45,6 +45,7 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
                   dict(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                        total_steps=cfg.trainer.steps, seed=cfg.trainer.seed)),
         "rollout": (RolloutWorker, (r,), dict(task=cfg.data.task, seed=cfg.trainer.seed, probe_prompt=probe_prompt,
+                                              verifier_timeout_s=cfg.reward.timeout_s,
                                               # data.source=api: rollout.weight_sync is the servers'; this
                                               # engine only evaluates, beside the actor
                                               **({"weight_sync": "auto"} if cfg.data.source == "api" else {}))),
