@@ -33,7 +33,7 @@ from baton.workers.reference import ReferenceWorker
 from baton.workers.reward import RewardWorker
 from baton.workers.reward_model import RewardModelWorker
 from baton.workers.rollout import RolloutWorker
-from baton.workers.teacher import TeacherWorker
+from baton.workers.teacher import TeacherWorker, vocab_rows
 
 
 def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
@@ -60,7 +60,8 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
         classes["teacher"] = (TeacherWorker, (cfg.teacher,),
                               dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
                                    strategy=cfg.actor.strategy,
-                                   topk=None if cfg.algo.distill_loss == SAMPLED else cfg.algo.distill_topk))
+                                   topk=None if cfg.algo.distill_loss == SAMPLED else cfg.algo.distill_topk,
+                                   vocab_size=vocab_rows(cfg.model.path)))
     if cfg.critic is not None:
         classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
                              dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
