@@ -38,7 +38,7 @@ from baton.controller import shutdown_ray
 from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import CHECKPOINTS_DIR, prune_checkpoints
-from baton.runs.metrics_log import truncate_after
+from baton.runs.metrics_log import read_metrics, truncate_after
 from baton.runs.rundir import PreparedRun, check_data_unchanged, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
 from baton.trainers.session.inputs import check_data, data_files
@@ -79,6 +79,7 @@ def open_run(cfg: Any) -> PreparedRun:
     try:
         allow = t.resume_changes == "allow"
         if not run.fresh:
+            read_metrics(run.metrics_path)  # damaged mid-file: MetricsLogError now, before the model loads
             changes = check_resume_changes(run.path, to_dict(cfg), allow=allow)
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
