@@ -384,23 +384,30 @@ def file_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
     return {"path": str(path), "size": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fresh: bool, allow: bool) -> list[str]:
+def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fresh: bool, allow: bool,
+                         notices: list[str] | None = None) -> list[str]:
     """Record (a fresh run) or compare (a resumed one) the fingerprints of the data files a
     run reads (`files`: {config key: path}) in RUN/data_files.json. A resumed run whose file
     under the same key and path changed (size or sha256: rewritten in place) is refused in one
     RunDirError line naming it, unless `allow` (trainer.resume_changes=allow): then the
     changes are returned as notices and the new fingerprints recorded. A key whose path
-    changed is a config change (`check_resume_changes`)."""
+    changed is a config change (`check_resume_changes`). A torn DATA_FILES cannot be compared: that
+    is said (appended to `notices`) and it is written anew, so the next resume compares again."""
     from baton.runs.fsutil import atomic_write_text
 
     path = Path(run_path) / DATA_FILES
     now = {key: file_fingerprint(p) for key, p in files.items() if os.path.isfile(p)}
-    changes = []
+    changes, torn = [], False
     if not fresh and path.is_file():
         try:
             before = json.loads(path.read_text())
+            if not isinstance(before, dict):
+                raise ValueError(f"a JSON {type(before).__name__}")
         except ValueError:
-            before = {}  # torn: nothing to compare against (rewritten below)
+            before, torn = {}, True  # nothing to compare against (rewritten below)
+            if notices is not None:
+                notices.append(f"{path} is torn: this resume could not check that the data files are the ones "
+                               f"the run started with; their fingerprints are recorded anew")
         for key, new in now.items():
             old = before.get(key)
             if old and old.get("path") == new["path"] and (old.get("size"), old.get("sha256")) != (
@@ -411,7 +418,7 @@ def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fre
         raise RunDirError(f"resuming {Path(run_path)}: {'; '.join(changes)}: the resumed run would train on other "
                           f"rows than its checkpoints saw. Put the file back, or set trainer.resume_changes=allow "
                           f"to go on with it as it is now")
-    if fresh or changes or not path.is_file():
+    if fresh or changes or torn or not path.is_file():
         atomic_write_text(path, json.dumps(now, indent=1) + "\n")
     return changes
 

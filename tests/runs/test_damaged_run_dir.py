@@ -66,3 +66,39 @@ def test_a_config_yaml_cut_at_a_line_boundary_is_torn_not_changes(finished, tmp_
     assert "delete it to resume" in err
     (run_dir / "config.yaml").write_text(text)  # restored: the run resumes
     assert resume(run_dir) == 0
+
+
+@pytest.mark.parametrize("damage,says", [
+    ("deleted", "has no line for 2 of the 2 steps the checkpoint covers (steps 1-2)"),
+    ("torn-last", "has no line for 1 of the 2 steps the checkpoint covers (steps 2)"),
+])
+def test_metrics_lines_the_checkpoint_covers_but_lost_are_said_at_resume(finished, tmp_path, capsys, damage, says):
+    """Issue 50.8: a deleted metrics.jsonl, or the last step's line torn beside its complete
+    checkpoint (the line is now fsynced before the checkpoint is saved), resumed silently."""
+    run_dir = copy(finished, tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    if damage == "deleted":
+        metrics.unlink()
+    else:
+        text = metrics.read_text()
+        metrics.write_text(text[:len(text) - 20])  # the step-2 line torn mid-way
+    capsys.readouterr()
+    assert resume(run_dir) == 0
+    assert f"baton: {metrics} {says}" in capsys.readouterr().out
+
+
+def test_a_torn_data_files_json_is_said_and_written_anew(tmp_path, capsys):
+    """Issue 50.8: a torn data_files.json was never rewritten, so a later rewrite of the data
+    resumed silently on other rows, for good."""
+    data, run_dir = tmp_path / "d.jsonl", tmp_path / "run"
+    data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(20)))
+    argv = ["train", str(REPO / "recipes/grpo_arithmetic.yaml"), f"model.path={MODEL}", *TINY, f"data.path={data}",
+            f"trainer.run_dir={run_dir}", "trainer.save_every=1"]
+    assert main([*argv, "trainer.steps=1"]) == 0
+    (run_dir / "data_files.json").write_text('{"data.path": {"pa')
+    capsys.readouterr()
+    assert main([*argv, "trainer.steps=2", "trainer.resume=auto"]) == 0
+    assert f"{run_dir / 'data_files.json'} is torn" in capsys.readouterr().out
+    data.write_text(data.read_text().replace('"1+1="', '"1+9="'))  # rewritten in place: now refused
+    assert main([*argv, "trainer.steps=3", "trainer.resume=auto"]) == 1
+    assert f"data.path={data} changed since the run started" in capsys.readouterr().err

@@ -82,7 +82,8 @@ def open_run(cfg: Any) -> PreparedRun:
             read_metrics(run.metrics_path)  # damaged mid-file: MetricsLogError now, before the model loads
             changes = check_resume_changes(run.path, to_dict(cfg), allow=allow)
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
-        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
+        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow,  # size + sha256
+                                       notices=run.notices)
         run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         for notice in run.notices:
             log.warning("%s", notice)
@@ -99,7 +100,25 @@ def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int) -> Metri
     not cover, and a torn last line) are dropped first."""
     if start_step and run.metrics_path.exists():
         truncate_after(run.metrics_path, start_step)
+    if start_step:
+        lost = sorted(set(range(1, start_step + 1)) - {r.get("step") for r in read_metrics(run.metrics_path)})
+        if lost:  # a deleted file, or a line lost with the page cache (one torn beside its checkpoint)
+            notice = (f"{run.metrics_path} has no line for {len(lost)} of the {start_step} steps the checkpoint "
+                      f"covers (steps {_spans(lost)}): their metrics are lost; the run goes on from step {start_step}")
+            log.warning("%s", notice)
+            print(f"baton: {notice}")
     return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step)
+
+
+def _spans(steps: list[int]) -> str:
+    """Sorted steps as spans: [1, 2, 3, 7] -> "1-3, 7"."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def is_due(step: int, every: int, last: bool) -> bool:
@@ -202,6 +221,7 @@ class StepEnd:
         self.final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
         self.carry = {}
         if is_due(step, self.t.save_every, last):
+            self.log.sync()  # the line on disk before the checkpoint is: a power loss never keeps one alone
             with timer("save"):
                 save()
             self.carry = timer.pop()
