@@ -60,11 +60,17 @@ class TeacherConfig:
         if not self.path:
             raise ValueError("teacher.path is required: the local HF model whose logprobs the student learns from")
 
-    def check_files(self, student: str) -> None:
+    def check_files(self, student: str, topk: int = 0) -> None:
         """The teacher's directory exists and its vocabulary is the student's (`student`:
-        model.path); a ConfigError otherwise."""
+        model.path), and `topk` (algo.distill_topk; 0: all) is within it; a ConfigError otherwise."""
+        from baton.config import ConfigError
+
         check_model_path(self.path, "teacher.path")
         check_vocabulary(self.path, student)
+        rows = vocab_rows(student)
+        if topk and rows is not None and topk > rows:
+            raise ConfigError(f"algo.distill_topk={topk} is more than the vocabulary of model.path={student} "
+                              f"({rows} tokens): give at most {rows}, or 0 for the whole vocabulary")
 
 
 def check_vocabulary(teacher: str, student: str) -> None:

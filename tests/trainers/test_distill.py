@@ -112,6 +112,17 @@ def test_a_teacher_with_a_padded_embedding_scores_over_the_students_vocabulary(t
         assert b[0][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
 
 
+def test_a_topk_above_the_vocabulary_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue 50.10: algo.distill_topk=1000 with a 260-token vocabulary was clamped without a word."""
+    run_dir = tmp_path / "run"
+    code = main(["train", str(REPO / "recipes/grpo_arithmetic.yaml"), *TINY, *DISTILL, "algo.distill_loss=reverse_kl",
+                 "algo.distill_topk=1000", f"trainer.run_dir={run_dir}", "trainer.steps=1", "placement.auto=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "algo.distill_topk=1000 is more than the vocabulary" in err[0] and "(260 tokens)" in err[0], err
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize("overrides,says", [
     (["algo.advantage=distill"], "teacher: section"),  # distill without a teacher
     ([f"teacher.path={TEACHER}"], "does not read a teacher"),  # a teacher nothing reads (grpo)

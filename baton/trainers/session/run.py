@@ -64,7 +64,7 @@ def check_inputs(cfg: Any) -> None:
         check_model_path(critic.path, "critic.path")
     teacher = getattr(cfg, "teacher", None)  # a distillation teacher: its dir, and the student's vocabulary
     if teacher is not None:
-        teacher.check_files(cfg.model.path)
+        teacher.check_files(cfg.model.path, topk=getattr(getattr(cfg, "algo", None), "distill_topk", 0))
     check_export_path(getattr(cfg.trainer, "save_path", None))  # an export never overwrites a model (the shipped one)
 
 
