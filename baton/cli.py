@@ -354,6 +354,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.fsutil import YAMLFileError
+    from baton.runs.metrics_log import MetricsLogError
     from baton.runs.rundir import RunDirError, RunFinished
     from baton.sources.episodes import AgentFailureError
     from baton.trainers.session.run import Preempted, RewardFailureError
@@ -364,6 +365,8 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
         return f"baton: {e}", 0
     if isinstance(e, YAMLFileError):  # a recipe or a run dir's config.yaml that does not parse
         return f"baton: config error: {e}", 2
+    if isinstance(e, MetricsLogError):  # a run dir's metrics.jsonl damaged mid-file
+        return f"baton: error: {e}", 2
     if isinstance(e, DataError):  # a data file's row: named with its file, line and field
         return f"baton: data error: {e}", 2
     if isinstance(e, (ModelLoadError, ConfigError)):

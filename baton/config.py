@@ -28,7 +28,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from baton.runs.fsutil import atomic_write_text, read_yaml
+from baton.runs.fsutil import CONFIG_END, atomic_write_text, read_yaml
 
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -189,5 +189,6 @@ def resolve_recipe_paths(data: dict[str, Any], recipe_dir: str | Path) -> dict[s
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML, atomically (a crash never leaves half a file)."""
-    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML, atomically (a crash never leaves half a file), ended
+    by CONFIG_END."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False) + CONFIG_END)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -128,6 +129,15 @@ class MetricsLogger:
         last line), atomically."""
         if self.path.exists():
             truncate_after(self.path, step)
+
+    def sync(self) -> None:
+        """fsync metrics.jsonl (before a checkpoint is saved: its step's line is then on disk)."""
+        if self.path.exists():
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}

@@ -56,12 +56,17 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0, max_new_tokens >= 1, min_p in [0, 1]")
 
 
+# a constrained row whose grammar allowed nothing more before it was complete (ended with EOS,
+# its text does not match): never "stop" (`baton.rollout.constrained`)
+GRAMMAR_ERROR = "grammar_error"
+
+
 @dataclass
 class Completion:
     prompt_index: int  # index into the prompts passed to generate
     token_ids: list[int]  # generated tokens, including the stop token if one ended it
     logprobs: list[float]  # one per generated token (see the convention above)
-    finish_reason: str  # "stop" (EOS / stop id / stop string) or "length"
+    finish_reason: str  # "stop" (EOS / stop id / stop string), "length", or GRAMMAR_ERROR
     version: int  # policy version that produced it
 
 

@@ -59,7 +59,7 @@ def is_spec(name: str) -> bool:
     return bool(sep and module and attr) and "/" not in module
 
 
-def _own_error(e: BaseException) -> str:
+def own_error(e: BaseException) -> str:
     """The module's own error in one line, with where it was raised (its file and line)."""
     import traceback
 
@@ -82,9 +82,9 @@ def load_object(spec: str, what: str = "object") -> Any:
         if e.name and module.startswith(e.name):
             raise ValueError(f"{what} {spec!r}: no module {module!r} (looked in the working directory "
                              f"{os.getcwd()} and sys.path)") from None
-        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {_own_error(e)}") from None
+        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {own_error(e)}") from None
     except Exception as e:  # noqa: BLE001 - a syntax error, or the module's own code raising at import
-        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {_own_error(e)}") from None
+        raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {own_error(e)}") from None
     obj = mod
     for part in attr.split("."):
         obj = getattr(obj, part, None)

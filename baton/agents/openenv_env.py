@@ -21,7 +21,8 @@ text    an observation's text is its `observation_field` when set, else its fiel
 A tool error the model caused (invalid_args, tool_not_found) is shown to it as "error: ...";
 any other tool error, a server error or a lost connection is an env fault: the trajectory is
 dropped and counted (agent.env_timeout_s bounds every reset / step). openenv-core (the
-`openenv` extra) is imported only by a run that chooses this env.
+`openenv` extra) is imported only by a run that chooses this env, once, before its
+trajectories start (`prepare`), so its import is never counted against a trajectory.
 """
 
 from __future__ import annotations
@@ -116,8 +117,14 @@ class OpenEnvEpisode:
             raise AgentFault("env_error", str(e)) from e
         return r.observation, float(r.reward or 0.0), bool(r.done)
 
+    @staticmethod
+    def prepare() -> None:
+        """openenv's import (4.5 s of CPU), once per process before trajectories start
+        (`baton.agents.rollout.prepare_env`), never under agent.env_timeout_s."""
+        import openenv  # noqa: F401
+
     async def start(self) -> Start:
-        from openenv import GenericEnvClient
+        from openenv import GenericEnvClient  # imported by prepare(): a lookup here
 
         self.client = GenericEnvClient(base_url=self.url)  # each call under agent.env_timeout_s
         r = await self.client.reset(seed=episode_seed(self.row))

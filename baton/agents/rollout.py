@@ -255,12 +255,31 @@ def _run_all(rows: list[dict], indices: list[int], cfg: AgentConfig, tokenizer: 
         batcher.close()
 
 
+_PREPARED: set[str] = set()  # envs whose prepare() ran in this process
+_PREPARE_LOCK = threading.Lock()
+
+
+def prepare_env(name: str) -> None:
+    """The env class's `prepare()` (an attribute, if it has one), once per process, before any
+    trajectory's deadline starts (as rewards' `prepare`): a slow import (openenv: 4.5 s of CPU)
+    inside `start` would run under `agent.env_timeout_s`, with every trajectory thread queued
+    on the import lock, and each fault would then read as a timeout."""
+    with _PREPARE_LOCK:
+        if name in _PREPARED:
+            return
+        ready = getattr(AGENT_ENVS[name], "prepare", None)
+        if callable(ready):
+            ready()
+        _PREPARED.add(name)
+
+
 def run_episodes(engine: Any, tokenizer: Any, prompts: Batch, n: int, cfg: AgentConfig,
                  params: SamplingParams, group_offset: int = 0) -> tuple[Batch, dict[str, Any]]:
     """n trajectories per prompt row of `prompts`; returns (rows, stats). Rows keep the
     prompt's task fields and carry `group_index` = group_offset + prompt row; dropped
     trajectories have no row."""
     template = Path(cfg.chat_template).read_text() if cfg.chat_template else None
+    prepare_env(cfg.env)
     plain = [{k: prompts[k][i] for k in prompts.non_tensors} for i in range(len(prompts))]
     rows = [plain[i] for i in range(len(plain)) for _ in range(n)]
     idx = [i for i in range(len(plain)) for _ in range(n)]

@@ -164,12 +164,18 @@ class ToolSet:
                 out._objects.append(obj)
                 for name, m in inspect.getmembers(obj, inspect.ismethod):
                     if not name.startswith("_") and name != "close":
-                        out._fns[name] = m
+                        out._add(name, m)
             elif callable(s):
-                out._fns[given or s.__name__] = s
+                out._add(given or s.__name__, s)
             else:
                 raise TypeError(f"a tool is a function or a class, got {type(s).__name__}")
         return out
+
+    def _add(self, name: str, fn: Callable) -> None:
+        """One tool by name; a second of that name is a ValueError (the model could call only one)."""
+        if name in self._fns:
+            raise ValueError(f"two tools are named {name!r}: each tool needs a name of its own")
+        self._fns[name] = fn
 
     @property
     def names(self) -> frozenset[str]:

@@ -230,6 +230,7 @@ class RayBackend:
         self.actor_ranks: dict[str, int] = {}
         self.local: list[bool] = []  # per rank: on the driver's node (its /proc can be read)
         self.history: dict[tuple[str, str], tuple[int, float]] = {}  # (cls, method) -> (calls, longest s)
+        self.classes: dict[str, str] = {}  # role -> its worker class's name (what a failure names)
 
     # --- life cycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -269,6 +270,7 @@ class RayBackend:
 
     def create_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> list[int]:
         args_ref, kwargs_ref = ray.put(args), ray.put(kwargs)  # one copy, not one per rank
+        self.classes[role] = cls.__name__
         return self.wait([h.create.remote(role, cls, args_ref, kwargs_ref) for h in self.hosts],
                          cls.__name__, "__init__")
 
@@ -277,7 +279,9 @@ class RayBackend:
 
     def call_log(self, role: str) -> list[dict[str, Any]]:
         # Queued behind the calls in flight on each host: returns once they have finished.
-        logs = self.wait([h.take_call_log.remote(role) for h in self.hosts], "Host", "take_call_log")
+        # a failure here (a worker process that died) names the role's class, not the host
+        logs = self.wait([h.take_call_log.remote(role) for h in self.hosts], self.classes.get(role, "Host"),
+                         "call_log")
         return [c for part in logs for c in part]
 
     def shutdown(self) -> None:

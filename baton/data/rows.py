@@ -21,7 +21,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from baton.config import ConfigError
 
@@ -71,17 +71,9 @@ def _parse(p: Path, key: str) -> list[tuple[str, Any]]:
             raise DataError(f"{key}={p}: not a readable parquet file ({_first_line(exc)})") from None
         records = [(f"{p} row {i + 1}", r) for i, r in enumerate(table)]
     else:
-        records = []
-        with open(p, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(f"{p}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
-                                    f"{exc.start + 1}); save the file as UTF-8") from None
-                records.append((f"{p}:{lineno}", line))
+        lines = _text_lines(p)
         if p.suffix == ".json":
-            text = "".join(line for _, line in records)
+            text = "".join(line for _, line in lines)
             try:
                 rows = json.loads(text) if text.strip() else []
             except json.JSONDecodeError as exc:
@@ -89,15 +81,14 @@ def _parse(p: Path, key: str) -> list[tuple[str, Any]]:
             if not isinstance(rows, list):
                 raise DataError(f"{p}: a .json data file must hold a list of rows, got {type(rows).__name__}")
             records = [(f"{p} row {i + 1}", r) for i, r in enumerate(rows)]
-        else:
-            parsed = []
-            for where, line in records:
+        else:  # each line parsed as it is read: the file's text is never held whole beside its rows
+            records = []
+            for lineno, line in lines:
                 if line.strip():
                     try:
-                        parsed.append((where, json.loads(line.strip())))
+                        records.append((f"{p}:{lineno}", json.loads(line.strip())))
                     except json.JSONDecodeError as exc:
-                        raise DataError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
-            records = parsed
+                        raise DataError(f"{p}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
     if not records:
         raise DataError(f"{key}={p}: holds no rows (an empty file)")
     for where, raw in records:
@@ -105,6 +96,18 @@ def _parse(p: Path, key: str) -> list[tuple[str, Any]]:
             raise DataError(f"{where}: a row must be a JSON object ({{\"prompt\": ...}}), got a "
                             f"{type(raw).__name__}")
     return records
+
+
+def _text_lines(p: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of `p`, decoded as UTF-8 (a byte-order mark skipped);
+    DataError naming the line and byte otherwise."""
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{p}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                f"{exc.start + 1}); save the file as UTF-8") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ vocabularies). Only the rows between the two are tokenized, in one batch, and co
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
 from baton.data.rows import DataError
 
@@ -30,26 +30,47 @@ def max_chars_per_token(tokenizer: Any) -> int:
     return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
 
-def check_lengths(located: list[tuple[str, str]], tokenizer: Any, context: int, budget: int = 0,
+class LengthCheck:
+    """`check_lengths` one row at a time (`add`), then `finish()`: a streamed data file is never
+    held as a list of its texts; only the rows near the limit are kept, to be tokenized."""
+
+    def __init__(self, tokenizer: Any, context: int, budget: int = 0, budget_key: str = "rollout.max_new_tokens"):
+        self.room = context - budget
+        if self.room < 1:
+            raise DataError(f"{budget_key}={budget} leaves no room for a prompt in the model's context of "
+                            f"{context} tokens")
+        self.tokenizer, self.context, self.budget, self.budget_key = tokenizer, context, budget, budget_key
+        self.bound = max_chars_per_token(tokenizer)
+        self.close: dict[bool, list[tuple[str, str]]] = {True: [], False: []}  # add_special_tokens -> rows
+
+    def add(self, where: str, text: str, add_special_tokens: bool = True) -> None:
+        """A length first, no tokenizing: a text longer than any tokenizing of it could fit is
+        refused now; one that may not fit is kept for `finish`."""
+        if len(text) > self.context * self.bound:
+            raise DataError(f"{where}: the row is {len(text):,} characters, at least {len(text) // self.bound:,} "
+                            f"tokens: longer than the model's context of {self.context} tokens; shorten or drop it")
+        extra = SPECIALS_BOUND if add_special_tokens else 0
+        if 2 * len(text.encode("utf-8", "replace")) + extra > self.room:
+            self.close[add_special_tokens].append((where, text))
+
+    def finish(self) -> None:
+        """Tokenize the rows kept (in one batch each) and refuse the first that does not fit."""
+        for specials, close in self.close.items():
+            if not close:
+                continue
+            ids = self.tokenizer([text for _, text in close], add_special_tokens=specials)["input_ids"]
+            for (where, _), row_ids in zip(close, ids):
+                if len(row_ids) > self.room:
+                    raise DataError(f"{where}: the row is {len(row_ids)} tokens; with {self.budget} more "
+                                    f"({self.budget_key}) that is {len(row_ids) + self.budget}, longer than the "
+                                    f"model's context of {self.context} tokens; shorten or drop it")
+
+
+def check_lengths(located: Iterable[tuple[str, str]], tokenizer: Any, context: int, budget: int = 0,
                   budget_key: str = "rollout.max_new_tokens", add_special_tokens: bool = True) -> None:
     """DataError for the first row whose tokens + `budget` exceed `context` (see the module
-    docstring); nothing for rows that fit."""
-    room = context - budget
-    if room < 1:
-        raise DataError(f"{budget_key}={budget} leaves no room for a prompt in the model's context of "
-                        f"{context} tokens")
-    bound = max_chars_per_token(tokenizer)
-    for where, text in located:  # cheap first: a length, no tokenizing
-        if len(text) > context * bound:
-            raise DataError(f"{where}: the row is {len(text):,} characters, at least {len(text) // bound:,} "
-                            f"tokens: longer than the model's context of {context} tokens; shorten or drop it")
-    extra = SPECIALS_BOUND if add_special_tokens else 0
-    close = [(where, text) for where, text in located if 2 * len(text.encode("utf-8", "replace")) + extra > room]
-    if not close:
-        return
-    ids = tokenizer([text for _, text in close], add_special_tokens=add_special_tokens)["input_ids"]
-    for (where, _), row_ids in zip(close, ids):
-        if len(row_ids) > room:
-            raise DataError(f"{where}: the row is {len(row_ids)} tokens; with {budget} more ({budget_key}) that "
-                            f"is {len(row_ids) + budget}, longer than the model's context of {context} tokens; "
-                            f"shorten or drop it")
+    docstring); nothing for rows that fit. `located` is read once (a generator will do)."""
+    check = LengthCheck(tokenizer, context, budget, budget_key)
+    for where, text in located:
+        check.add(where, text, add_special_tokens)
+    check.finish()

@@ -141,7 +141,8 @@ class TaskEnvironment:
         """Greedy held-out accuracy through `engine` (the task's exact verifier)."""
         rows = [{**r, "prompt": render_prompt(self.tokenizer, r["prompt"])} for r in self.eval_rows()]
         out = evaluate_task(engine, self.tokenizer, self.task, rows, greedy=True, max_new_tokens=self.max_new_tokens)
-        return {f"eval/{k}_greedy": v for k, v in out.items()}
+        counts = {f"eval/{k}": out.pop(k) for k in ("timeouts", "errors")}  # verifier calls that hung, raised
+        return {**{f"eval/{k}_greedy": v for k, v in out.items()}, **counts}
 
 
 # name -> factory(tokenizer, **options) -> Environment. Options every factory takes:

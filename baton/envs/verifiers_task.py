@@ -63,16 +63,25 @@ def load_tasks(taskset: str, args_json: str, size: int) -> list[Any]:
     vf = _vf()
     from verifiers.v1.utils.generic import concrete_type
 
+    from baton.user_modules import own_error
+
     try:
         cls = taskset_class(taskset)
+    except ModuleNotFoundError as e:
+        if e.name and taskset.startswith(e.name):  # the taskset itself is not there
+            raise ValueError(f"data.task_args.taskset={taskset!r}: {e}") from None
+        raise ValueError(f"data.task_args.taskset={taskset!r}: importing it failed: {own_error(e)}") from None
+    except Exception as e:  # noqa: BLE001 - its module raising at import, a syntax error, no Taskset in it
+        raise ValueError(f"data.task_args.taskset={taskset!r}: importing it failed: {own_error(e)}") from None
+    try:
         config = (concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig)(
             id=taskset, **json.loads(args_json))
-        return list(cls(config).take(size))
-    except (ModuleNotFoundError, TypeError, AttributeError) as e:
-        raise ValueError(f"data.task_args.taskset={taskset!r}: {e}") from None
     except Exception as e:  # noqa: BLE001 - pydantic's ValidationError: a field the config does not have
-        raise ValueError(f"data.task_args.taskset_args for {taskset!r}: {str(e).splitlines()[0]} "
-                         f"({' '.join(str(e).split())[:200]})") from None
+        raise ValueError(f"data.task_args.taskset_args for {taskset!r}: {' '.join(str(e).split())[:300]}") from None
+    try:
+        return list(cls(config).take(size))
+    except Exception as e:  # noqa: BLE001 - the taskset's own code, building its tasks
+        raise ValueError(f"data.task_args.taskset={taskset!r}: building its tasks failed: {own_error(e)}") from None
 
 
 def _trace(task: Any, completion: str) -> Any:
@@ -182,3 +191,7 @@ class VerifiersTask:
 
     def is_correct(self, completion: str, row: Row) -> bool:
         return task_reward(_task_of(row), completion) >= 1.0
+
+    def prepare(self) -> None:
+        """verifiers' import (seconds), as evaluation's verifier worker starts (`envs.evaluate.Verdict`)."""
+        _vf()

@@ -103,6 +103,11 @@ def check_checkpoint(path: str | os.PathLike) -> None:
             safetensors_header(p / "adapter_model.safetensors")
         return
     config = read_json(p / "config.json")
+    if not isinstance(config.get("model_type"), str) or not config["model_type"]:
+        raise _error(f"{p / 'config.json'}: names no model_type (an empty or partial config.json?), so no "
+                     f"architecture can be built from it")
+    if not any((p / f).is_file() for f in WEIGHT_FILES):
+        raise _error(f"{p}: holds a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
     tensors: dict[str, Any] = {}
     files = weight_files(p)
     for file in files:
@@ -138,17 +143,19 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
 
     arch = (config.get("architectures") or [None])[0]
     cls = getattr(transformers, str(arch), None) if arch else None
-    if cls is None or config.get("quantization_config"):
+    if arch and cls is None or config.get("quantization_config"):
         return  # an architecture transformers does not name, quantized weights: left to its loader
     try:
         hf_config = transformers.AutoConfig.for_model(**config)
     except Exception as e:  # noqa: BLE001 - any library error is one line here
         raise _error(f"{path / 'config.json'}: not a config transformers reads ({str(e).splitlines()[0]})") from None
     try:
-        with torch.device("meta"):
-            model = cls(hf_config)
+        with torch.device("meta"):  # no `architectures`: the causal LM of its model_type, as load_model builds
+            model = cls(hf_config) if cls else transformers.AutoModelForCausalLM.from_config(hf_config)
     except Exception as e:  # noqa: BLE001
-        raise _error(f"{path / 'config.json'}: cannot build {arch} from it ({str(e).splitlines()[0]})") from None
+        raise _error(f"{path / 'config.json'}: cannot build {arch or 'a causal LM'} from it "
+                     f"({str(e).splitlines()[0]})") from None
+    arch = arch or type(model).__name__
     groups: dict[int, list[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(t), []).append(name)

@@ -141,15 +141,19 @@ class RewardRunner:
     timeout_s: deadline of each call, from its start (None or <= 0: none).
     max_workers: worker processes (or threads) running calls at once.
     sandbox: "auto" (default), "process" or "thread".
+    callables: functions given as objects, by the name `functions` weights (not resolved by
+        name; e.g. evaluation's `baton.envs.evaluate.Verdict`, pickled by value for a worker).
     """
 
     def __init__(self, functions: dict[str, float], timeout_s: float | None = 5.0, max_workers: int = 4,
-                 sandbox: str = "auto"):
+                 sandbox: str = "auto", callables: dict[str, RewardFn] | None = None):
         if not functions:
             raise ValueError("at least one reward function is needed")
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
-        self.fns = {name: (resolve_reward(name), float(w)) for name, w in functions.items()}
+        given = callables or {}
+        self.fns = {name: (given[name] if name in given else resolve_reward(name), float(w))
+                    for name, w in functions.items()}
         self.names = list(self.fns)
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 else math.inf
         self.max_workers = max(1, int(max_workers))

@@ -18,13 +18,25 @@ is lower by log Z (Z: the mass the grammar allowed). For PPO that gap is a real 
 difference, not noise: recompute the old logprobs (`algo.recompute_old_logprobs: true`, or
 `algo.off_policy: tis`), so the clipped ratio is trainer-to-trainer and the behaviour
 logprobs only weigh tokens (pi/mu = Z <= 1: tokens the grammar squeezed count less).
+
+`check_grammar` compiles a grammar once without the model's tokenizer (on a byte-level one)
+and takes its first step: a grammar that does not compile, or whose language is empty (a
+regex like `[^\\s\\S]`, a JSON schema that only refers to itself), is a ValueError naming it.
+Results are cached by the grammar's hash (a server checks each request's grammar; a 3 MB
+schema costs ~0.8 s of CPU to compile). A grammar whose language empties later (a prefix
+leads nowhere) ends its row with EOS and finish reason `GRAMMAR_ERROR`, never "stop".
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import torch
+
+from baton.protocol import GRAMMAR_ERROR
 
 INSTALL = "pip install 'baton-rl[structured]'  (llguidance)"
 _TOKENIZERS: dict[tuple[int, int, tuple[int, ...]], Any] = {}  # (id(tokenizer), vocab, eos) -> LLTokenizer
@@ -40,12 +52,45 @@ def _llguidance():
     return llguidance
 
 
+_CHECKED: OrderedDict[bytes, str | None] = OrderedDict()  # sha256 of a grammar -> its error (None: fine)
+_CHECKED_MAX = 256
+_CHECK_LOCK = threading.Lock()
+EMPTY = ("matches no text at all (its language is empty: e.g. a regex like [^\\s\\S], "
+         "a JSON schema that only refers to itself)")
+
+
 def check_grammar(grammar: str) -> None:
-    """ValueError with llguidance's reason when `grammar` does not compile (no tokenizer needed)."""
-    llg = _llguidance()
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise ValueError(f"grammar: {messages[0] if messages else 'invalid'}")
+    """ValueError with llguidance's reason when `grammar` does not compile, or naming it when
+    no text matches it (no model tokenizer needed); cached by the grammar's hash."""
+    llg = _llguidance()  # first, whatever is cached: a missing extra is always said
+    key = hashlib.sha256(grammar.encode("utf-8", "surrogatepass")).digest()
+    with _CHECK_LOCK:
+        known = key in _CHECKED
+        error = _CHECKED.get(key)
+        if known:
+            _CHECKED.move_to_end(key)
+    if not known:
+        error = _grammar_error(llg, grammar)
+        with _CHECK_LOCK:
+            _CHECKED[key] = error
+            while len(_CHECKED) > _CHECKED_MAX:
+                _CHECKED.popitem(last=False)
+    if error is not None:
+        raise ValueError(error)
+
+
+def _grammar_error(llg: Any, grammar: str) -> str | None:
+    """Why `grammar` cannot be used (None: it can): compiled on llguidance's byte tokenizer,
+    its first mask computed (an empty language fails there: nothing may come first)."""
+    byte = llg.LLTokenizer("byte")
+    matcher = llg.LLMatcher(byte, grammar, log_level=0)
+    if matcher.is_error():  # a compile error, or a construct the byte tokenizer lacks (a named special token)
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+        return f"grammar: {messages[0] if messages else 'invalid'}" if is_error else None
+    words = (byte.vocab_size + 31) // 32
+    bits = torch.zeros(words, dtype=torch.int32)
+    matcher.unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
+    return f"grammar: {EMPTY}" if matcher.is_error() else None
 
 
 def _tokenizer(tokenizer: Any, vocab: int, eos_ids: list[int]) -> Any:
@@ -72,6 +117,7 @@ class Guide:
             raise ValueError(f"grammar: {first.get_error()}")
         self.matchers = [first] + [first.deep_copy() for _ in range(rows - 1)]
         self.ended = [False] * rows  # grammar complete (or failed): no more masking for the row
+        self.failed = [False] * rows  # the matcher allowed nothing (or refused a token): GRAMMAR_ERROR
         self.vocab, self.eos_ids = vocab, eos_ids
         self.words = (vocab + 31) // 32
         self.bits = torch.full((rows, self.words), -1, dtype=torch.int32)  # CPU: llguidance writes it
@@ -86,7 +132,11 @@ class Guide:
                 bits[j] = -1  # finished rows are cut at their stop: anything goes
                 continue
             m.unsafe_compute_mask_ptr(bits[j].data_ptr(), self.words * 4)
-            if not bool(bits[j].any()):  # nothing allowed (the matcher failed): end the row with EOS
+            # a matcher in error (nothing may follow: llguidance then allows EOS alone) or
+            # allowing nothing: the row fails, ended with EOS
+            self.failed[r] = m.is_error()
+            if self.failed[r] or not bool(bits[j].any()):
+                self.failed[r] = True
                 bits[j] = 0
                 for e in self.eos_ids:
                     bit = 1 << (e % 32)
@@ -106,5 +156,10 @@ class Guide:
             # after the grammar's last token), so the row's tokens end as a model's turn does
             if not ok or m.is_error() or m.is_stopped() and (tok in self.eos_ids or not self.eos_ids):
                 self.ended[r] = True
+                self.failed[r] = self.failed[r] or not ok or m.is_error()
                 done[j] = True
         return done
+
+    def finish_reason(self, row: int, stopped: bool) -> str:
+        """The row's finish reason: GRAMMAR_ERROR if its matcher failed, else stop / length."""
+        return GRAMMAR_ERROR if self.failed[row] else "stop" if stopped else "length"

@@ -335,7 +335,7 @@ class EmbeddedEngine:
             else:
                 logits = decoder.decode(tokens)  # [b, V]
             yield
-        return self._completions(out_tokens, out_logprobs, hits, B, n)
+        return self._completions(out_tokens, out_logprobs, hits, B, n, guide)
 
     @staticmethod
     def _look(done: torch.Tensor, out_tokens: torch.Tensor, hits: torch.Tensor, alive: torch.Tensor,
@@ -363,9 +363,10 @@ class EmbeddedEngine:
         return Guide(params.grammar, self.tokenizer, vocab, self.eos_token_ids, rows)
 
     def _completions(self, out_tokens: torch.Tensor, out_logprobs: torch.Tensor, hits: torch.Tensor | None,
-                     B: int, n: int) -> list[list[Completion]]:
+                     B: int, n: int, guide: Any = None) -> list[list[Completion]]:
         """Per prompt, its n completions: each row cut after its first stop (hits [rows, T],
-        None: no stop conditions), from out_tokens / out_logprobs [rows, T]."""
+        None: no stop conditions), from out_tokens / out_logprobs [rows, T]; a grammar's
+        (`guide`) failed row has finish reason GRAMMAR_ERROR."""
         rows, max_new = out_tokens.shape
         if hits is None:
             lengths, stopped = [max_new] * rows, [False] * rows
@@ -379,7 +380,8 @@ class EmbeddedEngine:
             L = lengths[r]
             per_prompt[r // n].append(Completion(
                 prompt_index=r // n, token_ids=tok_rows[r][:L], logprobs=lp_rows[r][:L],
-                finish_reason="stop" if stopped[r] else "length", version=self.version))
+                finish_reason=guide.finish_reason(r, stopped[r]) if guide is not None else
+                "stop" if stopped[r] else "length", version=self.version))
         return per_prompt
 
     def _static_step(self, device: torch.device) -> str | None:

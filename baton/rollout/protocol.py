@@ -4,6 +4,6 @@ The types live in `baton.protocol`, below both `baton.rollout` (which implements
 and `baton.sync` (which moves weights into them), so neither has to import the other.
 """
 
-from baton.protocol import Completion, Engine, SamplingParams
+from baton.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
 
-__all__ = ["Completion", "Engine", "SamplingParams"]
+__all__ = ["GRAMMAR_ERROR", "Completion", "Engine", "SamplingParams"]

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 import torch
 
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout.protocol import GRAMMAR_ERROR, Completion, SamplingParams
 from baton.sync.backend import End
 
 DIALECTS = ("baton", "sglang", "vllm")
@@ -199,7 +199,7 @@ class RemoteEngine:
             reason = finish.get("type") if isinstance(finish, dict) else finish
             comps.append(Completion(prompt_index=i // params.n, token_ids=[int(t) for t in ids],
                                     logprobs=[float(x[0]) for x in lps],
-                                    finish_reason="length" if reason == "length" else "stop",
+                                    finish_reason=reason if reason in ("length", GRAMMAR_ERROR) else "stop",
                                     version=self._version_of(meta.get("weight_version"))))
         return comps
 
@@ -263,7 +263,8 @@ class RemoteEngine:
                 ids = [int(s.removeprefix("token_id:")) for s in lp.get("tokens") or []]
             comps.append(Completion(prompt_index=i // params.n, token_ids=[int(t) for t in ids],
                                     logprobs=[float(x) for x in lp.get("token_logprobs") or []],
-                                    finish_reason="length" if ch.get("finish_reason") == "length" else "stop",
+                                    finish_reason=ch["finish_reason"] if ch.get("finish_reason") in
+                                    ("length", GRAMMAR_ERROR) else "stop",
                                     version=version))
         return comps
 

@@ -78,6 +78,9 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return atomic_write_bytes(path, text.encode(encoding))
 
 
+CONFIG_END = "# end of config\n"  # the last line of a whole run-dir config.yaml (a resume tells a torn one by it)
+
+
 class YAMLFileError(ValueError):
     """A YAML file that does not parse (a typo in a recipe, a torn config.yaml): one line
     naming the file, the line and the column (the CLI exits 2)."""

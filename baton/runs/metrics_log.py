@@ -33,6 +33,10 @@ class MetricsLogError(ValueError):
     """metrics.jsonl is damaged somewhere other than its last line."""
 
 
+RECOVER = ("Restore the file, or delete the damaged line (that step's metrics are lost), or start over "
+           "with trainer.overwrite=true")
+
+
 def _resolve(path: str | os.PathLike) -> Path:
     p = Path(path)
     return p / METRICS_FILE if p.is_dir() else p
@@ -57,7 +61,7 @@ def _parse(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
                             "mid-line?): %.80r", path, i + 1, len(raw), raw)
                 break
             raise MetricsLogError(f"{path}: line {i + 1} of {last + 1} is not a JSON object ({e}): "
-                                  f"{raw[:80]!r}; only a torn last line is skipped") from None
+                                  f"{raw[:80]!r}; only a torn last line is skipped. {RECOVER}") from None
         out.append((raw, rec))
     return out
 

@@ -49,7 +49,7 @@ from baton.runs.checkpoints import (
     CHECKPOINTS_DIR, DEFAULT_REQUIRED, Requirement, check_checkpoint, checkpoint_step,
     latest_complete_checkpoint, list_checkpoints, recover_checkpoints,
 )
-from baton.runs.fsutil import fsync_dir, read_yaml, unused_sibling
+from baton.runs.fsutil import CONFIG_END, YAMLFileError, fsync_dir, read_yaml, unused_sibling
 from baton.runs.metrics_log import METRICS_FILE
 
 log = logging.getLogger(__name__)
@@ -333,6 +333,22 @@ def _same_value(x: Any, y: Any) -> bool:
     return False
 
 
+def _check_whole(path: Path, old: dict[str, Any], new_keys: list[str]) -> None:
+    """YAMLFileError (one line, exit 2), when `path` (the run's config.yaml, flattened: `old`) was cut
+    short: it lacks its end line (`baton.runs.fsutil.CONFIG_END`) and the keys it lacks are the last
+    ones of the config (`new_keys`, in the order it is written). A torn file at a line boundary
+    still parses; its absent keys are not changes to resume with."""
+    if path.read_text().endswith(CONFIG_END):
+        return
+    new_keys = [k for k in new_keys if k not in RESUMABLE_CHANGES]  # keys a resume may add anyway
+    absent = [k for k in new_keys if k not in old]
+    present = [i for i, k in enumerate(new_keys) if k in old]
+    if absent and (not present or all(new_keys.index(k) > present[-1] for k in absent)):
+        raise YAMLFileError(f"{path}: is torn: it ends before its last {len(absent)} key(s) ({absent[0]} ...) and "
+                          f"lacks its end line ({CONFIG_END.strip()!r}). Restore it, or delete it to resume with "
+                          f"this config unchecked, or start over with trainer.overwrite=true")
+
+
 def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str, Any], allow: bool) -> list[str]:
     """What differs between RUN/config.yaml (the run being resumed) and `new_config_dict`,
     as "key: old -> new" lines (keys in RESUMABLE_CHANGES ignored). Raises RunDirError, one
@@ -346,6 +362,7 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
         return []
     new = yaml.safe_load(yaml.safe_dump(new_config_dict, sort_keys=False))  # tuples -> lists, as saved
     a, b = _flatten(old), _flatten(new)
+    _check_whole(path, a, list(b))
     changes = [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
                for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k))
                if k not in RESUMABLE_CHANGES and not _same_value(a.get(k, "(absent)"), b.get(k, "(absent)"))]
@@ -368,23 +385,30 @@ def file_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
     return {"path": str(path), "size": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fresh: bool, allow: bool) -> list[str]:
+def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fresh: bool, allow: bool,
+                         notices: list[str] | None = None) -> list[str]:
     """Record (a fresh run) or compare (a resumed one) the fingerprints of the data files a
     run reads (`files`: {config key: path}) in RUN/data_files.json. A resumed run whose file
     under the same key and path changed (size or sha256: rewritten in place) is refused in one
     RunDirError line naming it, unless `allow` (trainer.resume_changes=allow): then the
     changes are returned as notices and the new fingerprints recorded. A key whose path
-    changed is a config change (`check_resume_changes`)."""
+    changed is a config change (`check_resume_changes`). A torn DATA_FILES cannot be compared: that
+    is said (appended to `notices`) and it is written anew, so the next resume compares again."""
     from baton.runs.fsutil import atomic_write_text
 
     path = Path(run_path) / DATA_FILES
     now = {key: file_fingerprint(p) for key, p in files.items() if os.path.isfile(p)}
-    changes = []
+    changes, torn = [], False
     if not fresh and path.is_file():
         try:
             before = json.loads(path.read_text())
+            if not isinstance(before, dict):
+                raise ValueError(f"a JSON {type(before).__name__}")
         except ValueError:
-            before = {}  # torn: nothing to compare against (rewritten below)
+            before, torn = {}, True  # nothing to compare against (rewritten below)
+            if notices is not None:
+                notices.append(f"{path} is torn: this resume could not check that the data files are the ones "
+                               f"the run started with; their fingerprints are recorded anew")
         for key, new in now.items():
             old = before.get(key)
             if old and old.get("path") == new["path"] and (old.get("size"), old.get("sha256")) != (
@@ -395,7 +419,7 @@ def check_data_unchanged(run_path: str | os.PathLike, files: dict[str, str], fre
         raise RunDirError(f"resuming {Path(run_path)}: {'; '.join(changes)}: the resumed run would train on other "
                           f"rows than its checkpoints saw. Put the file back, or set trainer.resume_changes=allow "
                           f"to go on with it as it is now")
-    if fresh or changes or not path.is_file():
+    if fresh or changes or torn or not path.is_file():
         atomic_write_text(path, json.dumps(now, indent=1) + "\n")
     return changes
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import os
 import socket
@@ -138,20 +139,22 @@ class TrajectoryAPI:
             return {"status": 422, "reason": check_encodable(body)}
         return text, g.env_id, len(g.tokens), (trainer_version or 0) if version is None else version
 
-    def push(self, items: Iterable[tuple[int, Any]], key: str | None, digest: str | None,
+    def push(self, items: Iterable[tuple[int, Any]], key: str | None,
              many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
         """(groups sent, queued, duplicates, rejections) of a push of decoded ScoredData
         `items` (index, JSON value); runs in a worker thread. Each group is checked and
         encoded as it comes and only its encoded row kept (a 60 MB list is never all Python
         objects at once: no long garbage-collector pauses holding the GIL). `key`: the
-        request's Idempotency-Key (group i is `key#i`), `digest`: its body's hash: a group
-        pushed before under its key is a duplicate, not checked or queued again (a retry of
+        request's Idempotency-Key (group i is `key#i`, recorded with the hash of its meaning,
+        `canonical_digest`: a retry re-serialized with other whitespace or key order is the
+        same push): a group pushed before under its key with that hash is a duplicate, not checked or queued again (a retry of
         a push that was queued gets 200 even if the group would be refused now, e.g. stale)."""
         seen = {} if key is None else self.store.seen_keys(f"{key}#")
         ctx = (self.registration or {}, self.trainer_version(), {e["env_id"]: e for e in self.store.envs()})
         rows, keys, rejected, sent, dup = [], [], [], 0, 0
         for i, item in items:
             sent += 1
+            digest = None if key is None else canonical_digest(item)
             k = None if key is None else (f"{key}#{i}", digest)
             if k is not None and k[0] in seen:
                 if seen[k[0]] != digest:
@@ -186,6 +189,19 @@ class TrajectoryAPI:
         for env_id in {row[1] for _, row in rows if row[1] is not None}:
             self.store.touch_env(env_id)
         return sent, queued, dup, sorted(rejected, key=lambda r: r["index"])
+
+
+MAX_KEY_CHARS = 255  # an Idempotency-Key's length at most (400 beyond, naming it)
+# uvicorn's options for `baton api`: headers up to 1 MiB reach the app (h11's default, 16 KiB,
+# answers a longer one with a bare 400 or a closed connection), so a long key is refused by name
+UVICORN_OPTIONS = {"h11_max_incomplete_event_size": 2**20}
+
+
+def canonical_digest(item: Any) -> str:
+    """sha256 of a decoded JSON value's canonical form (sorted keys, no whitespace): what an
+    Idempotency-Key's group is compared by, its meaning rather than its bytes."""
+    text = json.dumps(item, sort_keys=True, separators=(",", ":"))  # ASCII: lone surrogates escaped
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 _KEY_REUSED = ("Idempotency-Key {key!r} was used before for another request body: use a new key for each push (the same "
@@ -431,8 +447,11 @@ def push_routes(api: TrajectoryAPI, max_body_bytes: int) -> APIRouter:
 
     async def push(request: Request, many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
         """(groups sent, queued, duplicates, rejections) of a /scored_data(_list) request."""
-        raw = await _read_body(request, max_body_bytes)
         key = request.headers.get("idempotency-key") or None
+        if key is not None and len(key) > MAX_KEY_CHARS:
+            raise HTTPException(400, f"Idempotency-Key is {len(key):,} characters; the limit is {MAX_KEY_CHARS} "
+                                     f"(a fresh uuid4 hex per push is 32)")
+        raw = await _read_body(request, max_body_bytes)
         return await anyio.to_thread.run_sync(_push, raw, key, many, limiter=push_threads)
 
     def _push(raw: bytes, key: str | None, many: bool) -> tuple[int, int, int, list[dict[str, Any]]]:
@@ -445,8 +464,7 @@ def push_routes(api: TrajectoryAPI, max_body_bytes: int) -> APIRouter:
             if many:
                 raise HTTPException(422, f"expected a JSON array of ScoredData, got {type(data).__name__}")
             items = [(0, data)]
-        digest = None if key is None else hashlib.sha256(raw).hexdigest()
-        return api.push(items, key, digest, many)
+        return api.push(items, key, many)
 
     @router.post("/scored_data")
     async def scored_data(request: Request) -> JSONResponse:
@@ -497,7 +515,7 @@ def api_main(argv: list[str] | None = None) -> None:
     counts = app.state.api.store.counts()
     print(f"baton api: http://{args.host}:{sock.getsockname()[1]} (db {args.db}: {counts['queued_groups']} groups "
           f"queued; token {'required' if args.token else 'OFF'})", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, **UVICORN_OPTIONS)).run(sockets=[sock])
 
 
 if __name__ == "__main__":

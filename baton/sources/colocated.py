@@ -48,9 +48,15 @@ class RolloutSource:
 
 
 def evaluate_rollout(rollout: Any, eval_rows: list[dict]) -> dict[str, float]:
-    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt)."""
-    return {f"eval/accuracy_{mode}": rollout.evaluate(eval_rows, mode == "greedy")
-            for mode in ("greedy", "sampled")}
+    """Held-out accuracy of the current policy: greedy, and sampled (4 samples per prompt);
+    `eval/timeouts`, `eval/errors`: verifier calls that hung or raised (scored wrong)."""
+    out = {"eval/timeouts": 0.0, "eval/errors": 0.0}
+    for mode in ("greedy", "sampled"):
+        res = rollout.evaluate(eval_rows, mode == "greedy")
+        out[f"eval/accuracy_{mode}"] = res["accuracy"]
+        out["eval/timeouts"] += res["timeouts"]
+        out["eval/errors"] += res["errors"]
+    return out
 
 
 def evaluate(cfg: Any, roles: dict[str, Any], eval_rows: list[dict]) -> dict[str, float]:

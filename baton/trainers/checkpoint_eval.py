@@ -99,6 +99,10 @@ def evaluate_checkpoint(model_dir: str, plan: EvalPlan, seed: int = 0) -> str:
         return agent_report(model_dir, len(plan.rows), evaluate_agent(engine, tokenizer, plan.rows, plan.agent))
     result = evaluate_modes(engine, tokenizer, get_task(plan.task), plan.rows, n=4,
                             max_new_tokens=plan.max_new_tokens, seed=seed)
-    return "\n".join(f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
-                     f"{result[f'eval/stop_rate_{mode}']:.3f}, {int(result[f'eval/samples_{mode}'])} samples "
-                     f"on {len(plan.rows)} held-out prompts)" for mode in MODES)
+    lines = [f"{mode:8s} accuracy {result[f'eval/accuracy_{mode}']:.3f}  (stop rate "
+             f"{result[f'eval/stop_rate_{mode}']:.3f}, {int(result[f'eval/samples_{mode}'])} samples "
+             f"on {len(plan.rows)} held-out prompts)" for mode in MODES]
+    if result["eval/timeouts"] or result["eval/errors"]:
+        lines.append(f"verifier: {int(result['eval/timeouts'])} calls ran past their deadline, "
+                     f"{int(result['eval/errors'])} failed (each scored wrong)")
+    return "\n".join(lines)

@@ -37,9 +37,13 @@ class ReferenceWorker(Worker):
         self.bf16 = resolve_bf16(bf16, self.device)
         # frozen: bf16 weights on a GPU computing in bf16, model.dtype elsewhere
         dtype = weights_dtype(self.device.type, "frozen", model.torch_dtype, self.bf16)
-        self.model = load_model(model.path, dtype=dtype, device=self.device)
+        self.model = self.fit(load_model(model.path, dtype=dtype, device=self.device))
         self.model.eval().requires_grad_(False)
         self.par = wrap(self.model, self.mesh, strategy)
+
+    def fit(self, model: Any) -> Any:
+        """The loaded model as this role uses it (the teacher drops padded vocabulary rows)."""
+        return model
 
     def frozen_logprobs(self, batch: Batch) -> Any:
         """[B, R] logprobs of the rows' response tokens under the frozen model (fp32: logits

@@ -42,7 +42,7 @@ from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
 from baton.data.rows import prompt_ids
 from baton.envs import get_task
-from baton.envs.evaluate import evaluate
+from baton.envs.evaluate import TaskScorer, evaluate
 from baton.models.load import build_like
 from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
@@ -153,9 +153,11 @@ class RolloutWorker(Worker):
     batch_on_device = False  # prompts are text; the engine places its own tensors
 
     def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
-                 weight_sync: str | None = None):
+                 weight_sync: str | None = None, verifier_timeout_s: float = 5.0):
         super().__init__()
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
+        self.verifier_timeout_s = verifier_timeout_s  # evaluation's verifier calls: reward.timeout_s
+        self._scorer: TaskScorer | None = None  # made at the first evaluation, kept
         self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
         self.tokenizer = self.policy.tokenizer
         in_place = self.policy.in_place
@@ -312,14 +314,17 @@ class RolloutWorker(Worker):
             return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
-    def evaluate(self, rows: list[dict], greedy: bool) -> float:
-        """Held-out accuracy with the current weights (greedy, or 4 samples per prompt).
+    def evaluate(self, rows: list[dict], greedy: bool) -> dict[str, float]:
+        """Held-out accuracy with the current weights (greedy, or 4 samples per prompt), and
+        the verifier calls that timed out or failed: {"accuracy", "timeouts", "errors"}.
         An engine with its own copy that no step synced (data.source=api: each step syncs the
         servers) gets the weights first (an unsharded actor: a local copy; the label stays)."""
         r = self.cfg
+        if self._scorer is None:
+            self._scorer = TaskScorer(self.task, timeout_s=self.verifier_timeout_s)
         self._wake(collective=False)
-        accuracy = evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
-                            max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                            seed=self.seed, grammar=r.grammar)["accuracy"]
+        out = evaluate(self.engine, self.tokenizer, self.task, rows, greedy, n=4,
+                       max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                       seed=self.seed, grammar=r.grammar, scorer=self._scorer)
         self._rest(generated=False)
-        return accuracy
+        return {key: out[key] for key in ("accuracy", "timeouts", "errors")}

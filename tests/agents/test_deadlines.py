@@ -231,3 +231,39 @@ def test_a_job_the_watchdog_gives_up_on_is_logged_like_every_other_drop(monkeypa
         results, _ = run_watched([blocks], 0.0, give_up=lambda i, kind: kind, grace_s=0.05)
     assert results == ["trajectory_timeout"]
     assert "agent fault trajectory_timeout" in caplog.text
+
+
+@register_env("test_slow_import")
+class SlowImport(CalculatorEnv):
+    """An env whose `start` imports a slow package (openenv: 4.5 s of CPU) the first time,
+    as `OpenEnvEpisode.start` did: `prepare()` is that import, a no-op once done."""
+    imported = 0
+
+    @classmethod
+    def prepare(cls):
+        if not cls.imported:
+            time.sleep(3.0)  # the import: 10x the env deadline below
+            cls.imported += 1
+
+    async def start(self):
+        self.prepare()  # a lazy import inside start: free once prepare ran
+        return await super().start()
+
+
+def test_an_envs_slow_import_runs_once_before_the_deadlines(qwen_tok):
+    """Issue 50.6: the import runs once, before any trajectory's env_timeout_s (before: inside
+    it, every trajectory "timed out", their threads queued on the import lock)."""
+    cfg = AgentConfig(env="test_slow_import", env_timeout_s=0.3, trajectory_timeout_s=60, max_tokens=400,
+                      turn_max_new_tokens=80)
+    rows, stats = run_episodes(ScriptedEngine(qwen_tok), qwen_tok, collate([ROW]), 4, cfg, SamplingParams())
+    assert not stats.get("dropped") and len(rows) == 4 and SlowImport.imported == 1
+
+
+def test_openenv_imports_openenv_in_prepare(monkeypatch):
+    """The OpenEnv env's import is its `prepare` (what `prepare_env` runs before the
+    trajectories); its own tests need the openenv extra (tests/envs/test_openenv.py)."""
+    from baton.agents.openenv_env import OpenEnvEpisode
+
+    monkeypatch.setitem(sys.modules, "openenv", None)  # as if not installed: prepare() is what imports it
+    with pytest.raises(ImportError):
+        OpenEnvEpisode.prepare()

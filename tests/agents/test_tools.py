@@ -75,3 +75,20 @@ def test_calc_tool():
 
     assert calc("12*34") == "408" and calc("12*") == "error: not an expression"
     assert calc("__import__('os')").startswith("error:")
+
+
+def test_two_tools_with_one_name_are_refused():
+    """Issue 50.10: the second silently replaced the first."""
+    import pytest
+
+    def calc(expr: str) -> str:
+        """Another calc."""
+        return expr
+
+    class Calc:
+        def calc(self, expr: str) -> str:
+            """A method named like a function."""
+            return expr
+
+    with pytest.raises(ValueError, match="two tools are named 'calc'"):
+        ToolSet.build([calc, Calc])

@@ -176,3 +176,17 @@ def test_placement_timeout_is_clear():
     pool = ResourcePool(1, backend="ray", cpus_per_worker=64, ready_timeout_s=1.0, name="huge")
     with pytest.raises(RuntimeError, match="not placed within"):
         WorkerGroup(pool, Reward)
+
+
+def test_a_killed_worker_is_named_by_its_class_when_its_call_log_is_taken():
+    """Issue 50.10: a SIGKILLed teacher worker was named "Host rank 0 in take_call_log()" (the
+    driver takes each role's call log after a step): the role's class is named."""
+    g = WorkerGroup(ResourcePool(1, backend="ray", name="kill-log"), EchoWorker)
+    pid = g.info()[0]["pid"]
+    try:
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="died") as info:
+            g.call_log()
+        assert info.value.worker_cls == "EchoWorker" and info.value.method == "call_log", info.value
+    finally:
+        g.shutdown()

@@ -88,7 +88,8 @@ def test_arithmetic_environment_collects_a_scored_group():
         assert s == (1.0 if verify(text, item["answer"]) else 0.0)
     data = g.to_scored_data(env_id=3)
     assert data["env_id"] == 3 and data["policy_version"] == 7 and data["group_overrides"]["policy_version"] == 7
-    assert set(env.evaluate(engine)) == {"eval/accuracy_greedy", "eval/stop_rate_greedy", "eval/samples_greedy"}
+    assert set(env.evaluate(engine)) == {"eval/accuracy_greedy", "eval/stop_rate_greedy", "eval/samples_greedy",
+                                         "eval/timeouts", "eval/errors"}
 
 
 class FixedEngine:

@@ -61,6 +61,24 @@ def test_bad_task_args_refused(args, match):
         load_config(PPOConfig, RECIPE, [f"data.task_args={args}"])
 
 
+def test_a_taskset_that_fails_to_import_is_one_line_with_its_own_error(tmp_path, monkeypatch):
+    """Issue 50.10: reported under taskset_args, the message repeated, without the error's
+    type or file:line."""
+    from baton.config import ConfigError, load_config
+    from baton.trainers.ppo_config import PPOConfig
+
+    (tmp_path / "vf_broken_pkg").mkdir()
+    (tmp_path / "vf_broken_pkg/__init__.py").write_text("")
+    module = tmp_path / "vf_broken_pkg/sums.py"
+    module.write_text("import verifiers.v1 as vf\nraise RuntimeError('no API key in the environment')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        load_config(PPOConfig, RECIPE, ["data.task_args={taskset: vf_broken_pkg.sums}"])
+    msg = str(e.value)
+    assert "data.task_args.taskset='vf_broken_pkg.sums': importing it failed: RuntimeError: no API key in the " \
+           f"environment ({module}:2)" in msg and "taskset_args" not in msg, msg
+
+
 @pytest.mark.envs_extra
 def test_recipe_runs_two_steps(tmp_path):
     from .recipe_runs import two_steps

@@ -31,6 +31,12 @@ def other_size(d: Path) -> None:
     (d / "config.json").write_text(json.dumps(config))
 
 
+def no_architectures(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    del config["architectures"]
+    (d / "config.json").write_text(json.dumps(config))
+
+
 def llama_weights(d: Path, tmp: Path) -> None:
     from baton.models.make import make_tiny_checkpoint
 
@@ -67,7 +73,13 @@ CASES = [
      "{d}: the weights hold 1 tensor(s) that Qwen2ForCausalLM (config.json) does not have, e.g. 'extra'"),
     ("nan-weight", tensors_edit(nan_weight), "{d}: weight 'model.layers.0.mlp.up_proj.weight' holds 1 NaN/inf"),
     ("no-tokenizer-json", lambda d: (d / "tokenizer.json").unlink(), "{d}: its tokenizer encodes text to no tokens"),
+    # issue 50.5 (was: library tracebacks, exit 1)
+    ("config-empty-object", lambda d: (d / "config.json").write_text("{}"), "{d}/config.json: names no model_type"),
+    ("no-weights", lambda d: (d / "model.safetensors").unlink(), "{d}: holds a config.json but no weights"),
+    ("no-architectures-other-size", lambda d: (other_size(d), no_architectures(d)),
+     "{d}: tensor 'model.layers.0.mlp.down_proj.weight' has shape [128, 384], Qwen2ForCausalLM as"),
 ]
+NEW_50 = [c for c in CASES if c[0] in ("config-empty-object", "no-weights")]
 LOADED: set[str] = set()  # found only once the weights are in memory (none: a NaN in <= 2 GiB is found before)
 
 
@@ -121,6 +133,21 @@ def test_serve_and_export_refuse_a_damaged_checkpoint(command, tmp_path, capsys)
         argv[1] = str(tmp_path / "adapter")
     assert main(argv) == 2
     assert f"{d}/model.safetensors: is " in one_line(capsys)
+
+
+@pytest.mark.parametrize("case", NEW_50, ids=[c[0] for c in NEW_50])
+@pytest.mark.parametrize("role", ["serve", "teacher"])
+def test_serve_and_a_teacher_refuse_an_empty_config_or_no_weights(case, role, tmp_path, capsys):
+    name, damage, says = case
+    d = damaged(tmp_path, damage)
+    capsys.readouterr()
+    run_dir = tmp_path / "run"
+    argv = (["serve", str(d), "--port", "0"] if role == "serve" else
+            ["train", str(REPO / "recipes/grpo_arithmetic.yaml"), "algo.advantage=distill", f"teacher.path={d}",
+             f"trainer.run_dir={run_dir}", "placement.auto=false"])
+    assert main(argv) == 2
+    assert says.format(d=d) in one_line(capsys)
+    assert not run_dir.exists()
 
 
 def test_the_shipped_checkpoint_passes():

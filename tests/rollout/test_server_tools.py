@@ -174,3 +174,12 @@ def test_tools_need_a_template_that_renders_them():
         r = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "6*7?"}],
                                            tools=[MULTIPLY_TOOL], tool_choice="none", max_tokens=2)
         assert r.usage.completion_tokens == 2  # tool_choice "none": no tools to render, served
+
+
+def test_two_tools_with_one_name_are_a_400(tool_server):
+    """Issue 50.10: two functions named alike were accepted (the model could call only one)."""
+    url, _ = tool_server
+    r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "6*7?"}], "tools": [MULTIPLY_TOOL, MULTIPLY_TOOL]})
+    assert r.status_code == 400 and "tools name function 'multiply' twice" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "tools.1"

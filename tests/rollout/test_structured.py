@@ -203,3 +203,72 @@ def test_gateway_forced_call_is_the_policys_own(engine):
         assert traj["logprobs"][traj["prompt_len"]] == 0.0  # '<' was the only token allowed: forced
     finally:
         thread.stop()
+
+
+@pytest.mark.parametrize("where,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                          "schema": {"$ref": "#"}}}}),
+    ("/generate", {"input_ids": [5], "sampling_params": {"regex": "[^\\s\\S]"}}),
+    ("/generate", {"input_ids": [5], "sampling_params": {"grammar": "start: /[^\\s\\S]/ | /[^\\s\\S]+/"}}),
+])
+def test_a_grammar_that_matches_nothing_is_a_400_naming_it(server, where, body):
+    """Issue 50.3: before, 200 with empty text and finish_reason "stop"."""
+    r = httpx.post(server + where, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "matches no text at all" in r.json()["error"]["message"]
+
+
+def test_a_grammar_failing_mid_way_is_its_own_finish_reason_never_stop(engine, server):
+    """A grammar whose language is empty past a prefix ("a", then a rule with no base case)
+    passes the check (its first token exists); its row ends with grammar_error, not "stop"."""
+    grammar = 'start: "a" b\nb: b "x"'
+    (c,) = engine.generate([_prompt(engine.tokenizer)], SamplingParams(max_new_tokens=8, grammar=grammar))
+    assert c.finish_reason == "grammar_error"
+    r = httpx.post(server + "/generate", json={"input_ids": [5], "sampling_params": {"grammar": grammar}},
+                   timeout=30).json()
+    assert r["meta_info"]["finish_reason"]["type"] == "grammar_error"
+
+
+def test_the_grammar_check_runs_off_the_event_loop(server, monkeypatch):
+    """Issue 50.4: a check that takes long (a big schema: ~0.8 s of CPU per 3 MB) never holds
+    /health. The check is held on an event here (a stand-in for a slow compile that the test
+    controls, no timing race): /health answers while it is held; the request then goes on."""
+    import threading
+
+    from baton.rollout import constrained
+
+    held, entered = threading.Event(), threading.Event()
+    real = constrained.check_grammar
+
+    def slow_check(grammar):
+        entered.set()
+        held.wait(60)
+        return real(grammar)
+
+    monkeypatch.setattr(constrained, "check_grammar", slow_check)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "response_format": {"type": "json_object"}}
+    chat = threading.Thread(target=lambda: httpx.post(server + "/v1/chat/completions", json=body, timeout=90))
+    chat.start()
+    try:
+        assert entered.wait(30)
+        assert httpx.get(server + "/health", timeout=10).status_code == 200  # before: timed out
+    finally:
+        held.set()
+        chat.join(90)
+
+
+def test_grammars_are_checked_once_by_hash(monkeypatch):
+    from baton.rollout import constrained
+
+    calls = []
+    real = constrained._grammar_error
+    monkeypatch.setattr(constrained, "_grammar_error", lambda llg, g: calls.append(g) or real(llg, g))
+    grammar = regex_grammar("[0-9]{4}-cache-test")
+    for _ in range(3):
+        constrained.check_grammar(grammar)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="matches no text"):
+            constrained.check_grammar(regex_grammar("[^\\s\\S]{2}"))
+    assert calls == [grammar, regex_grammar("[^\\s\\S]{2}")]

@@ -164,7 +164,8 @@ def test_last_step(tmp_path):
 
 def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text(
-        "actor:\n  lr: 0.001\n  betas: [0.9, 0.99]\ntrainer:\n  steps: 10\n  resume: ''\n  progress: true\n")
+        "actor:\n  lr: 0.001\n  betas: [0.9, 0.99]\ntrainer:\n  steps: 10\n  resume: ''\n  progress: true\n"
+        "# end of config\n")  # whole, as save_config writes it (baton.runs.fsutil.CONFIG_END)
     same = {"actor": {"lr": 0.001, "betas": (0.9, 0.99)},
             "trainer": {"steps": 20, "resume": "auto", "progress": False},  # may change on resume
             "data": {"api_url": "http://127.0.0.1:8123", "servers": ["http://127.0.0.1:8124"]}}  # addresses

@@ -179,3 +179,32 @@ def test_pushes_waiting_together_are_one_transaction_checked_in_turn(tmp_path):
     assert out[1][0][1] == out[0][0][1]  # the duplicate names the group first queued
     assert store.push_many([row], 3) is None  # three queued: the bound
     assert store.counts()["queued_groups"] == 3
+
+
+def test_a_retry_re_serialized_is_the_same_push(served):
+    """Issue 50.9: the same group with other whitespace and key order on retry is a
+    duplicate (before: 422 "another request body": the raw bytes were hashed)."""
+    url, app, db = served
+    g = group(2, seed=11)
+    assert _push(url, g, "k9").json() == {"status": "received"}
+    again = json.dumps(dict(reversed(list(g.items()))), indent=2).encode()  # other key order, whitespace
+    r = httpx.post(f"{url}/scored_data", content=again, timeout=60,
+                   headers={"Idempotency-Key": "k9", "Content-Type": "application/json"})
+    assert r.json() == {"status": "received", "duplicate": True}, r.text
+    r = _push(url, group(2, seed=12), "k9")  # another meaning: still refused
+    assert r.status_code == 422 and "'k9' was used before" in r.json()["detail"]
+    assert httpx.get(f"{url}/status").json()["queued_groups"] == 1
+
+
+@pytest.mark.parametrize("chars", [256, 20_000, 200_000])
+def test_a_long_idempotency_key_is_a_400_naming_the_limit(tmp_path, chars):
+    """Issue 50.9: a 200,000-character key was a bare 400 (or a closed connection) from the
+    HTTP layer; a 20,000-character one was accepted and stored. `baton api`'s server options
+    (UVICORN_OPTIONS) let such a header reach the app, which names the limit."""
+    from baton.services.api import MAX_KEY_CHARS, UVICORN_OPTIONS
+
+    with ServerThread(build_api_app(str(tmp_path / "api.sqlite")), **UVICORN_OPTIONS) as server:
+        r = _push(server.url, group(2, seed=1), "k" * chars)
+        assert r.status_code == 400, r.text
+        assert f"Idempotency-Key is {chars:,} characters; the limit is {MAX_KEY_CHARS}" in r.json()["detail"]
+        assert _push(server.url, group(2, seed=1), "k" * MAX_KEY_CHARS).status_code == 200

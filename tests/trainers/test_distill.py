@@ -81,6 +81,48 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_anything_is_written
     assert not run_dir.exists()
 
 
+def _padded_teacher(tmp_path) -> str:
+    """The teacher with 40 more embedding rows (one tokenizer: a padded embedding, as
+    Qwen2.5-7B's 152,064 rows beside 0.5B's 151,936), the new rows' logits the largest."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    padded = tmp_path / "teacher_padded"
+    shutil.copytree(TEACHER, padded)
+    model = AutoModelForCausalLM.from_pretrained(TEACHER)
+    model.resize_token_embeddings(300)
+    with torch.no_grad():  # tied head: rows 260.. point along every hidden state's mean, large
+        model.get_input_embeddings().weight[260:] = 50.0
+    model.save_pretrained(padded)
+    return str(padded)
+
+
+@pytest.mark.parametrize("loss,topk", [("reverse_kl", 4), ("forward_kl", 0), ("advantage", None)])
+def test_a_teacher_with_a_padded_embedding_scores_over_the_students_vocabulary(tmp_path, loss, topk):
+    """Issue 50.2: the padded rows are dropped and the rest renormalised, so the run is the run
+    with the unpadded teacher (before: `index 260 is out of bounds for dimension 2 with size 260`)."""
+    padded = _padded_teacher(tmp_path)
+    extra = ["trainer.steps=1", f"algo.distill_loss={loss}"] + ([f"algo.distill_topk={topk}"] if topk is not None else [])
+    train(config(tmp_path / "plain", *extra))
+    train(config(tmp_path / "padded", *extra, f"teacher.path={padded}"))
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/", "memory/"))}
+    a, b = steps(tmp_path / "plain"), steps(tmp_path / "padded")
+    assert a[0].keys() == b[0].keys() and "distill/reverse_kl" in b[0]
+    for key, value in drop(a[0]).items():
+        assert b[0][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
+def test_a_topk_above_the_vocabulary_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue 50.10: algo.distill_topk=1000 with a 260-token vocabulary was clamped without a word."""
+    run_dir = tmp_path / "run"
+    code = main(["train", str(REPO / "recipes/grpo_arithmetic.yaml"), *TINY, *DISTILL, "algo.distill_loss=reverse_kl",
+                 "algo.distill_topk=1000", f"trainer.run_dir={run_dir}", "trainer.steps=1", "placement.auto=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "algo.distill_topk=1000 is more than the vocabulary" in err[0] and "(260 tokens)" in err[0], err
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize("overrides,says", [
     (["algo.advantage=distill"], "teacher: section"),  # distill without a teacher
     ([f"teacher.path={TEACHER}"], "does not read a teacher"),  # a teacher nothing reads (grpo)

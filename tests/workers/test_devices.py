@@ -136,7 +136,7 @@ def test_the_engine_sleeps_between_calls_and_every_entry_wakes_it(roles):
     for step in range(2):  # the second call finds the engine asleep (its KV cache released)
         out = groups["rollout"].generate(prompts, step)
         assert len(out) == 4 and engine._asleep
-    acc = groups["rollout"].evaluate([{"prompt": "1+2=", "answer": "3"}], True)
+    acc = groups["rollout"].evaluate([{"prompt": "1+2=", "answer": "3"}], True)["accuracy"]
     assert 0.0 <= acc <= 1.0 and engine._asleep
     assert max(groups["rollout"].sync_weights(1, check=True)) < 1e-4  # fp32 on the CPU: exact parity
 

@@ -273,13 +273,15 @@ def info_routes(srv: _Server, model_path: str | None, instance: str | None, auth
 class ServerThread:
     """Run an app with uvicorn on a background thread (tests, benchmarks, notebooks).
 
-    port=0 picks a free port; `url` is known once the constructor returns."""
+    port=0 picks a free port; `url` is known once the constructor returns. `options`: more of
+    uvicorn's Config (e.g. `baton.services.api.UVICORN_OPTIONS`)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 **options: Any):
         self._sock = socket.create_server((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on", **options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True,
                                        name=f"baton-serve-{self.port}")
         self.thread.start()

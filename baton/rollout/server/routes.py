@@ -3,7 +3,8 @@
 Request/response shapes are documented in `baton/rollout/server/app.py`. Every request is
 checked by `srv.check_request` (token ids, context length, token caps) before it is queued.
 Top-N logprobs: `logprobs.py`; tools and tool_choice: `tools.py`; response_format and forced
-tool calls by constrained decoding: `structured.py`; streaming: `stream.py`.
+tool calls by constrained decoding: `structured.py` (its grammar checked off the event loop,
+on the tokenizer's thread: a big schema takes CPU seconds to compile); streaming: `stream.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from baton.rollout.server.tools import (assistant_message, check_tools, forced_m
 from baton.rollout.server.structured import chat_grammar, constrains, generate_grammar
 from baton.rollout.server.schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
                                           unsupported)
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout.protocol import GRAMMAR_ERROR, Completion, SamplingParams
 
 
 MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN tokens and logprobs
@@ -47,10 +48,12 @@ def openai_routes(srv, responses: dict[int, Any] | None = None) -> APIRouter:
         prompts = await _completion_prompts(srv, req.prompt)
         stops = stop_list(req.stop)
         max_new = req.max_tokens if req.max_tokens is not None else srv.default_tokens(prompts)
+        # compiling a grammar to check it (a 3 MB schema: ~0.8 s of CPU) runs off the event loop
+        grammar = await srv.off_loop(chat_grammar, srv.engine, req.response_format, None, None)
         params = _params(n=req.n, max_new_tokens=max_new,
                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                          stop=stops, stop_token_ids=req.stop_token_ids, seed=req.seed, ignore_eos=req.ignore_eos,
-                         lora=lora, grammar=chat_grammar(srv.engine, req.response_format, None, None))
+                         lora=lora, grammar=grammar)
 
         async def answer(on_progress: Any = None) -> dict[str, Any]:
             comps = await srv.generate(request, prompts, params, on_progress)
@@ -68,7 +71,7 @@ def openai_routes(srv, responses: dict[int, Any] | None = None) -> APIRouter:
         _reject_unsupported(req, can_score(srv.engine, lora))
         tok = srv.need_tokenizer()
         tools = check_tools(req.tools, req.tool_choice)
-        grammar = chat_grammar(srv.engine, req.response_format, tools, req.tool_choice)
+        grammar = await srv.off_loop(chat_grammar, srv.engine, req.response_format, tools, req.tool_choice)
         # a forced tool_choice: a grammar, or (engines without one) the call's opening prefilled
         opening = forced_opening(req.tool_choice) if tools and not constrains(srv.engine) else ""
         try:
@@ -120,11 +123,12 @@ def generate_routes(srv, responses: dict[int, Any] | None = None) -> APIRouter:
         if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
             raise HTTPException(400, "seed and sampling_seed disagree")
         stops = stop_list(sp.stop)
+        grammar = await srv.off_loop(generate_grammar, srv.engine, sp.json_schema, sp.regex, sp.grammar)
         params = _params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
                          top_k=sp.top_k, min_p=sp.min_p, stop=stops, stop_token_ids=sp.stop_token_ids,
                          seed=sp.seed if sp.seed is not None else sp.sampling_seed, ignore_eos=sp.ignore_eos,
                          lora=srv.lora_for(req.lora_path),
-                         grammar=generate_grammar(srv.engine, sp.json_schema, sp.regex, sp.grammar))
+                         grammar=grammar)
         comps = await srv.generate(request, prompts, params)
         rid = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
         outs = [_generate_item(srv, c, prompts, stops, req.return_logprob, f"{rid}-{i}") for i, c in enumerate(comps)]
@@ -176,7 +180,7 @@ async def _chat_answer(srv, req: ChatCompletionRequest, prompt: list[int], stops
         else:
             message, called = assistant_message(srv.text(c, stops), parse=tools is not None)
         choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
-                                  "finish_reason": "tool_calls" if called and c.finish_reason != "length"
+                                  "finish_reason": "tool_calls" if called and c.finish_reason == "stop"
                                   else c.finish_reason}  # a call cut short is "length", as OpenAI's
         if req.logprobs:
             content = []
@@ -245,6 +249,8 @@ async def _completion_prompts(srv, prompt) -> list[list[int]]:
 def _generate_item(srv, c: Completion, prompts: list[list[int]], stops: list[str], logprobs: bool, rid: str) -> dict:
     if c.finish_reason == "stop":
         finish = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+    elif c.finish_reason == GRAMMAR_ERROR:
+        finish = {"type": GRAMMAR_ERROR, "message": "the grammar allowed no further token before it was complete"}
     else:
         finish = {"type": "length", "length": len(c.token_ids)}
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompts[c.prompt_index]),

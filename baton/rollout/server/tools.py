@@ -127,8 +127,13 @@ def check_tools(tools: list[Any] | None, tool_choice: Any) -> list[dict[str, Any
                 or not isinstance(t["function"].get("name"), str):
             raise APIError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
                                 f"'parameters': {{...}}}}}}", param=f"tools.{i}")
+    names = [t["function"]["name"] for t in tools]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise APIError(400, f"tools name function {twice!r} twice: each tool needs a name of its own",
+                       param=f"tools.{names.index(twice, names.index(twice) + 1)}")
     name = _named(tool_choice)
-    if name is not None and name not in {t["function"]["name"] for t in tools}:
+    if name is not None and name not in names:
         raise APIError(400, f"tool_choice names function {name!r}, which is not in `tools`", param="tool_choice")
     return list(tools)
 

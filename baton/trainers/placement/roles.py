@@ -33,7 +33,7 @@ from baton.workers.reference import ReferenceWorker
 from baton.workers.reward import RewardWorker
 from baton.workers.reward_model import RewardModelWorker
 from baton.workers.rollout import RolloutWorker
-from baton.workers.teacher import TeacherWorker
+from baton.workers.teacher import TeacherWorker, vocab_rows
 
 
 def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
@@ -45,6 +45,7 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
                   dict(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                        total_steps=cfg.trainer.steps, seed=cfg.trainer.seed)),
         "rollout": (RolloutWorker, (r,), dict(task=cfg.data.task, seed=cfg.trainer.seed, probe_prompt=probe_prompt,
+                                              verifier_timeout_s=cfg.reward.timeout_s,
                                               # data.source=api: rollout.weight_sync is the servers'; this
                                               # engine only evaluates, beside the actor
                                               **({"weight_sync": "auto"} if cfg.data.source == "api" else {}))),
@@ -59,7 +60,8 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
         classes["teacher"] = (TeacherWorker, (cfg.teacher,),
                               dict(temperature=r.temperature, micro_batch_size=cfg.actor.micro_batch_size,
                                    strategy=cfg.actor.strategy,
-                                   topk=None if cfg.algo.distill_loss == SAMPLED else cfg.algo.distill_topk))
+                                   topk=None if cfg.algo.distill_loss == SAMPLED else cfg.algo.distill_topk,
+                                   vocab_size=vocab_rows(cfg.model.path)))
     if cfg.critic is not None:
         classes["critic"] = (CriticWorker, (cfg.critic, cfg.model),
                              dict(total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,

@@ -14,18 +14,17 @@ without a prompt, an empty prompt, a row without a field its task scores against
 (`baton.envs.base.row_fields`: "answer"), a pair without a string prompt / chosen /
 rejected, a file whose every row is held out (nothing to train on) or none is (nothing to
 evaluate on), and a row whose tokens plus the generation budget exceed the model's context
-(`baton.data.validate.check_lengths`: a 50 MB row is refused by its length alone). A UTF-8
+(`baton.data.validate.LengthCheck`: a 50 MB row is refused by its length alone; rows are streamed). A UTF-8
 byte-order mark is accepted. Pairs with chosen == rejected are left out with a warning that
 counts them (`baton.data.rows.located_pairs`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from baton.data.rows import DataError, located_pairs, located_rows, render_prompt
-from baton.data.validate import check_lengths
+from baton.data.rows import DataError, located_pairs, normalize_row, read_records, render_prompt
+from baton.data.validate import LengthCheck
 from baton.envs import get_task
 from baton.envs.base import row_fields
 
@@ -62,20 +61,36 @@ def check_row_files(data: Any, model_path: str | None, budget: int, split: bool 
     (`split`: a training run) split leaving rows to train on, and to evaluate on when
     `data.eval_size` asks for some."""
     from baton.trainers.session.config import DataConfig
-    from baton.trainers.session.state import task_rows
+    from baton.trainers.session.state import HOLD_EVERY, is_file_task, task_rows
 
     task, target = get_task(data.task), getattr(data, "TARGET_FIELD", "")  # SFT: a row's own target
     need = row_fields(task)
-    located = [pair for key, path in _files(data).items() for pair in located_rows(
-        path, tuple(f"{f}|{target}" for f in need) if target and key == "path" else need, f"data.{key}")]
-    if model_path:
-        _check_fit(model_path, [(where, row["prompt"]) for where, row in located], budget, "rollout.max_new_tokens")
+    fit = _fit(model_path, budget, "rollout.max_new_tokens") if model_path else None
+    eval_size = max(getattr(data, "eval_size", 1), 1)
+    counts, held_rows = {}, []  # held_rows: data.path's held-out rows (task_rows' split), when it splits
+    for key, path in _files(data).items():  # streamed: no list of the rows (a 2M-row file is checked in place)
+        require = tuple(f"{f}|{target}" for f in need) if target and key == "path" else need
+        counts[key] = 0
+        for where, raw in read_records(path, f"data.{key}"):
+            row = normalize_row(raw, where, require)
+            if key == "path" and not data.eval_path and counts[key] % HOLD_EVERY == 0 and len(held_rows) < eval_size:
+                held_rows.append(row)
+            counts[key] += 1
+            if fit is not None:
+                fit(where, row["prompt"])
+    if fit is not None:
+        fit.finish()
     if not split or not getattr(data, "path", ""):
         return
-    train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
-                                       eval_size=max(getattr(data, "eval_size", 1), 1), seed=data.seed), target)
-    rows = sum(1 for where, _ in located if where.startswith(str(Path(data.path))))
-    if not train:
+    rows = counts.get("path", 0)
+    if is_file_task(data.task):  # a loader of its own (gsm8k): its split
+        train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
+                                           eval_size=eval_size, seed=data.seed), target)
+        n_train, n_held = len(train), len(held)
+    else:  # task_rows' split, from the counts: data.eval_path's rows (scored: read with `need`), else every 10th
+        n_train = rows - (0 if data.eval_path else len(range(0, rows, HOLD_EVERY)))
+        n_held, held = (min(counts["eval_path"], eval_size), []) if data.eval_path else (len(held_rows), held_rows)
+    if not n_train:
         raise DataError(f"data.path={data.path}: all of its {rows} row(s) are held out for evaluation (every 10th "
                         f"row, the first included, or the task's own split): nothing to train on; add rows or "
                         f"give the held-out rows in data.eval_path")
@@ -84,7 +99,7 @@ def check_row_files(data: Any, model_path: str | None, budget: int, split: bool 
         raise DataError(f"data.path={data.path}: the held-out row {str(unscored['prompt'])[:60]!r} has no "
                         f"{need[0]!r} field, which evaluation scores it against (every 10th row is held out "
                         f"unless data.eval_path gives held-out rows)")
-    if not held and getattr(data, "eval_size", 1) > 0:
+    if not n_held and getattr(data, "eval_size", 1) > 0:
         raise DataError(f"data.path={data.path}: none of its {rows} row(s) is held out for evaluation: add rows, "
                         f"give data.eval_path, or set data.eval_size=0 where the driver allows it")
 
@@ -93,29 +108,41 @@ def check_pair_files(data: Any, model_path: str | None) -> None:
     """Preference pairs of `data.path` / `data.eval_path`: parsed, and each prompt with its
     longer completion and an EOS within `model_path`'s context."""
     located = [pair for key, path in _files(data).items() for pair in located_pairs(path, f"data.{key}")]
-    if model_path:
-        texts = [(where, p["prompt"] + max(p["chosen"], p["rejected"], key=len)) for where, p in located]
-        _check_fit(model_path, texts, 1, "the EOS")
+    fit = _fit(model_path, 1, "the EOS") if model_path else None
+    if fit is not None:
+        for where, p in located:
+            fit(where, p["prompt"] + max(p["chosen"], p["rejected"], key=len))
+        fit.finish()
 
 
-def _check_fit(model_path: str, located: list[tuple[str, Any]], budget: int, budget_key: str) -> None:
-    """`check_lengths` of (where, prompt) against `model_path`'s context and tokenizer; chat
-    prompts rendered with its chat template (as the engine renders them)."""
+class _Fit:
+    """`LengthCheck` of (where, prompt) against a model's context and tokenizer, a row at a time;
+    chat prompts rendered with its chat template (as the engine renders them)."""
+
+    def __init__(self, tokenizer: Any, check: LengthCheck):
+        self.tokenizer, self.check = tokenizer, check
+
+    def __call__(self, where: str, prompt: Any) -> None:
+        if isinstance(prompt, str):
+            self.check.add(where, prompt)
+            return
+        try:
+            text = render_prompt(self.tokenizer, prompt)
+        except ValueError as e:  # no chat template
+            raise DataError(f"{where}: field 'prompt': {e}") from None
+        self.check.add(where, text, add_special_tokens=False)
+
+    def finish(self) -> None:
+        self.check.finish()
+
+
+def _fit(model_path: str, budget: int, budget_key: str) -> _Fit | None:
+    """The length check for `model_path` (None when its context is not known)."""
     from baton.models.load import adapter_base, load_tokenizer
     from baton.models.validate import model_context
 
     context = model_context(adapter_base(model_path) or model_path)
-    if context is None or not located:
-        return
+    if context is None:
+        return None
     tokenizer = load_tokenizer(model_path)
-    plain, chat = [], []
-    for where, prompt in located:
-        if isinstance(prompt, str):
-            plain.append((where, prompt))
-            continue
-        try:
-            chat.append((where, render_prompt(tokenizer, prompt)))
-        except ValueError as e:  # no chat template
-            raise DataError(f"{where}: field 'prompt': {e}") from None
-    check_lengths(plain, tokenizer, context, budget, budget_key)
-    check_lengths(chat, tokenizer, context, budget, budget_key, add_special_tokens=False)
+    return _Fit(tokenizer, LengthCheck(tokenizer, context, budget, budget_key))

@@ -38,7 +38,7 @@ from baton.controller import shutdown_ray
 from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import CHECKPOINTS_DIR, prune_checkpoints
-from baton.runs.metrics_log import truncate_after
+from baton.runs.metrics_log import read_metrics, truncate_after
 from baton.runs.rundir import PreparedRun, check_data_unchanged, check_resume_changes, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
 from baton.trainers.session.inputs import check_data, data_files
@@ -64,7 +64,7 @@ def check_inputs(cfg: Any) -> None:
         check_model_path(critic.path, "critic.path")
     teacher = getattr(cfg, "teacher", None)  # a distillation teacher: its dir, and the student's vocabulary
     if teacher is not None:
-        teacher.check_files(cfg.model.path)
+        teacher.check_files(cfg.model.path, topk=getattr(getattr(cfg, "algo", None), "distill_topk", 0))
     check_export_path(getattr(cfg.trainer, "save_path", None))  # an export never overwrites a model (the shipped one)
 
 
@@ -79,9 +79,11 @@ def open_run(cfg: Any) -> PreparedRun:
     try:
         allow = t.resume_changes == "allow"
         if not run.fresh:
+            read_metrics(run.metrics_path)  # damaged mid-file: MetricsLogError now, before the model loads
             changes = check_resume_changes(run.path, to_dict(cfg), allow=allow)
             run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
-        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow)  # size + sha256
+        changes = check_data_unchanged(run.path, data_files(cfg), fresh=run.fresh, allow=allow,  # size + sha256
+                                       notices=run.notices)
         run.notices += [f"trainer.resume_changes=allow: {c}" for c in changes]
         for notice in run.notices:  # printed once; the log keeps it at INFO (a WARNING would print it twice)
             log.info("%s", notice)
@@ -98,8 +100,26 @@ def metrics_logger(run: PreparedRun, t: TrainerConfig, start_step: int, cfg: Any
     after `start_step` (steps the checkpoint does not cover, and a torn last line) are dropped first."""
     if start_step and run.metrics_path.exists():
         truncate_after(run.metrics_path, start_step)
+    if start_step:
+        lost = sorted(set(range(1, start_step + 1)) - {r.get("step") for r in read_metrics(run.metrics_path)})
+        if lost:  # a deleted file, or a line lost with the page cache (one torn beside its checkpoint)
+            notice = (f"{run.metrics_path} has no line for {len(lost)} of the {start_step} steps the checkpoint "
+                      f"covers (steps {_spans(lost)}): their metrics are lost; the run goes on from step {start_step}")
+            log.warning("%s", notice)
+            print(f"baton: {notice}")
     return MetricsLogger(run.path, t.steps, console=t.progress, sinks=t.sinks, start_step=start_step,
                          config=to_dict(cfg) if cfg is not None and t.sinks else None)
+
+
+def _spans(steps: list[int]) -> str:
+    """Sorted steps as spans: [1, 2, 3, 7] -> "1-3, 7"."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def is_due(step: int, every: int, last: bool) -> bool:
@@ -202,6 +222,7 @@ class StepEnd:
         self.final_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
         self.carry = {}
         if is_due(step, self.t.save_every, last):
+            self.log.sync()  # the line on disk before the checkpoint is: a power loss never keeps one alone
             with timer("save"):
                 save()
             self.carry = timer.pop()

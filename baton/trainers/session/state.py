@@ -14,7 +14,7 @@ from typing import Any
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
 from baton.data.rows import load_rows
-from baton.envs import configured_task
+from baton.envs import configured_task, get_task
 from baton.envs.base import row_fields
 from baton.runs.rundir import RunDirError
 from baton.trainers.session.config import DataConfig
@@ -52,6 +52,15 @@ class RunState:
         self.source = saved.get("source", {})
 
 
+HOLD_EVERY = 10  # without data.eval_path, every 10th row of data.path (the first included) is held out
+
+
+def is_file_task(name: str) -> bool:
+    """Whether the task reads data.path with a loader of its own (gsm8k: `path`, `eval_path`)."""
+    task = get_task(name)
+    return hasattr(task, "path") and hasattr(task, "eval_path")
+
+
 def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows) of `data.task`, or of the local file `data.path` (jsonl /
     parquet in baton's, GSM8K's or verl's shape, `baton.data.rows`; chat-message prompts are
@@ -63,11 +72,11 @@ def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, 
     task = configured_task(data.task, data.task_args)
     if not data.path:
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
-    if hasattr(task, "path") and hasattr(task, "eval_path"):
+    if is_file_task(data.task):
         task = dataclasses.replace(task, path=data.path, eval_path=data.eval_path)
         return task.train_rows(seed=data.seed), task.eval_rows(data.eval_size)
     need = row_fields(task)
     rows = load_rows(data.path, require=tuple(f"{f}|{target_field}" for f in need) if target_field else need)
     if data.eval_path:
         return rows, load_rows(data.eval_path, require=need, key="data.eval_path")[:data.eval_size]
-    return [r for i, r in enumerate(rows) if i % 10], rows[::10][:data.eval_size]
+    return [r for i, r in enumerate(rows) if i % HOLD_EVERY], rows[::HOLD_EVERY][:data.eval_size]
