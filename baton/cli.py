@@ -11,6 +11,8 @@
     baton env NAME --api URL --server URL [...]      an environment service feeding the API
     baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
+    baton ledger RUN_DIR [OTHER_RUN_DIR]             what each step trained (prompts, API groups,
+                                                     seeds); two run dirs: compared (exit 1: differ)
 
 A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
 one line naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
@@ -211,6 +213,17 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    from baton.trainers.session.ledger import ledger_main
+    from baton.runs.rundir import RunDirError
+
+    try:
+        return ledger_main(args.run_dir, args.other_run_dir)
+    except RunDirError as e:  # a dir with no checkpoint (or none with a ledger): bad input
+        print(f"baton: ledger: {e}", file=sys.stderr)
+        return 2
+
+
 def _with_keys_help(parser: argparse.ArgumentParser, command: str) -> None:
     """`baton COMMAND --help` ends with every config key and its one-line help (built only
     when printed: it imports the trainer's config)."""
@@ -272,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "services still run (a second signal stops at once)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.set_defaults(fn=_launch)
+    p = sub.add_parser("ledger", help="which prompts (dataset rows, API groups) each step of a run trained, with "
+                                      "the sampling seeds, from its newest checkpoint; with a second run dir: "
+                                      "compare the two (exit 1 if they differ)")
+    p.add_argument("run_dir")
+    p.add_argument("other_run_dir", nargs="?", default=None)
+    p.set_defaults(fn=_ledger)
     p = sub.add_parser("export", help="merge a LoRA checkpoint into its base model (HF format)")
     p.add_argument("checkpoint", help="a LoRA run's checkpoint dir (adapter_config.json + adapter_model.safetensors)")
     p.add_argument("out_dir")
