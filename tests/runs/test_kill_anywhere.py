@@ -59,9 +59,10 @@ def test_embedded_sync_path_one_kill(tmp_path):
     check_embedded(tmp_path, steps=6, save_every=4, kills=1, span=4)
 
 
-@pytest.mark.slow  # ~3 min on 2 cores: an uninterrupted run and six lives of another
+@pytest.mark.slow  # 3-6 min on 2 busy cores: an uninterrupted run and six lives of another
+@pytest.mark.timeout(1200)
 def test_embedded_sync_path_five_kills(tmp_path):
-    check_embedded(tmp_path, steps=16, save_every=3, kills=5, span=2)
+    check_embedded(tmp_path, steps=10, save_every=3, kills=5, span=1)
 
 
 # --- the services path ------------------------------------------------------------------
@@ -138,11 +139,12 @@ def test_api_source_one_kill_between_checkpoints(tmp_path):
     check_api(tmp_path, steps=8, save_every=4, kills=1, when=when, compare=False)
 
 
-@pytest.mark.slow  # ~4 min on 2 cores: two runs of four processes, six lives of the trainer
+@pytest.mark.slow  # 5-10 min on 2 busy cores: two runs of four processes, six lives of the trainer
+@pytest.mark.timeout(1200)
 def test_api_source_five_kills(tmp_path):
     rng = random.Random(seed_of("api 5 kills"))
-    check_api(tmp_path, steps=16, save_every=3, kills=5, when=lambda run_dir, _: after_new_step(run_dir, rng),
-              compare=True)
+    check_api(tmp_path, steps=10, save_every=3, kills=5,
+              when=lambda run_dir, _: after_new_step(run_dir, rng, span=1), compare=True)
 
 
 def test_ledger_command_prints_compares_and_refuses_a_dir_without_one(tmp_path, capsys):
