@@ -70,8 +70,8 @@ def after_new_step(run_dir: Path, rng: random.Random, max_delay_s: float = 0.3,
 
 def train_killed(argv: list[str], run_dir: Path, when: Callable[[int], Callable[[], bool]], kills: int,
                  steps: int) -> list[int]:
-    """Run `baton train ARGV trainer.resume=auto`, SIGKILL it at `when(n)` until `kills` kills
-    found the run before its last step, resuming each time until it ends; returns the last
+    """Run `baton train ARGV trainer.resume=auto`, SIGKILL it at `when(n)` (n < `kills`; a
+    life that ends first is not killed), resuming each time until it ends; returns the last
     step logged when each kill came."""
     found, n = [], 0
     err = run_dir.parent / f"{run_dir.name}.stderr"
@@ -88,12 +88,10 @@ def train_killed(argv: list[str], run_dir: Path, when: Callable[[int], Callable[
                                      f"{err.read_text()[-3000:]}")
             time.sleep(0.02)
         if proc.poll() is None:
-            at = last_step(run_dir)
+            found.append(last_step(run_dir))  # the last step's line too: its checkpoint may be in progress
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            if at < steps:  # one that found the last step's line (the run may have ended) is not a kill
-                found.append(at)
-                n += 1
+            n += 1
             continue
         assert proc.returncode == 0, err.read_text()[-3000:]
         if last_step(run_dir) >= steps:
