@@ -71,7 +71,7 @@ def test_embedded_sync_path_one_kill(tmp_path):
 @pytest.mark.slow  # 3-6 min on 2 busy cores: an uninterrupted run and six lives of another
 @pytest.mark.timeout(1200)
 def test_embedded_sync_path_five_kills(tmp_path):
-    check_embedded(tmp_path, steps=10, save_every=3, kills=5, span=1)
+    check_embedded(tmp_path, steps=16, save_every=3, kills=5, span=1)
 
 
 # --- the services path ------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_api_source_one_kill_between_checkpoints(tmp_path):
 @pytest.mark.timeout(1200)
 def test_api_source_five_kills(tmp_path):
     rng = random.Random(seed_of("api 5 kills"))
-    check_api(tmp_path, steps=10, save_every=3, kills=5,
+    check_api(tmp_path, steps=24, save_every=3, kills=5,
               when=lambda run_dir, _: after_new_step(run_dir, rng, span=1), compare=True)
 
 
