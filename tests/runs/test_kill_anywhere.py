@@ -57,6 +57,7 @@ def check_embedded(tmp_path: Path, steps: int, save_every: int, kills: int, span
     assert metrics(killed) == metrics(whole)  # deterministic placement: every step's line
 
 
+@pytest.mark.timeout(900)  # ~1.5 min alone, 3 min at load 16: two runs that each start Ray
 def test_generator_ahead_one_kill(tmp_path):
     """trainer.mode=one_step_off: a generator process on Ray samples step s+1 while the actor
     trains step s; the checkpoint holds the rows admitted ahead. Killed (the driver's group:
@@ -64,6 +65,7 @@ def test_generator_ahead_one_kill(tmp_path):
     check_embedded(tmp_path, steps=6, save_every=4, kills=1, span=4, extra=("trainer.mode=one_step_off",))
 
 
+@pytest.mark.timeout(900)
 def test_embedded_sync_path_one_kill(tmp_path):
     check_embedded(tmp_path, steps=6, save_every=4, kills=1, span=4)
 
@@ -139,6 +141,7 @@ def check_api(tmp_path: Path, steps: int, save_every: int, kills: int, when, com
     return found
 
 
+@pytest.mark.timeout(900)
 def test_api_source_one_kill_between_checkpoints(tmp_path):
     """save_every=4: killed once the API handed out batch 6 (checkpoint: step 4; batch 5
     trained, not in it; the trainer of 48c715e had acknowledged it with that request, and
@@ -158,17 +161,28 @@ def test_api_source_five_kills(tmp_path):
 
 def test_ledger_command_prints_compares_and_refuses_a_dir_without_one(tmp_path, capsys):
     """`baton ledger`: a dir with no checkpoint is one line, exit 2; the same run against
-    itself is equal (exit 0); against a run on other prompts, the steps that differ (exit 1)."""
+    itself is equal (exit 0); against a copy whose checkpoint trained another prompt at step 2
+    (its trainer state rewritten), that step and both ids (exit 1)."""
+    import shutil
+
+    import torch
+
     assert main(["ledger", str(tmp_path / "nothing")]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     a, b = tmp_path / "a", tmp_path / "b"
     uninterrupted(embedded(a, 2, 1), a)
-    uninterrupted([*embedded(b, 2, 1), "data.seed=1"], b)
+    shutil.copytree(a, b)
+    state_file = b / "checkpoints" / "step_2" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=False)
+    lost = state["driver"]["ledger"][1]["ids"][0]
+    state["driver"]["ledger"][1]["ids"][0] = state["driver"]["ledger"][0]["ids"][0]  # trained twice, one lost
+    torch.save(state, state_file)
     capsys.readouterr()
     assert main(["ledger", str(a)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("step 1  seed 0:1  p:") and "2 steps, 4 groups trained" in out
+    assert out.startswith("step 1  seed 0:1  p:") and "2 steps, 4 groups trained, 4 distinct ids" in out
     assert main(["ledger", str(a), str(a)]) == 0 and "ledgers equal" in capsys.readouterr().out
     assert main(["ledger", str(a), str(b)]) == 1
     out = capsys.readouterr().out
-    assert "step 1: not in the second: p:" in out and "ledgers differ at 2 step(s)" in out
+    assert f"step 2: not in the second: {lost}; only in the second: " in out, out
+    assert "3 distinct ids, 1 trained more than once" in out and "ledgers differ at 1 step(s)" in out
