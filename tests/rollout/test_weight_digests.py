@@ -88,3 +88,27 @@ def test_digests_name_a_changed_missing_or_extra_tensor():
         check_digests([("a", sent["a"])], d)
     with pytest.raises(WeightDigestError, match="tensor 'c' was received but not sent"):
         check_digests([*sent.items(), ("c", torch.zeros(1))], d)
+
+
+def test_an_in_process_engine_refuses_a_corrupted_file_and_keeps_its_version(make_tiny_qwen, srv_tokenizer,
+                                                                             tmp_path, monkeypatch):
+    """CheckpointSync into an engine in this process: the file it wrote is checked against
+    what it sent before the engine installs it (the byte flipped right after the write)."""
+    import baton.sync.checkpoint as checkpoint_module
+    from baton.rollout.embedded import EmbeddedEngine
+
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    write = checkpoint_module.save_safetensors_atomic
+
+    def write_then_flip(named, path):
+        out = write(named, path)
+        flip_a_byte(out)
+        return out
+    monkeypatch.setattr(checkpoint_module, "save_safetensors_atomic", write_then_flip)
+    with pytest.raises(WeightDigestError, match=f"tensor {NAME!r}: digest "):
+        CheckpointSync([engine], directory=tmp_path).push(trainer.named_parameters(), 1)
+    assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+    monkeypatch.setattr(checkpoint_module, "save_safetensors_atomic", write)
+    CheckpointSync([engine], directory=tmp_path).push(trainer.named_parameters(), 1)
+    assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
