@@ -13,6 +13,8 @@
     baton make-tiny OUT_DIR [--preset 5m]            a tiny random model + tokenizer
     baton fetch smollm2-135m | FILE.gguf             a real model as a cached HF dir (path printed last)
     baton export CKPT OUT --merge | --gguf           LoRA merged into its base; one GGUF file
+    baton ledger RUN_DIR [OTHER_RUN_DIR]             what each step trained (prompts, API groups,
+                                                     seeds); two run dirs: compared (exit 1: differ)
 
 A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
 one line naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
@@ -215,6 +217,17 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    from baton.trainers.session.ledger import ledger_main
+    from baton.runs.rundir import RunDirError
+
+    try:
+        return ledger_main(args.run_dir, args.other_run_dir)
+    except RunDirError as e:  # a dir with no checkpoint (or none with a ledger): bad input
+        print(f"baton: ledger: {e}", file=sys.stderr)
+        return 2
+
+
 def _with_keys_help(parser: argparse.ArgumentParser, command: str) -> None:
     """`baton COMMAND --help` ends with every config key and its one-line help (built only
     when printed: it imports the trainer's config)."""
@@ -276,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "services still run (a second signal stops at once)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.set_defaults(fn=_launch)
+    p = sub.add_parser("ledger", help="which prompts (dataset rows, API groups) each step of a run trained, with "
+                                      "the sampling seeds, from its newest checkpoint; with a second run dir: "
+                                      "compare the two (exit 1 if they differ)")
+    p.add_argument("run_dir")
+    p.add_argument("other_run_dir", nargs="?", default=None)
+    p.set_defaults(fn=_ledger)
     p = sub.add_parser("export", help="a checkpoint as one file: LoRA merged into its base (HF) or GGUF")
     p.add_argument("checkpoint", help="a run's checkpoint dir (a LoRA one: adapter_config.json + "
                                       "adapter_model.safetensors), or a .gguf file")

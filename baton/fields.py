@@ -29,6 +29,7 @@ ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
 POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
 GROUP_INDEX = "group_index"  # [B] long, rows of one prompt share it (groups may be short: dropped rows)
+LEDGER_IDS = "ledger_ids"  # Batch.meta: a source's own ids of the batch's groups, in order (the run's ledger)
 TURN_INDEX = "turn_index"  # [B, R] long, policy turn of each response token, -1 off the policy (agents)
 NUM_TURNS = "num_turns"  # [B] long, policy turns of the row (agents)
 

@@ -285,7 +285,9 @@ class RemoteEngine:
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
-    def update_weights_from_disk(self, path: str, version: int) -> None:
+    def update_weights_from_disk(self, path: str, version: int, digests: dict[str, str] | None = None) -> None:
+        """The server loads `path` as `version`; `digests` (baton's server): it checks each
+        tensor against what was sent first, and refuses (409 naming the tensor) a mismatch."""
         if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
             # paused for the load: requests in flight finish on the old weights, new ones wait
             self._post("/pause?mode=wait")
@@ -300,6 +302,8 @@ class RemoteEngine:
         body: dict[str, Any] = {"model_path": path, "weight_version": str(version)}
         if self.dialect == "baton":
             body["version"] = version
+            if digests is not None:
+                body["digests"] = digests
         self._check(self._post("/update_weights_from_disk", body), "update_weights_from_disk")
         self.version = version
 

@@ -23,8 +23,12 @@ runs against it unchanged (shapes: `docs/` and shared/reference/atropos-protocol
                           (+ baton's max_queue, trainer_version, max_staleness, batch_size)
   GET  /batch             {"batch": null} or {"batch": [ScoredData, ...]}: exactly batch_size
                           sequences of whole groups, every key present; with ?ack=BATCH_ID
-                          (baton) at-least-once: served again until acknowledged (an ack
-                          of a batch never handed out: 409, nothing marked)
+                          (baton) at-least-once: every batch up to BATCH_ID acknowledged, an
+                          unacknowledged one served again (&after=HELD: the oldest above
+                          HELD) until it is (an ack of a batch never handed out: 409,
+                          nothing marked)
+  POST /ack?ack=BATCH_ID  (baton) acknowledge every batch up to BATCH_ID: the trainer calls it
+                          once a checkpoint holds their update
   POST /scored_data       one ScoredData; /scored_data_list a JSON array of them. Bodies may
                           be gzip (Content-Encoding: gzip). Unknown keys are ignored.
                           (baton) an `Idempotency-Key` header makes a push idempotent: its
@@ -298,16 +302,21 @@ def trainer_routes(api: TrajectoryAPI, read: Any) -> APIRouter:
 
     @router.get("/batch")
     def batch(version: Optional[int] = None, max_staleness: Optional[int] = None,
-              ack: Optional[int] = None) -> Response:
+              ack: Optional[int] = None, after: Optional[int] = None) -> Response:
         """One batch (oldest groups first) or {"batch": null}. `version`: the trainer's
         current weight version (remembered: it stamps pushes without one and bounds them);
         `max_staleness`: serve no group sampled more than this many versions before it.
-        `ack`: at-least-once delivery: the `batch_id` of the last batch the trainer has
-        (0: none yet). Its groups are then marked served, and a batch not acknowledged yet is
-        served again (same `batch_id`) until it is; without `ack` a batch is marked served
+        `ack`: at-least-once delivery: every batch up to `batch_id` `ack` is acknowledged
+        (baton's trainer: the batches its newest checkpoint trained; 0: none yet), their
+        groups marked served; a batch not acknowledged yet with a `batch_id` above `after`
+        (default `ack`: the last batch the trainer holds) is served again (same `batch_id`,
+        the oldest first) before a new one is formed. Without `ack` a batch is marked served
         in the transaction that encodes it (a batch that cannot be encoded stays queued).
-        An `ack` for a batch never handed out is a 409 (nothing is marked)."""
-        for name, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack)):
+        An `ack` or `after` for a batch never handed out is a 409 (nothing is marked); so is
+        `after` without `ack`. Each group carries its `group_id` (the trainer's ledger)."""
+        if after is not None and ack is None:
+            raise HTTPException(409, "after= needs ack= (at-least-once delivery); nothing was marked")
+        for name, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack), ("after", after)):
             if v is not None and not -(2**63) <= v < 2**63:
                 raise HTTPException(422, f"{name}: {v} is out of range")
         reg = api.registration
@@ -333,12 +342,25 @@ def trainer_routes(api: TrajectoryAPI, read: Any) -> APIRouter:
             return encode_json(body)
 
         try:
-            raw = store.take_batch(reg["batch_size"], step, version, max_staleness, encode=encode, ack=ack)
+            raw = store.take_batch(reg["batch_size"], step, version, max_staleness, encode=encode, ack=ack,
+                                   after=after)
         except AckError as exc:
             raise HTTPException(409, str(exc)) from None
         except (ValueError, UnicodeEncodeError) as exc:  # rows from before push-time checks: kept queued
             raise HTTPException(422, f"a queued group cannot be sent as JSON ({exc}); it stays queued") from None
         return Response(raw, media_type="application/json")
+
+    @router.post("/ack")
+    def ack_batches(ack: int) -> JSONResponse:
+        """(baton) Acknowledge every batch up to `batch_id` `ack` (the trainer wrote the
+        checkpoint that holds their update): their groups are never served again. A 409 for
+        a batch never handed out (nothing is marked)."""
+        if not 0 <= ack < 2**63:
+            raise HTTPException(422, f"ack: {ack} is out of range")
+        try:
+            return _json_response({"acknowledged_groups": store.acknowledge(ack)})
+        except AckError as exc:
+            raise HTTPException(409, str(exc)) from None
 
     @router.get("/status")
     def status() -> JSONResponse:

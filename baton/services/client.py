@@ -118,12 +118,17 @@ class APIClient:
             "num_steps": num_steps, "max_staleness": max_staleness})
 
     def batch(self, version: int | None = None, max_staleness: int | None = None, ack: int | None = None,
-              **kw: Any) -> dict:
-        """A batch ({"batch": [...] or None}). `ack`: the `batch_id` of the last batch received
-        (0: none): at-least-once delivery, an unacknowledged batch comes back until acked."""
-        params = {k: v for k, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack))
-                  if v is not None}
+              after: int | None = None, **kw: Any) -> dict:
+        """A batch ({"batch": [...] or None}). `ack`: every batch up to this `batch_id` is
+        acknowledged (0: none): at-least-once delivery, an unacknowledged batch above `after`
+        (default `ack`: the last one held) comes back until acked."""
+        params = {k: v for k, v in (("version", version), ("max_staleness", max_staleness), ("ack", ack),
+                                    ("after", after)) if v is not None}
         return self.request("GET", "/batch", params=params, **kw)
+
+    def ack(self, batch_id: int, **kw: Any) -> dict:
+        """Acknowledge every batch up to `batch_id` (a checkpoint holds their update)."""
+        return self.request("POST", "/ack", params={"ack": batch_id}, **kw)
 
     def status(self, **kw: Any) -> dict:
         return self.request("GET", "/status", **kw)

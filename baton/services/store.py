@@ -9,7 +9,8 @@ Every write is one transaction with `synchronous=FULL`, so a group the API answe
 is on disk: a process killed with SIGKILL (or a power cut, as far as the disk honours
 fsync) and restarted on the same file serves it. Groups move `queued` -> `served` (handed
 to the trainer in a batch, once; or `queued` -> `leased` -> `served` when the trainer
-acknowledges batches: at-least-once) or `queued` -> `stale` (older than the trainer's staleness
+acknowledges batches, which baton's trainer does once a checkpoint holds their update:
+at-least-once, exactly once per checkpoint) or `queued` -> `stale` (older than the trainer's staleness
 bound when it pulled: kept and counted, never silently deleted). Served groups beyond the
 newest `keep_served` are pruned.
 
@@ -227,7 +228,7 @@ class GroupStore:
 
     def take_batch(self, batch_size: int, step: int, version: int | None = None,
                    max_staleness: int | None = None, *, encode: Callable | None = None,
-                   ack: int | None = None) -> Any:
+                   ack: int | None = None, after: int | None = None) -> Any:
         """Oldest-first whole groups summing to exactly `batch_size` sequences, or None if the
         queue cannot form one yet. Queued groups older than `version - max_staleness` are
         marked stale first (kept, counted). Returns (groups, groups newly marked stale), or
@@ -235,11 +236,16 @@ class GroupStore:
         transaction: if encoding raises, nothing is marked (no batch is lost to a response
         that could not be written).
 
-        Without `ack` the groups are marked served (delivered once). With `ack` (the batch_id
-        of the last batch the caller holds, 0 for none) delivery is at least once: the groups
-        of batch `ack` become served (no other batch's); a batch handed out but not
-        acknowledged yet is handed out again (same batch_id, its groups `leased`) before any
-        new one is formed. An `ack` never handed out raises AckError (nothing changed)."""
+        Without `ack` the groups are marked served (delivered once). With `ack` delivery is
+        tied to the caller's checkpoints: every batch up to batch_id `ack` is acknowledged
+        (`acknowledge`: its groups become served, never handed out again; 0 for none), and
+        the oldest batch handed out but not acknowledged with a batch_id above `after`
+        (default `ack`: the batch_id of the last batch the caller holds) is handed out again
+        (same batch_id, same groups, `leased`) before any new one is formed. So a trainer
+        that acknowledges what its newest checkpoint trained and, after a crash, resumes from
+        it (`after` = that checkpoint's batch_id) is served the batches since, in order, again.
+        An `ack` or `after` never handed out (or `after` < `ack`) raises AckError (nothing
+        changed)."""
         with self._lock, self._tx():
             stale = 0
             if version is not None and max_staleness is not None and max_staleness >= 0:
@@ -248,11 +254,12 @@ class GroupStore:
                     (STALE, QUEUED, version - max_staleness)).rowcount
             batch_id = None
             if ack is not None:
-                self._check_ack(ack)
-                self._db.execute("UPDATE groups SET state=? WHERE state=? AND batch_step=?", (SERVED, LEASED, ack))
-                leased = self._db.execute("SELECT id, batch_step FROM groups WHERE state=? ORDER BY id",
-                                          (LEASED,)).fetchall()
-                if leased:  # an unacknowledged batch: the same again
+                after = ack if after is None else after
+                self._check_ack(ack, after)
+                self._acknowledge(ack)
+                leased = self._db.execute("SELECT id, batch_step FROM groups WHERE state=? AND batch_step>? "
+                                          "ORDER BY batch_step, id", (LEASED, after)).fetchall()
+                if leased:  # an unacknowledged batch the caller does not hold: the same again
                     batch_id = leased[0][1]
                     picked = [gid for gid, b in leased if b == batch_id]
             if batch_id is None:
@@ -276,29 +283,45 @@ class GroupStore:
                     self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES ('last_batch_id', ?)",
                                      (json.dumps(batch_id),))
             marks = ",".join("?" * len(picked))
-            rows = self._db.execute(f"SELECT body, policy_version FROM groups WHERE id IN ({marks}) ORDER BY id",
+            rows = self._db.execute(f"SELECT id, body, policy_version FROM groups WHERE id IN ({marks}) ORDER BY id",
                                     picked).fetchall()
             if self.keep_served:
                 self._db.execute("DELETE FROM groups WHERE state=? AND id NOT IN (SELECT id FROM groups WHERE state=? "
                                  "ORDER BY id DESC LIMIT ?)", (SERVED, SERVED, self.keep_served))
             groups = []
-            for body, pv in rows:
+            for gid, body, pv in rows:
                 g = json.loads(body)
-                g["policy_version"] = pv
+                g["policy_version"], g["group_id"] = pv, gid  # the id: what the trainer's ledger records
                 groups.append(g)
             if encode is not None:
                 return encode(groups, stale, batch_id)  # raises inside the transaction: rolled back
         return groups, stale
 
-    def _check_ack(self, ack: int) -> None:
-        """AckError unless `ack` is 0 (nothing held) or a batch_id handed out (at most the last one)."""
+    def acknowledge(self, ack: int) -> int:
+        """Every batch up to batch_id `ack` is trained and checkpointed: its groups become
+        served (never handed out again). Returns how many groups were newly acknowledged;
+        AckError (nothing changed) for an `ack` never handed out."""
+        with self._lock, self._tx():
+            self._check_ack(ack, ack)
+            return self._acknowledge(ack)
+
+    def _acknowledge(self, ack: int) -> int:
+        return self._db.execute("UPDATE groups SET state=? WHERE state=? AND batch_step<=?",
+                                (SERVED, LEASED, ack)).rowcount
+
+    def _check_ack(self, ack: int, after: int) -> None:
+        """AckError unless `ack` <= `after` are 0 (nothing held) or batch_ids handed out (at most the last one)."""
         row = self._db.execute("SELECT value FROM kv WHERE key='last_batch_id'").fetchone()
         last = json.loads(row[0]) if row else 0
         leased = self._db.execute("SELECT MAX(batch_step) FROM groups WHERE state=?", (LEASED,)).fetchone()[0]
         last = max(last, leased or 0)  # a store from before last_batch_id was kept
-        if ack < 0 or ack > last:
-            raise AckError(f"ack={ack}: no batch with that batch_id was handed out (the last one was {last}; "
-                           f"0: none held yet); nothing was acknowledged")
+        for name, value in (("ack", ack), ("after", after)):
+            if value < 0 or value > last:
+                raise AckError(f"{name}={value}: no batch with that batch_id was handed out (the last one was {last}; "
+                               f"0: none held yet); nothing was acknowledged")
+        if after < ack:
+            raise AckError(f"after={after} < ack={ack}: the caller cannot hold less than it acknowledged; "
+                           f"nothing was acknowledged")
 
     def reset(self) -> None:
         with self._lock, self._tx():

@@ -150,6 +150,9 @@ class GeneratorSource:
         self.admitted = {int(s): _Admitted(int(state["versions"][s]), rows)
                          for s, rows in state["admitted"].items()}
 
+    def checkpointed(self, step: int) -> None:
+        pass  # nothing to acknowledge: the rows admitted ahead are in the checkpoint
+
     def close(self) -> None:
         self._pushes.clear()  # the pools' shutdown stops whatever is still queued
         self.transport.close()

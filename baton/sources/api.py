@@ -24,6 +24,13 @@ starting step, number of steps, + baton's `max_staleness`), then each step:
                  scores          -> rewards (the driver skips its reward role: the
                                     environment scored the group)
                  policy_version  -> policy_version per row (policy age is logged)
+                 group_id        -> the run's ledger (baton.trainers.session.ledger)
+               Delivery is tied to checkpoints: each request acknowledges the batches the
+               newest checkpoint trained (`ack`) and says which this trainer holds
+               (`after`); `checkpointed(step)` acknowledges at once (POST /ack). A trainer
+               killed anywhere resumes from its checkpoint, whose `batch_id` says what it
+               trained: the batches handed out since are served again (same groups, in
+               order), those it acknowledged never (docs/RELIABILITY.md).
   weights_updated(version)
                every `data.sync_every` steps, push the actor's weights to the `baton serve`
                processes in `data.servers` (`ServerSyncWorker`, colocated with the actor;
@@ -88,7 +95,9 @@ class ApiSource:
         self.client = APIClient(d.api_url, token=os.environ.get("BATON_API_TOKEN") or None, retry_for_s=None,
                                 name="trainer")
         self.stale_groups = 0
-        self.acked = 0  # at-least-once: the batch_id of the last batch received, acknowledged with the next request
+        # delivery tied to checkpoints: `held` the batch_id of the last batch received, `acked`
+        # the one the newest written checkpoint trained (every batch up to it acknowledged)
+        self.held = self.acked = 0
         # group_size / vocab_size: the API refuses (422) pushes this trainer could not train on
         self.client.register(batch_size=self.batch_size, max_token_len=_model_limit(cfg.model.path,
                                                                                      "max_position_embeddings", 2048),
@@ -112,13 +121,16 @@ class ApiSource:
         version = step - 1  # the weights the trainer has now
         t0 = last_report = time.monotonic()
         while True:
-            # ack: the previous batch was trained (this request comes after its step); an
-            # unacknowledged one (a trainer that died mid-step) is served again
-            out = self.client.batch(version=version, max_staleness=self.max_staleness, ack=self.acked)
+            # ack: what the newest checkpoint trained (again: a trainer killed after writing it,
+            # before its POST /ack); after: the batches this trainer holds. A batch handed out
+            # since that checkpoint (a trainer killed before the next) is served again, in order
+            out = self.client.batch(version=version, max_staleness=self.max_staleness, ack=self.acked,
+                                    after=self.held)
             self.stale_groups += int(out.get("stale_groups") or 0)
             if out.get("batch") is not None:
-                self.acked = int(out.get("batch_id") or 0)
+                self.held = int(out.get("batch_id") or 0)
                 batch = groups_to_batch(out["batch"], self.tokenizer, self.pad_id, self.group_size)
+                batch.meta[F.LEDGER_IDS] = [f"g:{g.get('group_id')}" for g in out["batch"]]  # the run's ledger
                 if F.ROLLOUT_LOGPROBS not in batch:  # the environment kept no logprobs: the trainer's own
                     batch[F.ROLLOUT_LOGPROBS] = self.actor.compute_logprobs(batch).get()[F.OLD_LOGPROBS]
                 return batch
@@ -160,11 +172,20 @@ class ApiSource:
     def metrics(self) -> dict[str, float]:
         return {}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"stale_groups": self.stale_groups}  # the queue itself lives in the API's store
+    def state_dict(self) -> dict[str, Any]:  # the queue itself lives in the API's store
+        return {"stale_groups": self.stale_groups, "batch_id": self.held}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stale_groups = int(state.get("stale_groups", 0))
+        self.held = self.acked = int(state.get("batch_id", 0))  # the batches since are served again
+
+    def checkpointed(self, step: int) -> None:
+        """The checkpoint holding every batch received so far is written: acknowledge them
+        (never served again). A trainer killed before this resumes from that checkpoint and
+        acknowledges them with its first request."""
+        if self.held > self.acked:
+            self.client.ack(self.held)
+            self.acked = self.held
 
     def close(self) -> None:
         self.client.close()

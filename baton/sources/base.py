@@ -6,6 +6,7 @@ them from `data.source`, `trainer.mode` and placement.
     rows = source.rows(step)                          # Batch, before rewards (or scored)
     parity = source.weights_updated(version, check)   # push the new weights to the generator(s)
     metrics = source.metrics()                        # the source's own step metrics (agent/*)
+    source.checkpointed(step)                         # a checkpoint holds steps <= step: acknowledge
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class RowSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def checkpointed(self, step: int) -> None:
+        """The checkpoint of `step` (with this source's `state_dict`) is written: what its
+        steps trained may be acknowledged (the API's groups are never served again)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -43,6 +43,9 @@ class RolloutSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def checkpointed(self, step: int) -> None:
+        pass  # nothing to acknowledge: the sampler's position is in the checkpoint
+
     def close(self) -> None:
         pass
 

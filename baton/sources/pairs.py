@@ -60,6 +60,9 @@ class PairFileSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def checkpointed(self, step: int) -> None:
+        pass  # nothing to acknowledge: the pairs' position is in the checkpoint
+
     def close(self) -> None:
         pass
 

@@ -6,6 +6,8 @@ so a reader never sees a half-written file. Each engine then loads it:
     server's `/update_weights_from_disk`) reloads the path itself - the server must see
     the same filesystem;
   - any other engine (in process) gets the file's tensors via `update_weights`.
+Either way every tensor read is checked against the digest of what was written first
+(`baton.sync.digest`): a mismatch is refused naming the tensor, the engine keeps its version.
 Only the newest `keep_last` files are kept.
 """
 
@@ -19,6 +21,8 @@ from typing import Iterable, Iterator
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from baton.sync.digest import check_digests, digests
 
 
 
@@ -69,11 +73,18 @@ class CheckpointSync:
         self._written: list[Path] = []
 
     def push(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        path = save_safetensors_atomic(named_params, self.directory / f"weights-v{version}.safetensors")
+        """Write the weights, then each engine loads them as `version` after checking every
+        tensor it read against the digest of what was written (`baton.sync.digest`): a file
+        cut or corrupted on its way is refused naming the tensor, the old version kept."""
+        tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_params]
+        sent = digests(tensors)
+        path = save_safetensors_atomic(tensors, self.directory / f"weights-v{version}.safetensors")
+        del tensors
         for engine in self.engines:
-            if hasattr(engine, "update_weights_from_disk"):
-                engine.update_weights_from_disk(str(path), version)
+            if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
+                engine.update_weights_from_disk(str(path), version, digests=sent)
             else:
+                check_digests(iter_safetensors(path), sent)  # in process: checked here, then installed
                 engine.update_weights(iter_safetensors(path), version)
         self._written.append(path)
         while len(self._written) > self.keep_last:

@@ -63,6 +63,7 @@ from baton.sources import evaluation, row_source
 from baton.trainers.placement.generator import place_generator
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
+from baton.trainers.session.ledger import step_entry
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
 from baton.trainers.report.step_metrics import check_sync, step_metrics, sync_tolerance
@@ -242,12 +243,14 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             state.source = source.state_dict()
             driver = {**state.to_dict(), **({"kl_controller": kl_ctl.state_dict()} if kl_ctl else {})}
             save(roles, run, step, driver)
+            source.checkpointed(step)  # written: what it trained may be acknowledged (the API's groups)
 
         run.start(state, restore=restore, guard=CriticAwareGuard(t.max_nonfinite_steps),
                   evaluate=lambda: evaluation(cfg, roles, state.eval_rows))  # as the source generates
         for step, timed in run.steps():
             with timed("rollout"):
                 batch, metrics = sample(cfg, roles, source, step)
+                state.ledger.append(step_entry(step, batch, t.seed))  # saved with the step's checkpoint
                 metrics.update(source.metrics())  # the source's own (agent/*)
             with timed("score"):  # every future in flight at once: concurrent on split pools
                 # (DAPO's dynamic sampling scored them in `sample`)

@@ -136,6 +136,34 @@ def test_an_ack_for_a_batch_never_handed_out_is_refused_and_marks_nothing(served
     assert httpx.get(f"{url}/status").json()["served_groups"] == 2
 
 
+def test_batches_since_the_checkpoint_are_served_again_in_order_and_acked_ones_never(served):
+    """Delivery tied to checkpoints (issue 49): a trainer holding batches 1-3 whose checkpoint
+    has batch 1 (ack=1) is, after a crash, served 2 and 3 again (after=1, then 2), the same
+    groups with their ids, then new ones; POST /ack acknowledges up to a batch at once, and
+    an acknowledged batch is never served again."""
+    url, app, db = served
+    for s in range(10):
+        assert _push(url, group(2, seed=s)).status_code == 200
+    held = [httpx.get(f"{url}/batch", params={"ack": 0, "after": b}).json() for b in range(3)]
+    assert [h["batch_id"] for h in held] == [1, 2, 3]  # a trainer between checkpoints holds all three
+    assert [g["group_id"] for h in held for g in h["batch"]] == [1, 2, 3, 4, 5, 6]
+    again = httpx.get(f"{url}/batch", params={"ack": 1, "after": 1}).json()  # resumed from batch 1's checkpoint
+    assert again == held[1]
+    assert httpx.get(f"{url}/batch", params={"ack": 1, "after": 2}).json() == held[2]
+    status = httpx.get(f"{url}/status").json()
+    assert status["served_groups"] == 2 and status["leased_groups"] == 4
+    assert httpx.post(f"{url}/ack", params={"ack": 3}).json() == {"acknowledged_groups": 4}
+    nxt = httpx.get(f"{url}/batch", params={"ack": 3, "after": 3}).json()
+    assert nxt["batch_id"] == 4 and [g["group_id"] for g in nxt["batch"]] == [7, 8]
+    r = httpx.get(f"{url}/batch", params={"ack": 3, "after": 2})
+    assert r.status_code == 409 and "after=2 < ack=3" in r.json()["detail"]
+    r = httpx.get(f"{url}/batch", params={"after": 2})
+    assert r.status_code == 409 and "after= needs ack=" in r.json()["detail"]
+    r = httpx.post(f"{url}/ack", params={"ack": 9})
+    assert r.status_code == 409 and "ack=9: no batch with that batch_id was handed out" in r.json()["detail"]
+    assert httpx.get(f"{url}/status").json()["served_groups"] == 6  # the refusals marked nothing
+
+
 def test_a_policy_version_ahead_of_the_trainer_is_refused(served):
     url, app, db = served
     assert httpx.get(f"{url}/batch", params={"version": 3}).status_code == 200  # the trainer is at 3

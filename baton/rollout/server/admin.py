@@ -16,6 +16,7 @@ from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequ
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
+from baton.sync.digest import WeightDigestError, check_digests
 
 
 def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
@@ -38,10 +39,14 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
                 with open_checkpoint(files) as handles:
                     # read and check everything off the engine thread (generation goes on), then install
                     await asyncio.to_thread(check_checkpoint, handles, param_shapes(engine))
+                    if req.digests is not None:  # what the trainer sent, byte for byte, or refused
+                        await asyncio.to_thread(check_digests, iter_handles(handles), req.digests)
                     await srv.runner.call(engine.update_weights, iter_handles(handles), version,
                                           label="update_weights_from_disk")
         except HTTPException as exc:
             return _fail(exc.status_code, f"update_weights_from_disk failed: {exc.detail}")
+        except WeightDigestError as exc:
+            return _fail(409, f"update_weights_from_disk refused: {exc}; still serving version {engine.version}")
         except (KeyError, ValueError) as exc:
             return _fail(400, f"update_weights_from_disk failed: {exc}; still serving version {engine.version}")
         srv.weights_path = str(files[0]) if len(files) == 1 else str(files[0].parent)

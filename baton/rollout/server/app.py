@@ -23,7 +23,9 @@ Endpoints (JSON bodies; malformed input -> 422 naming the field, impossible requ
   POST /generate                    token-in / token-out, SGLang's shape (below)
   GET  /get_model_info, /get_weight_version, /stats
 Admin endpoints (off with --no-admin: 403):
-  POST /update_weights_from_disk    {"model_path": file-or-dir of safetensors, "version"?: int}
+  POST /update_weights_from_disk    {"model_path": file-or-dir of safetensors, "version"?: int,
+                                    "digests"?: {tensor: digest} (baton.sync.digest: checked
+                                    first; a mismatch is a 409 naming the tensor, old version kept)}
                                     the path must resolve inside a --weights-dir (else 403);
                                     every tensor is checked (known name, shape, finite) before
                                     any is installed: a bad checkpoint -> 400, old weights stay

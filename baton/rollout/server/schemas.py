@@ -194,6 +194,9 @@ class UpdateWeightsFromDiskRequest(_Lenient):
     weight_version: str | int | None = None  # SGLang's name; must parse as an int here
     flush_cache: bool = True
     abort_all_requests: bool = False
+    # baton: {tensor name: digest} of what the trainer sent (baton.sync.digest); checked before
+    # the weights are installed: a mismatch is refused naming the tensor, the old version kept
+    digests: dict[str, str] | None = None
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):

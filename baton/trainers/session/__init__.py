@@ -8,4 +8,6 @@ end of step, checkpoint, close, report.
                    saved and restored with each checkpoint
     in_process.py  one model trained in the driver's own process (SFT, reward models)
     timeline.py    which role ran which call when (`timeline.jsonl`, split placement)
+    ledger.py      which prompts (API groups) each step trained, kept in every checkpoint;
+                   `baton ledger RUN_DIR [OTHER]` prints and compares it
 """

@@ -1,7 +1,8 @@
 """What the driver of a run owns between steps, and how it is saved and restored.
 
 The step counter, the prompt sampler's position (so a resumed run sees the same data order),
-the held-out rows, and the first evaluation. Saved inside each checkpoint next to the
+the held-out rows, the first evaluation, and the ledger of what each step trained
+(`baton.trainers.session.ledger`). Saved inside each checkpoint next to the
 actor's weights and optimizer (see ActorWorker.save_checkpoint).
 """
 
@@ -27,6 +28,7 @@ class RunState:
     step: int = 0
     first_eval: dict[str, float] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)  # the row source's own state (sources.py)
+    ledger: list[dict[str, Any]] = field(default_factory=list)  # what each step trained (ledger.py)
 
     @classmethod
     def fresh(cls, data: DataConfig) -> "RunState":
@@ -38,7 +40,7 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "first_eval": self.first_eval,
-                "source": self.source}
+                "source": self.source, "ledger": self.ledger}
 
     def restore(self, saved: dict[str, Any]) -> None:
         self.step = saved["step"]
@@ -50,6 +52,7 @@ class RunState:
                               f"put the data file back, or start the run over (trainer.overwrite=true)") from None
         self.first_eval = saved.get("first_eval", {})
         self.source = saved.get("source", {})
+        self.ledger = list(saved.get("ledger", []))
 
 
 HOLD_EVERY = 10  # without data.eval_path, every 10th row of data.path (the first included) is held out
