@@ -256,7 +256,8 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
             if proto:
                 return Response(wire.sample_response(sequences, prompt_lp), media_type=PROTO)
             return {"sequences": [{"stop_reason": r, "tokens": t, "logprobs": lp} for r, t, lp in sequences],
-                    "prompt_logprobs": prompt_lp, "type": "sample"}
+                    "prompt_logprobs": None if prompt_lp is None else [None if x != x else x for x in prompt_lp],
+                    "type": "sample"}
         return value
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])

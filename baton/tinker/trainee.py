@@ -93,9 +93,9 @@ class Trainee:
         outputs, total = [], 0.0
         for d in data:
             tokens = torch.tensor([d.tokens], device=self.device)  # [1, T]
-            inputs = {k: torch.as_tensor(v, device=self.device).float() for k, v in d.inputs.items() if
+            inputs = {k: torch.tensor(v, device=self.device).float() for k, v in d.inputs.items() if
                       k != "target_tokens"}
-            targets = torch.as_tensor(d.inputs["target_tokens"], device=self.device).long()  # [T]
+            targets = torch.tensor(d.inputs["target_tokens"], device=self.device).long()  # [T]
             with torch.set_grad_enabled(not forward_only):
                 logits = self.model(input_ids=tokens).logits[0]  # [T, V]
                 logprobs = logprobs_from_logits(logits, targets)  # [T]
