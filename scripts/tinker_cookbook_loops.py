@@ -14,7 +14,8 @@ what the loops are given, never their code:
     baton's byte tokenizer, registered with the cookbook's tokenizer registry and given its
     `role_colon` renderer (the cookbook only knows renderers for the models it names);
   * data: `datasets.load_dataset` answers the two names the loops load with local rows written
-    here: "HuggingFaceH4/no_robots" -> chat conversations "What is a+b?" -> "\\boxed{a+b}";
+    here: "HuggingFaceH4/no_robots" -> chat conversations "What is a+b? <rl_loop's answer suffix>" ->
+    "\\boxed{a+b}" after rl_loop's own one-shot example (so SL teaches the prompt RL sees);
     "openai/gsm8k" -> questions "What is a+b?" with answers "... #### a+b" (single digits).
   * RL starts from the SL result: the SL run's final sampler checkpoint merged into its base
     (`baton export --merge`), served by a second `baton tinker`; its loss is
@@ -49,13 +50,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+QUESTION_SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
+SHOT = [  # rl_loop.py's own one-shot prefix, so that SL teaches the prompt RL will see
+    {"role": "user", "content": "How many r's are in strawberry?" + QUESTION_SUFFIX},
+    {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
+                                     "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
+]
+
+
 def write_data(work: Path, n: int, seed: int) -> tuple[Path, Path]:
     rng = random.Random(seed)
     sums = [(rng.randint(0, 4), rng.randint(0, 4)) for _ in range(n)]
     sl, rl = work / "sl.jsonl", work / "gsm8k_like.jsonl"
     with sl.open("w") as f:
         for a, b in sums:
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a}+{b}?"},
+            f.write(json.dumps({"messages": [*SHOT, {"role": "user", "content": f"What is {a}+{b}?" + QUESTION_SUFFIX},
                                              {"role": "assistant", "content": f"\\boxed{{{a + b}}}"}]}) + "\n")
     with rl.open("w") as f:
         for a, b in sums:
@@ -126,7 +135,7 @@ def run_sl(url: str, log_path: Path, steps: int, batch: int, lr: float) -> list[
     from tinker_cookbook.recipes import sl_loop
 
     sl_loop.main(sl_loop.Config(base_url=url, log_path=str(log_path), model_name=NAME, batch_size=batch,
-                                learning_rate=lr, max_length=256, lora_rank=16, save_every=0, max_steps=steps))
+                                learning_rate=lr, max_length=1024, lora_rank=16, save_every=0, max_steps=steps))
     return metrics(log_path)
 
 
@@ -147,48 +156,63 @@ def sampler_dir(state_dir: Path, log_path: Path) -> Path:
     return state_dir / model.replace(":", "_") / kind / name
 
 
+def child(loop: str, url: str, log_path: Path, steps: int, model_dir: Path, work: Path) -> int:
+    """One loop in this process (a fresh one per loop: the SDK's session ends with it)."""
+    local_data(work / "sl.jsonl", work / "gsm8k_like.jsonl")
+    name_the_model(model_dir)
+    if loop == "sl":
+        run_sl(url, log_path, steps, batch=16, lr=2e-3)
+    else:
+        run_rl(url, log_path, steps, batch=8, group=8, lr=2e-3)
+    return 0
+
+
+def run_loop(loop: str, model_dir: Path, state: Path, work: Path, steps: int) -> tuple[list[dict], float]:
+    """`baton tinker` on `model_dir`, the loop in a child process against it; its metrics."""
+    server = Server(model_dir, state, work / f"server-{loop}.log")
+    try:
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, __file__, "--child", loop, "--url", server.url, "--model", str(model_dir),
+                        "--steps", str(steps), "--work", str(work)], check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+        return metrics(work / f"{loop}-log"), time.monotonic() - t0
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path("runs/tinker-cookbook"))
     ap.add_argument("--sl-steps", type=int, default=40)
     ap.add_argument("--rl-steps", type=int, default=8)
     ap.add_argument("--smoke", action="store_true", help="2 steps of each loop")
+    ap.add_argument("--child", choices=["sl", "rl"], help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    sl_steps, rl_steps = (2, 2) if args.smoke else (args.sl_steps, args.rl_steps)
     os.environ["TINKER_API_KEY"] = KEY
     work = args.work.resolve()
+    if args.child:
+        return child(args.child, args.url, work / f"{args.child}-log", args.steps, args.model, work)
+    sl_steps, rl_steps = (2, 2) if args.smoke else (args.sl_steps, args.rl_steps)
     work.mkdir(parents=True, exist_ok=True)
     from baton.models.make import make_tiny_checkpoint
 
     base = make_tiny_checkpoint(work / "base", preset="0.75m", seed=0, max_position=1024)
-    sl_file, rl_file = write_data(work, n=max(64, 16 * max(sl_steps, 1)), seed=0)
-    local_data(sl_file, rl_file)
-    name_the_model(base)
-
+    write_data(work, n=max(64, 16 * max(sl_steps, 1)), seed=0)
     state = work / "state"
-    server = Server(base, state, work / "server-sl.log")
-    try:
-        t0 = time.monotonic()
-        sl = run_sl(server.url, work / "sl-log", sl_steps, batch=16, lr=2e-3)
-        sl_s = time.monotonic() - t0
-    finally:
-        server.stop()
+
+    sl, sl_s = run_loop("sl", base, state, work, sl_steps)
     for m in sl:
         print(f"sl step {m['step']}: train_mean_nll {m['train_mean_nll']:.4f}")
     print(f"sl_loop: {len(sl)} steps in {sl_s:.0f} s, train_mean_nll {sl[0]['train_mean_nll']:.4f} -> "
           f"{sl[-1]['train_mean_nll']:.4f}", flush=True)
-
     merged = work / "sl-merged"
     subprocess.run([sys.executable, "-m", "baton.cli", "export", str(sampler_dir(state, work / "sl-log")),
                     str(merged), "--merge", "--base", str(base)], check=True, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
-    server = Server(merged, state, work / "server-rl.log")
-    try:
-        t0 = time.monotonic()
-        rl = run_rl(server.url, work / "rl-log", rl_steps, batch=8, group=8, lr=2e-3)
-        rl_s = time.monotonic() - t0
-    finally:
-        server.stop()
+    rl, rl_s = run_loop("rl", merged, state, work, rl_steps)
     for m in rl:
         print(f"rl step {m['step']}: reward/total {m['reward/total']:.3f}")
     print(f"rl_loop: {len(rl)} steps in {rl_s:.0f} s, reward/total {rl[0]['reward/total']:.3f} -> "
