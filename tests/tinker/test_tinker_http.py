@@ -127,3 +127,13 @@ def test_wire_roundtrip():
     assert parsed.data[0].tokens == [4, 5] and parsed.data[0].inputs["target_tokens"].tolist() == [5, 6]
     with pytest.raises(wire.WireError):
         wire.forward_backward_request(req[:-3])
+
+
+def test_cli_refuses_bad_options(tmp_path, capsys):
+    from baton.cli import main
+
+    for argv in ([str(tmp_path / "missing")], [str(tmp_path), "--max-models", "0"], [str(tmp_path), "--api-key", ""]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["tinker", *argv])
+        assert exit_.value.code == 2
+        assert "baton tinker: error:" in capsys.readouterr().err
