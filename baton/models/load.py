@@ -62,7 +62,10 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
 
         check_checkpoint(p)
         check_checkpoint(base)
+        from baton.models.lora import untie_lm_head
+
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype, local_files_only=True)
+        untie_lm_head(model, json.loads((p / "adapter_config.json").read_text()))
         model = PeftModel.from_pretrained(model, str(p)).merge_and_unload()
         check_finite(model, p)
         return model.to(device).eval()
