@@ -133,9 +133,11 @@ def metrics(log_path: Path) -> list[dict]:
 
 def run_sl(url: str, log_path: Path, steps: int, batch: int, lr: float) -> list[dict]:
     from tinker_cookbook.recipes import sl_loop
+    from tinker_cookbook.renderers import TrainOnWhat
 
     sl_loop.main(sl_loop.Config(base_url=url, log_path=str(log_path), model_name=NAME, batch_size=batch,
-                                learning_rate=lr, max_length=1024, lora_rank=16, save_every=0, max_steps=steps))
+                                learning_rate=lr, max_length=1024, lora_rank=16, save_every=0, max_steps=steps,
+                                train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))  # the answer, not the shot
     return metrics(log_path)
 
 
@@ -143,7 +145,7 @@ def run_rl(url: str, log_path: Path, steps: int, batch: int, group: int, lr: flo
     from tinker_cookbook.recipes import rl_loop
 
     rl_loop.main(rl_loop.Config(base_url=url, log_path=str(log_path), model_name=NAME, batch_size=batch,
-                                group_size=group, learning_rate=lr, lora_rank=16, save_every=0, max_tokens=12,
+                                group_size=group, learning_rate=lr, lora_rank=16, save_every=0, max_tokens=20,
                                 loss_fn="importance_sampling", max_steps=steps))
     return metrics(log_path)
 
@@ -161,7 +163,7 @@ def child(loop: str, url: str, log_path: Path, steps: int, model_dir: Path, work
     local_data(work / "sl.jsonl", work / "gsm8k_like.jsonl")
     name_the_model(model_dir)
     if loop == "sl":
-        run_sl(url, log_path, steps, batch=16, lr=2e-3)
+        run_sl(url, log_path, steps, batch=16, lr=5e-3)
     else:
         run_rl(url, log_path, steps, batch=8, group=8, lr=2e-3)
     return 0
