@@ -1,7 +1,7 @@
 """tinker-cookbook's `recipes/sl_loop.py` and `recipes/rl_loop.py`, unchanged, against `baton tinker`
 on this machine's CPU: SL, then RL from the SL result.
 
-    python scripts/tinker_cookbook_loops.py [--sl-steps 20] [--rl-steps 8] [--work DIR]
+    python scripts/tinker_cookbook_loops.py [--sl-steps 120] [--rl-steps 15] [--work DIR]
     python scripts/tinker_cookbook_loops.py --smoke          # 2 steps each (CI's tinker job)
 
 Needs the `tinker` extra and tinker-cookbook 0.6.1 (`pip install --no-deps tinker-cookbook==0.6.1`
@@ -185,8 +185,8 @@ def run_loop(loop: str, model_dir: Path, state: Path, work: Path, steps: int) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path("runs/tinker-cookbook"))
-    ap.add_argument("--sl-steps", type=int, default=40)
-    ap.add_argument("--rl-steps", type=int, default=8)
+    ap.add_argument("--sl-steps", type=int, default=120)
+    ap.add_argument("--rl-steps", type=int, default=15)
     ap.add_argument("--smoke", action="store_true", help="2 steps of each loop")
     ap.add_argument("--child", choices=["sl", "rl"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
