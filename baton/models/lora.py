@@ -141,17 +141,6 @@ def load_adapter_into(model: nn.Module, tensors: dict[str, torch.Tensor]) -> Non
         p.copy_(tensors[k])
 
 
-def untie_lm_head(model: nn.Module, adapter_cfg: dict) -> None:
-    """Before merging an adapter that targets `lm_head` into a model whose lm_head shares the
-    input embedding's weight: give lm_head a weight of its own (and say so in the config), or
-    the merge would add the lm_head delta to the embedding as well."""
-    targets = adapter_cfg.get("target_modules") or []
-    if "lm_head" in targets and getattr(model.config, "tie_word_embeddings", False):
-        head = model.get_output_embeddings()
-        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
-        model.config.tie_word_embeddings = False
-
-
 def merge_adapter_dir(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike,
                       base_path: str | os.PathLike | None = None) -> Path:
     """base + adapter merged into one plain HF checkpoint at `out_dir` (with the tokenizer
@@ -159,7 +148,7 @@ def merge_adapter_dir(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike
     `base_model_name_or_path`."""
     from peft import PeftModel
 
-    from baton.models.load import load_model, load_tokenizer, save_pretrained
+    from baton.models.load import load_model, load_tokenizer, save_pretrained, untie_lm_head
 
     config, _ = read_adapter(adapter_dir)
     base_path = base_path or config.get("base_model_name_or_path")
