@@ -158,24 +158,25 @@ def sampler_dir(state_dir: Path, log_path: Path) -> Path:
     return state_dir / model.replace(":", "_") / kind / name
 
 
-def child(loop: str, url: str, log_path: Path, steps: int, model_dir: Path, work: Path) -> int:
+def child(loop: str, url: str, log_path: Path, steps: int, model_dir: Path, work: Path, rl_lr: float) -> int:
     """One loop in this process (a fresh one per loop: the SDK's session ends with it)."""
     local_data(work / "sl.jsonl", work / "gsm8k_like.jsonl")
     name_the_model(model_dir)
     if loop == "sl":
         run_sl(url, log_path, steps, batch=16, lr=5e-3)
     else:
-        run_rl(url, log_path, steps, batch=8, group=8, lr=2e-3)
+        run_rl(url, log_path, steps, batch=8, group=8, lr=rl_lr)
     return 0
 
 
-def run_loop(loop: str, model_dir: Path, state: Path, work: Path, steps: int) -> tuple[list[dict], float]:
+def run_loop(loop: str, model_dir: Path, state: Path, work: Path, steps: int,
+             rl_lr: float) -> tuple[list[dict], float]:
     """`baton tinker` on `model_dir`, the loop in a child process against it; its metrics."""
     server = Server(model_dir, state, work / f"server-{loop}.log")
     try:
         t0 = time.monotonic()
         subprocess.run([sys.executable, __file__, "--child", loop, "--url", server.url, "--model", str(model_dir),
-                        "--steps", str(steps), "--work", str(work)], check=True,
+                        "--steps", str(steps), "--work", str(work), "--rl-lr", str(rl_lr)], check=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
         return metrics(work / f"{loop}-log"), time.monotonic() - t0
     finally:
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("runs/tinker-cookbook"))
     ap.add_argument("--sl-steps", type=int, default=120)
     ap.add_argument("--rl-steps", type=int, default=15)
+    ap.add_argument("--rl-lr", type=float, default=5e-4)
+    ap.add_argument("--rl-from", type=Path, help="skip SL: RL from this model dir (an earlier run's sl-merged)")
     ap.add_argument("--smoke", action="store_true", help="2 steps of each loop")
     ap.add_argument("--child", choices=["sl", "rl"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TINKER_API_KEY"] = KEY
     work = args.work.resolve()
     if args.child:
-        return child(args.child, args.url, work / f"{args.child}-log", args.steps, args.model, work)
+        return child(args.child, args.url, work / f"{args.child}-log", args.steps, args.model, work, args.rl_lr)
     sl_steps, rl_steps = (2, 2) if args.smoke else (args.sl_steps, args.rl_steps)
     work.mkdir(parents=True, exist_ok=True)
     from baton.models.make import make_tiny_checkpoint
@@ -205,21 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     write_data(work, n=max(64, 16 * max(sl_steps, 1)), seed=0)
     state = work / "state"
 
-    sl, sl_s = run_loop("sl", base, state, work, sl_steps)
-    for m in sl:
-        print(f"sl step {m['step']}: train_mean_nll {m['train_mean_nll']:.4f}")
-    print(f"sl_loop: {len(sl)} steps in {sl_s:.0f} s, train_mean_nll {sl[0]['train_mean_nll']:.4f} -> "
-          f"{sl[-1]['train_mean_nll']:.4f}", flush=True)
-    merged = work / "sl-merged"
-    subprocess.run([sys.executable, "-m", "baton.cli", "export", str(sampler_dir(state, work / "sl-log")),
-                    str(merged), "--merge", "--base", str(base)], check=True, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
-    rl, rl_s = run_loop("rl", merged, state, work, rl_steps)
+    sl: list[dict] = []
+    merged = args.rl_from
+    if merged is None:
+        sl, sl_s = run_loop("sl", base, state, work, sl_steps, args.rl_lr)
+        for m in sl:
+            print(f"sl step {m['step']}: train_mean_nll {m['train_mean_nll']:.4f}")
+        print(f"sl_loop: {len(sl)} steps in {sl_s:.0f} s, train_mean_nll {sl[0]['train_mean_nll']:.4f} -> "
+              f"{sl[-1]['train_mean_nll']:.4f}", flush=True)
+        merged = work / "sl-merged"
+        subprocess.run([sys.executable, "-m", "baton.cli", "export", str(sampler_dir(state, work / "sl-log")),
+                        str(merged), "--merge", "--base", str(base)], check=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+    rl, rl_s = run_loop("rl", merged.resolve(), state, work, rl_steps, args.rl_lr)
     for m in rl:
         print(f"rl step {m['step']}: reward/total {m['reward/total']:.3f}")
     print(f"rl_loop: {len(rl)} steps in {rl_s:.0f} s, reward/total {rl[0]['reward/total']:.3f} -> "
           f"{rl[-1]['reward/total']:.3f}", flush=True)
-    return 0 if len(sl) == sl_steps and len(rl) == rl_steps else 1
+    return 0 if (args.rl_from or len(sl) == sl_steps) and len(rl) == rl_steps else 1
 
 
 if __name__ == "__main__":
