@@ -7,6 +7,7 @@
     baton config RECIPE.yaml [dotted.key=value ...]  print the resolved config (every key)
     baton eval MODEL_DIR [--task arithmetic] [--data F] held-out accuracy of a checkpoint (LoRA too)
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
+    baton tinker MODEL_DIR [--port 8000 ...]         the Tinker API (the `tinker` SDK's service)
     baton api [--port 8000 --db FILE ...]            the trajectory API (Atropos-compatible)
     baton env NAME --api URL --server URL [...]      an environment service feeding the API
     baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer
@@ -115,6 +116,13 @@ def _serve(argv: list[str]) -> int:
     from baton.rollout.server import serve_main
 
     serve_main(argv)
+    return 0
+
+
+def _tinker(argv: list[str]) -> int:
+    from baton.tinker.app import tinker_main
+
+    tinker_main(argv)
     return 0
 
 
@@ -278,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_eval)
     sub.add_parser("serve", help="serve a model over HTTP (see baton serve --help)", add_help=False)
     sub.add_parser("api", help="the trajectory API (see baton api --help)", add_help=False)
+    sub.add_parser("tinker", help="serve the Tinker API for the tinker SDK (see baton tinker --help)",
+                   add_help=False)
     sub.add_parser("env", help="run an environment against servers and the API (see baton env --help)",
                    add_help=False)
     p = sub.add_parser("launch", help="start API, servers, environments and trainer of a data.source=api recipe")
@@ -410,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "serve":
             return _serve(argv[1:])
+        if argv and argv[0] == "tinker":
+            return _tinker(argv[1:])
         if argv and argv[0] in ("api", "env"):
             return _service(argv[0], argv[1:])
         args = build_parser().parse_args(argv)

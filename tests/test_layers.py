@@ -24,7 +24,8 @@ LAYERS = [
     {"sources"},
     {"workers"},
     {"agents"},  # multi-turn episodes with tools, run next to an engine
-    {"services"},  # processes that talk to engines over HTTP: trajectory API, environment runners
+    {"services", "tinker"},  # processes that talk to engines over HTTP (trajectory API, environment runners);
+    # the Tinker API server over its own training models and the embedded engine
     {"rollout"},
     {"envs"},
     {"sync", "rewards", "models", "data", "algos", "controller"},

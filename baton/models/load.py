@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from baton.models.validate import ModelLoadError, check_checkpoint, check_finite, check_tokenizer, is_adapter_dir
 from baton.runs.checkpoints import atomic_dir
 
-__all__ = ["ModelLoadError", "adapter_base", "build_like", "load_model", "load_tokenizer", "save_pretrained"]
+__all__ = ["ModelLoadError", "adapter_base", "build_like", "load_model", "load_tokenizer", "save_pretrained", "untie_lm_head"]
 
 
 def _check_dir(path: str | os.PathLike, what: str) -> Path:
@@ -63,6 +63,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
         check_checkpoint(p)
         check_checkpoint(base)
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype, local_files_only=True)
+        untie_lm_head(model, json.loads((p / "adapter_config.json").read_text()))
         model = PeftModel.from_pretrained(model, str(p)).merge_and_unload()
         check_finite(model, p)
         return model.to(device).eval()
@@ -72,6 +73,17 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
     check_finite(model, p)
     return model.to(device).eval()
+
+
+def untie_lm_head(model: torch.nn.Module, adapter_cfg: dict) -> None:
+    """Before merging an adapter that targets `lm_head` into a model whose lm_head shares the
+    input embedding's weight: give lm_head a weight of its own (and say so in the config), or
+    the merge would add the lm_head delta to the embedding as well."""
+    targets = adapter_cfg.get("target_modules") or []
+    if "lm_head" in targets and getattr(model.config, "tie_word_embeddings", False):
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+        model.config.tie_word_embeddings = False
 
 
 def build_like(model: torch.nn.Module, device: str | torch.device = "cpu",

@@ -148,13 +148,14 @@ def merge_adapter_dir(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike
     `base_model_name_or_path`."""
     from peft import PeftModel
 
-    from baton.models.load import load_model, load_tokenizer, save_pretrained
+    from baton.models.load import load_model, load_tokenizer, save_pretrained, untie_lm_head
 
     config, _ = read_adapter(adapter_dir)
     base_path = base_path or config.get("base_model_name_or_path")
     if not base_path:
         raise ValueError(f"{adapter_dir}: no base model path in {ADAPTER_CONFIG}; pass one")
     base = load_model(base_path)
+    untie_lm_head(base, config)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tok_dir = adapter_dir if (Path(adapter_dir) / "tokenizer_config.json").exists() else base_path
     return save_pretrained(merged, load_tokenizer(tok_dir), out_dir)
