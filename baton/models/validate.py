@@ -138,8 +138,8 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
 
     arch = (config.get("architectures") or [None])[0]
     cls = getattr(transformers, str(arch), None) if arch else None
-    if cls is None or config.get("quantization_config"):
-        return  # an architecture transformers does not name, quantized weights: left to its loader
+    if cls is None or config.get("quantization_config") or _converted_on_load(config):
+        return  # an architecture transformers does not name, quantized or converted weights: left to its loader
     try:
         hf_config = transformers.AutoConfig.for_model(**config)
     except Exception as e:  # noqa: BLE001 - any library error is one line here
@@ -169,6 +169,15 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
         if name in expected and tuple(meta["shape"]) != expected[name]:
             raise _error(f"{path}: tensor {name!r} has shape {list(meta['shape'])}, {arch} as config.json "
                          f"describes it needs {list(expected[name])}: weights of another size?")
+
+
+def _converted_on_load(config: dict[str, Any]) -> bool:
+    """True for a family whose files hold another layout than its modules (transformers renames
+    and fuses them on load: a mixture of experts' per-expert `experts.0.gate_proj` become one
+    stacked `experts.gate_up_proj`), so names on file and in the module differ by design."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return bool(get_checkpoint_conversion_mapping(config.get("model_type")))
 
 
 def check_finite(model: Any, path: str | os.PathLike) -> None:

@@ -38,7 +38,10 @@ from baton.workers.reward import RewardConfig
 from baton.workers.rollout import RolloutConfig
 
 
-def _check_pair_sizes(actor: ActorConfig, world_size: int) -> None:
+def _check_actor(actor: ActorConfig, world_size: int) -> None:
+    if actor.router_aux_loss_coef:
+        raise ValueError(f"actor.router_aux_loss_coef={actor.router_aux_loss_coef}: the routers' load-balancing "
+                         f"loss joins the policy-gradient losses (grpo, ppo), not DPO's")
     if actor.micro_batch_size % 2 or actor.mini_batch_size % 2:
         raise ValueError(f"actor.micro_batch_size={actor.micro_batch_size} and actor.mini_batch_size="
                          f"{actor.mini_batch_size} count rows, two per pair: both must be even")
@@ -87,7 +90,7 @@ class DPOConfig:
         if self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.prompts_per_step="
                              f"{self.data.prompts_per_step}")
-        _check_pair_sizes(self.actor, ws)
+        _check_actor(self.actor, ws)
 
 
 @dataclass
@@ -145,4 +148,4 @@ class OfflineDPOConfig:
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.pairs_per_step={self.data.pairs_per_step}")
-        _check_pair_sizes(self.actor, ws)
+        _check_actor(self.actor, ws)

@@ -19,6 +19,7 @@ only them); the reference policy is this same module with the adapters disabled
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
+from baton.models.moe import RouterWatch, load_balancing_loss
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
 from baton.models.parallel import wrap
@@ -72,6 +74,10 @@ class ActorConfig:
     # next; the gradients are freed after every update, offload or not); fsdp2 on CUDA also
     # keeps parameters on the CPU (FSDP2's CPUOffloadPolicy). On a CPU-only machine: a no-op.
     offload: bool = False
+    # > 0: adds coef x the routers' load-balancing loss (baton.models.moe) to the policy loss of a
+    # mixture-of-experts model. Off: RL starts from a model whose routing pretraining already
+    # balanced, and the term pulls the routing away from what the rollout engine sampled with.
+    router_aux_loss_coef: float = 0.0
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
@@ -80,6 +86,8 @@ class ActorConfig:
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
         if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("actor: grad_clip must be > 0, lr_warmup_steps >= 0, min_lr_ratio in [0, 1]")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"actor.router_aux_loss_coef must be >= 0 (got {self.router_aux_loss_coef})")
 
 
 class ActorWorker(Worker):
@@ -156,7 +164,8 @@ class ActorWorker(Worker):
               ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         algo = self.algo
         distill = None
-        with autocast(self.device, self.bf16):
+        watch = RouterWatch(self.model) if self.cfg.router_aux_loss_coef > 0 else contextlib.nullcontext()
+        with autocast(self.device, self.bf16), watch:
             if algo.distill_loss != SAMPLED:  # GKD: the student's logprobs of the teacher's top-k tokens too
                 out = response_topk(self.model, micro, self.temperature, ids=micro[F.TEACHER_TOPK_IDS],
                                     entropy_grad=algo.entropy_coef > 0, share_prompts=self.par.share_prompts)
@@ -176,6 +185,10 @@ class ActorWorker(Worker):
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.max_new_tokens, distill=distill)
+        if isinstance(watch, RouterWatch):  # mean per micro-batch: the caller weighs micro-batches by rows
+            aux = load_balancing_loss(watch)
+            stats["router_aux_loss"] = aux.detach()
+            loss = loss + self.cfg.router_aux_loss_coef * aux * len(micro) / (n_seqs or len(micro))
         # metrics stay tensors (float64) until the update ends: no device sync per micro-batch
         return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}, logp
 
