@@ -36,7 +36,7 @@ def is_moe(model: nn.Module) -> bool:
     return bool(routers(model))
 
 
-def _renormalises(router: nn.Module) -> bool:
+def renormalises(router: nn.Module) -> bool:
     """Whether the family renormalises its top-k weights to sum to 1 (Mixtral always; Qwen3-MoE
     when `norm_topk_prob`)."""
     return bool(getattr(router, "norm_topk_prob", type(router).__name__.startswith("Mixtral")))
@@ -45,7 +45,7 @@ def _renormalises(router: nn.Module) -> bool:
 def _weights_at(router: nn.Module, logits: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     probs = torch.softmax(logits.float(), dim=-1)
     top = probs.gather(-1, index)
-    if _renormalises(router):
+    if renormalises(router):
         top = top / top.sum(dim=-1, keepdim=True)
     return top.to(dtype)  # the dtype the family's own router returns
 

@@ -26,7 +26,8 @@ How a `generate` call runs:
 `start_generation(...)` returns the same call as a `Generation` to run k steps at a time
 (`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
 request with short ones this way, each getting the tokens it would get alone.
-Llama, Qwen2, Qwen3 and Mistral models use the fast runner in `_llama.py` (`_llama.FAMILIES`);
+Llama, Qwen2, Qwen3, Mistral and the Qwen3-MoE / Mixtral mixtures of experts (their expert
+layers: `_moe.py`) use the fast runner in `_llama.py` (`_llama.FAMILIES`);
 every other model runs through its own HF forward (`_hf.py`). `SamplingParams.grammar`
 (structured outputs) masks the logits before each sample (`constrained.py`, llguidance); the host then looks every step.
 
