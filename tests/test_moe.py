@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from baton import fields as F
+from baton.batch import Batch
 from baton.cli import main
-from baton.models.moe import RouterWatch, load_balancing_loss, replay_routing, routers
+from baton.models.moe import RouterWatch, check_routing, load_balancing_loss, replay_routing, routers
 from baton.models.tiny import build_tiny_model
 from baton.runs.checkpoints import list_checkpoints
+from baton.workers.sequences import response_logprobs
 
 RL = ["data.prompts_per_step=2", "rollout.n=2", "data.eval_size=2", "actor.mini_batch_size=0",
       "actor.micro_batch_size=4", "trainer.progress=false", "rollout.max_new_tokens=6"]
@@ -116,3 +119,107 @@ def test_replay_routes_by_the_recorded_experts_and_differentiates_the_gate(moe_m
     assert not torch.allclose(own, replayed)
     assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in routers(moe_model))
     moe_model.zero_grad(set_to_none=True)
+
+
+# --- routing replay (rollout.routing_replay) ------------------------------------------------
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11]]
+
+
+def _engine_rows(model: torch.nn.Module) -> tuple[list, Batch]:
+    """The engine's completions (recording their experts) and their training rows."""
+    from baton.models.tokenizer import build_char_tokenizer
+    from baton.protocol import SamplingParams
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.workers.rollout import completions_to_batch
+
+    engine = EmbeddedEngine(model, record_routing=True, pad_token_id=0, eos_token_ids=[2])
+    done = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=0))
+    prompts = Batch.from_dict({F.PROMPT_TEXT: ["a", "b"]})
+    return done, completions_to_batch(prompts, PROMPTS, done, 0, build_char_tokenizer())
+
+
+def test_the_engine_records_the_experts_hf_routes_each_token_by(moe_model):
+    done, rows = _engine_rows(moe_model)
+    for c in done:
+        prompt = PROMPTS[c.prompt_index]
+        with torch.no_grad(), RouterWatch(moe_model) as w:
+            moe_model(input_ids=torch.tensor([prompt + c.token_ids]))
+        P, R = len(prompt), len(c.token_ids)
+        hf = torch.stack([e[0][P - 1:P + R - 1] for e in w.experts], 1)  # [R, layers, K]
+        assert torch.equal(hf.sort(-1).values, c.routing.sort(-1).values)
+    assert rows[F.ROUTING].shape[:2] == rows[F.RESPONSE_IDS].shape and rows[F.ROUTING].dtype == torch.long
+
+
+def test_replay_changes_nothing_when_engine_and_trainer_agree(moe_model):
+    _, rows = _engine_rows(moe_model)
+    tally: dict = {}
+    with torch.no_grad():
+        replayed, _ = response_logprobs(moe_model, rows, tally=tally)
+        plain, _ = response_logprobs(moe_model, Batch({k: v for k, v in rows.tensors.items() if k != F.ROUTING}),
+                                     share_prompts=False)
+    assert torch.equal(replayed, plain)
+    assert tally["routing_replayed"] > 0 and tally["routing_differ"] == 0
+
+
+def test_a_disagreement_is_routed_by_the_recorded_experts(moe_model):
+    _, rows = _engine_rows(moe_model)
+    E = routers(moe_model)[0].num_experts
+    routing = rows[F.ROUTING].clone()
+    routing[0, 0, 0] = (routing[0, 0, 0] + 1) % E  # row 0's first token, layer 0: other experts
+    rows[F.ROUTING] = routing
+    tally: dict = {}
+    with torch.no_grad():
+        replayed, _ = response_logprobs(moe_model, rows, tally=tally)
+        plain, _ = response_logprobs(moe_model, Batch({k: v for k, v in rows.tensors.items() if k != F.ROUTING}),
+                                     share_prompts=False)
+        P = rows[F.PROMPT_IDS].shape[1]
+        want = [None] * len(routers(moe_model))  # by hand: row 0's position P - 1 in layer 0 sent elsewhere
+        ids = torch.cat([rows[F.PROMPT_IDS][:1], rows[F.RESPONSE_IDS][:1]], 1)
+        with RouterWatch(moe_model) as w:
+            moe_model(input_ids=ids, attention_mask=torch.cat([rows[F.PROMPT_MASK][:1], rows[F.RESPONSE_MASK][:1]], 1))
+        forced = torch.full_like(w.experts[0][0], -1)
+        forced[P - 1] = routing[0, 0, 0]
+        want[0] = forced
+    assert tally["routing_differ"] == 1
+    assert not torch.equal(replayed[0, 0], plain[0, 0]) and torch.equal(replayed[1:], plain[1:])
+    with torch.no_grad(), replay_routing(moe_model, want), RouterWatch(moe_model) as seen:
+        moe_model(input_ids=ids, attention_mask=torch.cat([rows[F.PROMPT_MASK][:1], rows[F.RESPONSE_MASK][:1]], 1))
+    assert torch.equal(seen.experts[0][0][P - 1], routing[0, 0, 0])
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda r: r[:, :, :1], "1 MoE layers x top-2; the model routes 2 layers"),  # another layer count
+    (lambda r: r.index_fill(0, torch.tensor([2]), 7), "row 2: recorded expert 7"),  # an expert out of range
+])
+def test_recorded_experts_that_do_not_fit_are_refused_naming_the_row(moe_model, change, words):
+    _, rows = _engine_rows(moe_model)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")) as err:
+        check_routing(change(rows[F.ROUTING]), moe_model)
+    assert "\n" not in str(err.value)
+
+
+def test_grpo_with_replay_trains_as_without_when_engine_and_trainer_agree(moe_dir, tmp_path):
+    """fp32 engine and trainer route alike: replay leaves every metric of the first steps as it
+    was (and reports no routing mismatch). Up to rounding: the replayed forward runs whole rows,
+    not a shared prompt pass then the responses (measured 1e-7 relative on the entropy)."""
+    _, model = moe_dir
+    _train(model, tmp_path / "plain", 2)
+    _train(model, tmp_path / "replay", 2, "rollout.routing_replay=true")
+    plain, replay = [[r for r in _metrics(tmp_path / run) if "actor/loss" in r] for run in ("plain", "replay")]
+    keys = [k for k in plain[0] if k.startswith(("actor/", "reward/")) or k == "rollout/logprob_mismatch_kl"]
+    assert keys and all(r.get("rollout/routing_mismatch") == 0.0 for r in replay)
+    assert len(plain) == len(replay) == 2
+    for a, b in zip(plain, replay):
+        for k in keys:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["data.source=api"], "rows from data.source=api arrive without them"),
+    (["actor.activation_checkpointing=true"], "actor.activation_checkpointing"),
+])
+def test_routing_replay_refuses_what_it_cannot_serve(overrides, words, tmp_path, capsys):
+    code = main(["train", "recipes/grpo_arithmetic.yaml", *RL, "rollout.routing_replay=true", *overrides,
+                 f"trainer.run_dir={tmp_path / 'run'}"])
+    assert code == 2 and words in capsys.readouterr().err and not (tmp_path / "run").exists()

@@ -99,11 +99,42 @@ def load_balancing_loss(watch: RouterWatch) -> torch.Tensor:
     return n_experts * ((counts / rows) * (prob_sum / rows)).sum()
 
 
+def check_routing(routing: torch.Tensor, model: nn.Module) -> None:
+    """ValueError, one line naming the first row, unless `routing` [B, R, L, K] (a batch's
+    recorded experts, -1 where none) fits the model: L MoE layers, top-K, experts in range."""
+    rs = routers(model)
+    if not rs:
+        raise ValueError(f"row 0: recorded experts (routing) for a model with no mixture-of-experts layers "
+                         f"({type(model).__name__})")
+    B, R, L, K = routing.shape
+    if (L, K) != (len(rs), rs[0].top_k):
+        raise ValueError(f"row 0: recorded experts for {L} MoE layers x top-{K}; the model routes {len(rs)} layers x "
+                         f"top-{rs[0].top_k} (rows from another model?)")
+    n_experts = rs[0].num_experts
+    bad = ((routing < -1) | (routing >= n_experts)).nonzero()
+    if len(bad):
+        b, t, layer, _ = bad[0].tolist()
+        raise ValueError(f"row {b}: recorded expert {int(routing[b, t, layer].max())} at response token {t}, "
+                         f"MoE layer {layer}: the model has experts 0..{n_experts - 1}")
+
+
+def routing_at_positions(routing: torch.Tensor, prompt_width: int) -> list[torch.Tensor]:
+    """Per MoE layer, the experts of a forward over [prompt (left-padded to prompt_width) |
+    response] rows as the routers see them ([B * T, K]): response token t's experts at the
+    position that predicts it (prompt_width - 1 + t), -1 (free) everywhere else."""
+    B, R, L, K = routing.shape
+    out = routing.new_full((L, B, prompt_width + R, K), -1)
+    out[:, :, prompt_width - 1:prompt_width - 1 + R] = routing.permute(2, 0, 1, 3)
+    return list(out.reshape(L, -1, K))
+
+
 @contextlib.contextmanager
-def replay_routing(model: nn.Module, experts: list[torch.Tensor | None]) -> Iterator[None]:
+def replay_routing(model: nn.Module, experts: list[torch.Tensor | None], tally: dict | None = None) -> Iterator[None]:
     """Inside, router i routes the tokens of its next call by `experts[i]` ([tokens, K] expert
     indices, -1 = route freely) instead of its own top-k; `None` leaves router i alone. The
-    tokens are the router's flattened input ([batch * seq, H]), in that order."""
+    tokens are the router's flattened input ([batch * seq, H]), in that order. `tally`: adds
+    "routing_replayed" (token x layer decisions replayed) and "routing_differ" (those whose
+    own top-k set differs from the replayed one), as tensors (no host read)."""
     rs = routers(model)
     if len(experts) != len(rs):
         raise ValueError(f"replay_routing: {len(experts)} layers of experts for {len(rs)} routers")
@@ -111,7 +142,7 @@ def replay_routing(model: nn.Module, experts: list[torch.Tensor | None]) -> Iter
     for r, given in zip(rs, experts):
         saved.append((r, r.forward))
         if given is not None:
-            r.forward = _replaying(r, r.forward, given)
+            r.forward = _replaying(r, r.forward, given, tally)
     try:
         yield
     finally:
@@ -119,13 +150,17 @@ def replay_routing(model: nn.Module, experts: list[torch.Tensor | None]) -> Iter
             r.forward = fwd
 
 
-def _replaying(router: nn.Module, own, given: torch.Tensor):
+def _replaying(router: nn.Module, own, given: torch.Tensor, tally: dict | None):
     def forward(hidden_states: torch.Tensor):
         logits, weights, index = own(hidden_states)
         g = given.to(index.device)
         if g.shape != index.shape:
             raise ValueError(f"replay_routing: experts for {tuple(g.shape)} slots, the router saw {tuple(index.shape)}")
         free = (g < 0).all(-1, keepdim=True)
+        if tally is not None:
+            differ = (index.sort(-1).values != g.sort(-1).values).any(-1) & ~free[:, 0]
+            for key, value in (("routing_replayed", (~free).sum()), ("routing_differ", differ.sum())):
+                tally[key] = tally.get(key, 0) + value.detach().double()
         index = torch.where(free, index, g.clamp(min=0))
         return logits, _weights_at(router, logits, index, weights.dtype), index
     return forward

@@ -204,6 +204,7 @@ class LlamaRunner:
         # `kv_idx > q_idx - sliding_window`); None: no window
         self.window = getattr(cfg, "sliding_window", None) if cfg.model_type in WINDOWED else None
         self.route_log: list[torch.Tensor] | None = None  # `record_routing`: each MoE layer's experts, per call
+        self.moe_layers = sum(experts_of(layer.mlp) is not None for layer in model.model.layers)
         self.layers: list[tuple] = []
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._packs: dict[int, tuple] = {}  # id(lora) -> (lora, packed attributes): kept for reuse
@@ -356,6 +357,7 @@ class LlamaRunner:
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
         x = functional.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
         last_layer = len(self.layers) - 1
+        logged = None if self.route_log is None else len(self.route_log)
         for i, ((w1, qk_w, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
             y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
             qk = self._rope(self._qk(y, qk_w), cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
@@ -377,6 +379,8 @@ class LlamaRunner:
             o = functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.transpose(1, 2).reshape(b * L, H * D), o_proj, residual=x)
             x = self._mlp(self._norm(x, w2), gate_up, down, x, grouped=False)
+        if logged is not None:  # each row's last position: the one its first sampled token comes from
+            self.route_log[logged:] = [e.view(b, -1, e.shape[-1])[:, -1] for e in self.route_log[logged:]]
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]
 
     def _mlp(self, h: torch.Tensor, gate_up, down, residual: torch.Tensor, grouped: bool) -> torch.Tensor:

@@ -78,6 +78,9 @@ class DPOConfig:
         if self.data.source not in readable:
             raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source="
                              f"{'/'.join(readable)})")
+        if self.rollout.routing_replay:
+            raise ValueError("rollout.routing_replay replays the engine's experts in policy-gradient updates (grpo, "
+                             "ppo); online DPO's pairs do not carry them")
         if self.rollout.n < 2:
             raise ValueError(f"online DPO pairs the samples of a prompt: rollout.n={self.rollout.n} "
                              f"makes no pair (use rollout.n >= 2)")
@@ -139,7 +142,7 @@ class OfflineDPOConfig:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
         # the rollout only evaluates data.task: greedy, and 4 samples at rollout.temperature
-        for key in ("n", "top_p", "top_k", "response_format"):
+        for key in ("n", "top_p", "top_k", "response_format", "routing_replay"):
             if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                 raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
                                  f"greedy, and 4 samples at rollout.temperature)")

@@ -188,6 +188,12 @@ class PPOConfig:
         if a.overlong_buffer > self.rollout.max_new_tokens:
             raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds rollout.max_new_tokens="
                              f"{self.rollout.max_new_tokens}")
+        if self.rollout.routing_replay and self.data.source != "rollout":
+            raise ValueError(f"rollout.routing_replay records the experts in this run's own engine (data.source=rollout); "
+                             f"rows from data.source={self.data.source} arrive without them")
+        if self.rollout.routing_replay and self.actor.activation_checkpointing:
+            raise ValueError("rollout.routing_replay with actor.activation_checkpointing: the backward's recomputed "
+                             "forward would route by the trainer's own experts; turn one off")
         if self.pretrain_steps >= self.trainer.steps:
             raise ValueError(f"critic.pretrain_steps={self.pretrain_steps} leaves the actor no step of "
                              f"trainer.steps={self.trainer.steps}")
