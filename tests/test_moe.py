@@ -223,3 +223,28 @@ def test_routing_replay_refuses_what_it_cannot_serve(overrides, words, tmp_path,
     code = main(["train", "recipes/grpo_arithmetic.yaml", *RL, "rollout.routing_replay=true", *overrides,
                  f"trainer.run_dir={tmp_path / 'run'}"])
     assert code == 2 and words in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+DPO = ["data.prompts_per_step=2", "rollout.n=2", "data.eval_size=2", "actor.micro_batch_size=4", "trainer.progress=false"]
+OTHER_ROWS = {  # the recipe matrix's other non-Ray rows (tests/test_recipe_matrix.py), on the MoE
+    "ppo-critic": ["recipes/ppo_arithmetic.yaml", *RL, "critic.mini_batch_size=0", "critic.micro_batch_size=4",
+                   "critic.pretrain_steps=1"],
+    "distill": ["recipes/distill_arithmetic.yaml", *RL],
+    "online-dpo": ["recipes/online_dpo_arithmetic.yaml", *DPO],
+    "offline-dpo": ["recipes/offline_dpo_arithmetic.yaml", "data.path=tests/fixtures/pairs.jsonl", "data.pairs_per_step=4",
+                    "data.eval_size=2", "actor.micro_batch_size=4", "trainer.progress=false"],
+    "agent-calculator": ["recipes/agent_calculator.yaml", *RL, "agent.max_turns=2"],
+    "grpo-fsdp2": ["recipes/grpo_arithmetic.yaml", *RL, "actor.strategy=fsdp2"],
+}
+
+
+@pytest.mark.slow  # ~75 s for the 12; the dense rows of the recipe matrix run these paths by default
+@pytest.mark.parametrize("row", list(OTHER_ROWS))
+def test_the_other_recipes_train_a_moe(moe_dir, row, tmp_path):
+    """2 steps of each; the Ray rows (data-parallel, one-step-off, with routing replay) were run
+    by hand (docs/MOE.md)."""
+    _, model = moe_dir
+    recipe, *overrides = OTHER_ROWS[row]
+    assert main(["train", recipe, f"model.path={model}", *overrides, f"trainer.run_dir={tmp_path}",
+                 "trainer.steps=2"]) == 0
+    assert {r["step"] for r in _metrics(tmp_path)} >= {1, 2}
