@@ -219,8 +219,9 @@ def test_grpo_with_replay_trains_as_without_when_engine_and_trainer_agree(moe_di
     (["data.source=api"], "rows from data.source=api arrive without them"),
     (["actor.activation_checkpointing=true"], "actor.activation_checkpointing"),
 ])
-def test_routing_replay_refuses_what_it_cannot_serve(overrides, words, tmp_path, capsys):
-    code = main(["train", "recipes/grpo_arithmetic.yaml", *RL, "rollout.routing_replay=true", *overrides,
+def test_routing_replay_refuses_what_it_cannot_serve(moe_dir, overrides, words, tmp_path, capsys):
+    code = main(["train", "recipes/grpo_arithmetic.yaml", f"model.path={moe_dir[1]}", *RL, "rollout.routing_replay=true",
+                 *overrides,
                  f"trainer.run_dir={tmp_path / 'run'}"])
     assert code == 2 and words in capsys.readouterr().err and not (tmp_path / "run").exists()
 
@@ -248,3 +249,11 @@ def test_the_other_recipes_train_a_moe(moe_dir, row, tmp_path):
     assert main(["train", recipe, f"model.path={model}", *overrides, f"trainer.run_dir={tmp_path}",
                  "trainer.steps=2"]) == 0
     assert {r["step"] for r in _metrics(tmp_path)} >= {1, 2}
+
+
+@pytest.mark.parametrize("key", ["actor.router_aux_loss_coef=0.01", "rollout.routing_replay=true"])
+def test_moe_keys_on_a_dense_model_are_refused_before_the_run_dir(key, tmp_path, capsys):
+    code = main(["train", "recipes/grpo_arithmetic.yaml", *RL, key, f"trainer.run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a mixture of experts" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

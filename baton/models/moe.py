@@ -36,6 +36,25 @@ def is_moe(model: nn.Module) -> bool:
     return bool(routers(model))
 
 
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # config.json's names for it
+
+
+def dense_on_disk(path: str) -> bool:
+    """True when the local model dir's config.json names no experts (a dense model); False for
+    a mixture of experts, or where there is no such file to read (a hub id: left to the load)."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        return False
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return False  # a torn config.json: the checkpoint check names it
+    return not any(config.get(k) for k in EXPERT_COUNT_KEYS)
+
+
 def renormalises(router: nn.Module) -> bool:
     """Whether the family renormalises its top-k weights to sum to 1 (Mixtral always; Qwen3-MoE
     when `norm_topk_prob`)."""
