@@ -257,3 +257,14 @@ def test_moe_keys_on_a_dense_model_are_refused_before_the_run_dir(key, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and "is not a mixture of experts" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_sft_builds_a_moe_preset_and_refuses_another_family_for_it(tmp_path, capsys):
+    sft = ["sft", "recipes/sft_arithmetic.yaml", "model.preset=qwen3-moe", "data.num_examples=16",
+           "trainer.batch_size=4", "data.eval_size=2", "trainer.steps=2"]
+    assert main([*sft, "model.family=null", f"trainer.run_dir={tmp_path / 'run'}"]) == 0
+    config = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/config.json")).read_text())
+    assert config["model_type"] == "qwen3_moe"
+    capsys.readouterr()
+    assert main([*sft, "model.family=llama", f"trainer.run_dir={tmp_path / 'other'}"]) == 2  # the recipe's qwen2 too
+    assert "model.family=llama would be ignored" in capsys.readouterr().err and not (tmp_path / "other").exists()
