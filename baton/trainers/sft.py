@@ -58,9 +58,7 @@ class SFTModelConfig:
     overrides: dict[str, int] = field(default_factory=dict)  # tiny_config args, e.g. {layers: 2}
     seed: int = 0  # init seed of a fresh tiny model
 
-    def check(self) -> None:
-        from baton.models.presets import PRESETS
-
+    def check_family(self) -> None:  # not `check`: `check_inputs` checks model.path when there is none
         own = PRESETS.get(self.preset, {}).get("family")
         if own is not None and self.family not in (None, own):
             raise ValueError(f"model.preset={self.preset} is a {own} model; model.family={self.family} would be ignored "
@@ -114,7 +112,7 @@ class SFTConfig:
         steps=180, run_dir="runs/sft"))
 
     def __post_init__(self) -> None:
-        self.model.check()
+        self.model.check_family()
         self.data.check()
         self.trainer.check()
         if self.optim.lr <= 0 or self.optim.grad_clip <= 0 or self.optim.lr_warmup_steps < 0:
