@@ -103,3 +103,14 @@ def test_other_families_and_sliding_layers_run_through_hf():
     for model in (gpt2, windowed):
         assert not _llama.supports(model)
         assert type(EmbeddedEngine(model).runner).__name__ == "HFRunner"
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+def test_the_generic_hf_path_generates_a_moe_too(name):
+    """`fast=False` (the engine's HF forward, what a model the fast path does not cover runs on)."""
+    model = build(name)
+    engine = EmbeddedEngine(model, fast=False)
+    assert type(engine.runner).__name__ == "HFRunner"
+    for c in engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0)):
+        ref = reference_logprobs(model, PROMPTS[c.prompt_index], c.token_ids, 0.7)
+        assert (torch.tensor(c.logprobs) - ref).abs().max().item() <= TOL, name
