@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from baton.fields import LEFT_PADDED
+from baton.fields import LEFT_PADDED, PAD_VALUES
 
 PAD_KEY = "_pad"  # meta key: how many trailing rows of this batch are padding
 
@@ -42,11 +42,12 @@ def _cat_padded(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat along rows; [N, W] tensors of different widths are zero-padded to the widest
     (on the left for prompt fields, see fields.LEFT_PADDED), as rows from different ranks are."""
     widths = {t.shape[1:] for t in tensors}
-    if len(widths) > 1 and all(t.dim() == 2 for t in tensors):
+    if len(widths) > 1 and all(t.dim() >= 2 and t.shape[2:] == tensors[0].shape[2:] for t in tensors):
         width = max(t.shape[1] for t in tensors)
-        left = key in LEFT_PADDED
-        tensors = [torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]))
-                   for t in tensors]
+        left, value = key in LEFT_PADDED, PAD_VALUES.get(key, 0)
+        tail = (0, 0) * (tensors[0].dim() - 2)  # [N, W, ...] (routing): padded along W only
+        tensors = [torch.nn.functional.pad(t, (*tail, width - t.shape[1], 0) if left else (*tail, 0, width - t.shape[1]),
+                                           value=value) for t in tensors]
     return torch.cat(tensors)
 
 

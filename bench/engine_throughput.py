@@ -48,6 +48,9 @@ SIZES = {
     # the public Qwen2.5 configs' shapes (random weights)
     "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
     "1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab_size=151936),
+    # a mixture of experts (issue 54): Qwen3-MoE, 8 experts of 256, top-2 (the fast path's `_moe.py`)
+    "moe-5m": dict(family="qwen3_moe", hidden=256, layers=4, heads=8, kv_heads=4, intermediate=256, experts=8,
+                   top_k=2, vocab_size=4096),
 }
 # name -> (memory bytes/s, {dtype: dense FLOP/s}) from the vendors' data sheets (SXM parts)
 GPU_PEAKS = {

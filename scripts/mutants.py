@@ -304,6 +304,19 @@ MUTANTS: list[Mutant] = [
       "gap = old_logprobs.detach().float() - old_logprobs.detach().float()",
       "the teacher's logprobs never reach the advantage (no signal)",
       "tests/algos/test_distill.py", "tests/trainers/test_distill.py::test_the_student_moves_toward_its_teacher"),
+    # --- mixture-of-experts routing replay ------------------------------------------------------
+    M("moe-replay-ignored", "baton/models/moe.py",
+      "index = torch.where(free, index, g.clamp(min=0))", "index = torch.where(free, index, index)",
+      "routing replay routes by the trainer's own experts, not the recorded ones", "tests/test_moe.py"),
+    M("moe-replay-gate-detached", "baton/models/moe.py",
+      "probs = torch.softmax(logits.float(), dim=-1)\n    top = probs.gather(-1, index)",
+      "probs = torch.softmax(logits.float().detach(), dim=-1)\n    top = probs.gather(-1, index)",
+      "the replayed experts' gate weights carry no gradient to the router", "tests/test_moe.py"),
+    M("moe-replay-position-shifted", "baton/models/moe.py",
+      "out[:, :, prompt_width - 1:prompt_width - 1 + R] = routing.permute(2, 0, 1, 3)",
+      "out[:, :, prompt_width:prompt_width + R] = routing.permute(2, 0, 1, 3)[:, :, :R]",
+      "a token's recorded experts replayed one position late (at the token, not at what predicts it)",
+      "tests/test_moe.py"),
 ]
 
 SMOKE = ("ppo-gae-negated", "ppo-offpolicy-dropped", "grpo-sign", "dpo-sigmoid-sign", "kl-reward-sign")

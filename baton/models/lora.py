@@ -28,6 +28,7 @@ from torch import nn
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -54,11 +55,28 @@ def apply_lora(model: nn.Module, cfg: LoraAdapterConfig, seed: int = 0) -> nn.Mo
 
     cfg.check()
     config = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                        target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+                        target_modules=_targets(model, list(cfg.target_modules)), bias="none", task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)
     return peft_model
+
+
+def _targets(model: nn.Module, targets: list[str]) -> list[str]:
+    """The modules to adapt. A mixture of experts gets adapters on attention only: its experts
+    are stacked [E, ...] parameters, not linears (the default list keeps its attention names;
+    a list naming the MLP's projections is refused)."""
+    from baton.models.moe import is_moe
+
+    if not is_moe(model):
+        return targets
+    mlp = [t for t in targets if t in _MLP]
+    if targets == ALL_LINEAR:
+        return [t for t in targets if t not in _MLP]
+    if mlp:
+        raise ValueError(f"model.lora.target_modules: {', '.join(mlp)} are a mixture of experts' expert weights here; "
+                         f"LoRA on a mixture of experts adapts attention only (q_proj, k_proj, v_proj, o_proj)")
+    return targets
 
 
 def is_peft(model: nn.Module) -> bool:

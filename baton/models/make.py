@@ -16,6 +16,6 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, preset: str = "0.75m", fami
     model = build_tiny_model(preset, family=family, vocab_size=len(tok), seed=seed, **overrides)
     path = save_pretrained(model, tok, out_dir)
     n = count_params(model)
-    print(f"wrote {path}: a tiny {family} model, preset {preset}, {n:,} parameters ({n / 1e6:.2f}M), seed {seed}, "
+    print(f"wrote {path}: a tiny {model.config.model_type} model, preset {preset}, {n:,} parameters ({n / 1e6:.2f}M), seed {seed}, "
           f"with its tokenizer")
     return path

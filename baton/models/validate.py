@@ -145,6 +145,7 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
     cls = getattr(transformers, str(arch), None) if arch else None
     if arch and cls is None or config.get("quantization_config"):
         return  # an architecture transformers does not name, quantized weights: left to its loader
+    tensors, fused = _as_module_names(config, tensors)
     try:
         hf_config = transformers.AutoConfig.for_model(**config)
     except Exception as e:  # noqa: BLE001 - any library error is one line here
@@ -172,10 +173,41 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
     if unexpected:
         raise _error(f"{path}: the weights hold {len(unexpected)} tensor(s) that {arch} (config.json) does not "
                      f"have, e.g. {unexpected[0]!r}: weights of another architecture?")
+    for name, (count, want) in fused.items():
+        if count != want:
+            raise _error(f"{path}: the weights hold {count} of the {want} per-expert tensors that make {name!r}: "
+                         f"a damaged checkpoint, or one of another expert count?")
     for name, meta in tensors.items():
-        if name in expected and tuple(meta["shape"]) != expected[name]:
+        if name in expected and name not in fused and tuple(meta["shape"]) != expected[name]:
             raise _error(f"{path}: tensor {name!r} has shape {list(meta['shape'])}, {arch} as config.json "
                          f"describes it needs {list(expected[name])}: weights of another size?")
+
+
+def _as_module_names(config: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
+    """The file's tensors under the names the module has, for a family whose files hold
+    another layout (transformers renames and fuses them on load: a mixture of experts'
+    per-expert `experts.3.gate_proj.weight` / `.up_proj.weight` become one stacked
+    `experts.gate_up_proj`), and {fused name: (tensors found, tensors it needs)}; as they are
+    for every other family."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    rules = get_checkpoint_conversion_mapping(config.get("model_type")) or []
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    out: dict[str, Any] = {}
+    fused: dict[str, tuple[int, int]] = {}
+    for name, meta in tensors.items():
+        for rule in rules:
+            for source in rule.source_patterns:
+                match = re.search(re.escape(source).replace(r"\*", r"\d+"), name)
+                if match is None:
+                    continue
+                name = name[:match.start()] + rule.target_patterns[0] + name[match.end():]
+                if "*" in source:  # one expert's piece of a stacked tensor
+                    count = fused.get(name, (0, 0))[0] + 1
+                    fused[name] = (count, experts * len(rule.source_patterns))
+                break
+        out[name] = meta
+    return out, fused
 
 
 def check_finite(model: Any, path: str | os.PathLike) -> None:

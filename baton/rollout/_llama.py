@@ -1,5 +1,6 @@
 """Fast forward pass for Llama-family HF models (Llama incl. Llama-3's rope scaling, Qwen2,
-Qwen3, Mistral: FAMILIES), with a preallocated KV cache.
+Qwen3, Mistral, and the mixtures of experts Qwen3-MoE and Mixtral, whose sparse MLPs run in
+`_moe.py`: FAMILIES), with a preallocated KV cache.
 
 HF's own forward spends much of a small model's decode step in Python and in growing its
 cache (a `torch.cat` per layer per step). This runner reads the *same* weight tensors
@@ -46,8 +47,10 @@ from torch import nn
 
 from baton.padding import position_ids
 from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
+from baton.rollout._moe import Experts, expert_pieces, experts_of, moe_forward
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # model_type values with a fast path
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral")  # model_type values with a fast path
+WINDOWED = ("mistral", "mixtral", "qwen3_moe")  # one sliding window (config.sliding_window) for every layer
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # inv_freq does not depend on length
 ROPE = ("cos", "sin", "cs", "eye", "roll")  # the RoPE tables' attributes (`LlamaRunner.rope_tables`)
 ONE_PASS_TOKENS = 32768  # a one-pass prefill's chunk (padded tokens): ~0.6 GB of bf16 MLP activations at 0.5B
@@ -69,10 +72,14 @@ def supports(model: nn.Module) -> bool:
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in _STATIC_ROPE:
         return False
-    layer0 = inner.layers[0]
-    linears = [layer0.self_attn.q_proj, layer0.self_attn.k_proj, layer0.self_attn.v_proj,
-               layer0.self_attn.o_proj, layer0.mlp.gate_proj, layer0.mlp.up_proj,
-               layer0.mlp.down_proj, model.lm_head]
+    linears = [model.lm_head]
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        if experts_of(m) is None:
+            linears += [m.gate_proj, m.up_proj, m.down_proj]
+        elif not isinstance(getattr(m.experts, "gate_up_proj", None), nn.Parameter) or _base(m.experts) is not m.experts:
+            return False  # experts of another layout, or adapted (peft's parameter LoRA): HF path
     return all(type(_base(m)) is nn.Linear for m in linears)  # quantized wrappers: HF path
 
 
@@ -107,7 +114,8 @@ def fuse_storage(model: nn.Module) -> None:
     with torch.no_grad():
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
-            for group in ([a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]):
+            mlp = [[m.gate_proj, m.up_proj]] if experts_of(m) is None else []  # stacked experts: one buffer already
+            for group in ([a.q_proj, a.k_proj, a.v_proj], *mlp):
                 for attr in ("weight", "bias"):
                     params = [getattr(_base(x), attr) for x in group]
                     if any(p is None for p in params) or _joint([p.data for p in params]) is not None:
@@ -194,7 +202,9 @@ class LlamaRunner:
         self.qk_eps = attn.q_norm.variance_epsilon if self.qk_norm else None
         # Mistral: a query at cache slot s sees slots s - window + 1 .. s (HF's overlay
         # `kv_idx > q_idx - sliding_window`); None: no window
-        self.window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+        self.window = getattr(cfg, "sliding_window", None) if cfg.model_type in WINDOWED else None
+        self.route_log: list[torch.Tensor] | None = None  # `record_routing`: each MoE layer's experts, per call
+        self.moe_layers = sum(experts_of(layer.mlp) is not None for layer in model.model.layers)
         self.layers: list[tuple] = []
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._packs: dict[int, tuple] = {}  # id(lora) -> (lora, packed attributes): kept for reuse
@@ -242,6 +252,7 @@ class LlamaRunner:
                                   a.k_norm.weight.expand(self.n_kv, -1)])
                 if old[i][1] is not None and old[i][1].shape == qk_w.shape and old[i][1].dtype == qk_w.dtype:
                     qk_w = old[i][1].copy_(qk_w)  # refilled in place: the same address for a CUDA graph
+            moe = experts_of(m)
             self.layers.append((
                 layer.input_layernorm.weight, qk_w,
                 _linear_pieces([a.q_proj, a.k_proj, a.v_proj], self.fuse,
@@ -249,8 +260,8 @@ class LlamaRunner:
                 _linear_pieces([a.o_proj], self.fuse, [at + "o_proj"], lora, old[i][3]),
                 layer.post_attention_layernorm.weight,
                 _linear_pieces([m.gate_proj, m.up_proj], self.fuse, [mt + "gate_proj", mt + "up_proj"], lora,
-                               old[i][5]),
-                _linear_pieces([m.down_proj], self.fuse, [mt + "down_proj"], lora, old[i][6]),
+                               old[i][5]) if moe is None else expert_pieces(moe, self.fuse, old[i][5]),
+                _linear_pieces([m.down_proj], self.fuse, [mt + "down_proj"], lora, old[i][6]) if moe is None else None,
             ))
         self.norm_w = self.model.model.norm.weight
         self.embed = self.model.model.embed_tokens.weight
@@ -346,6 +357,7 @@ class LlamaRunner:
         attn_mask = (causal & maskb[:, None, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
         x = functional.embedding(ids, self.embed).view(b * L, -1)  # [b*L, hidden]
         last_layer = len(self.layers) - 1
+        logged = None if self.route_log is None else len(self.route_log)
         for i, ((w1, qk_w, qkv, o_proj, w2, gate_up, down), (kc, vc)) in enumerate(zip(self.layers, self.cache)):
             y = _mm(self._norm(x, w1), qkv).view(b, L, H + 2 * Hk, D)  # [b, L, heads, D]
             qk = self._rope(self._qk(y, qk_w), cos, sin).transpose(1, 2)  # [b, H+Hk, L, D]
@@ -366,9 +378,21 @@ class LlamaRunner:
                 L = 1
             o = functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.transpose(1, 2).reshape(b * L, H * D), o_proj, residual=x)
-            g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)
-            x = _mm(functional.silu(g).mul_(u), down, residual=x)
+            x = self._mlp(self._norm(x, w2), gate_up, down, x, grouped=False)
+        if logged is not None:  # each row's last position: the one its first sampled token comes from
+            self.route_log[logged:] = [e.view(b, -1, e.shape[-1])[:, -1] for e in self.route_log[logged:]]
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]
+
+    def _mlp(self, h: torch.Tensor, gate_up, down, residual: torch.Tensor, grouped: bool) -> torch.Tensor:
+        """residual + the layer's MLP of h [N, hidden]: SiLU-gated, or a mixture of experts
+        (`moe_forward`; `grouped` in decode: a fixed number of kernels, no host read)."""
+        if isinstance(gate_up, Experts):
+            out, index = moe_forward(h, gate_up, grouped)
+            if self.route_log is not None:
+                self.route_log.append(index)
+            return residual + out
+        g, u = _mm(h, gate_up).chunk(2, dim=-1)
+        return _mm(functional.silu(g).mul_(u), down, residual=residual)
 
     # --- decode ----------------------------------------------------------------------
     def select(self, rows: torch.Tensor) -> None:
@@ -422,6 +446,5 @@ class LlamaRunner:
             q = qk[:, :H].view(b, Hk, G, D)  # the G query heads of a KV head act as a "length"
             o = functional.scaled_dot_product_attention(q, kc, vc, attn_mask=attn_mask, scale=self.scale)
             x = _mm(o.reshape(b, H * D), o_proj, residual=x)  # o [b, Hk, G, D]
-            g, u = _mm(self._norm(x, w2), gate_up).chunk(2, dim=-1)  # [b, I] each
-            x = _mm(functional.silu(g).mul_(u), down, residual=x)
+            x = self._mlp(self._norm(x, w2), gate_up, down, x, grouped=True)
         return _mm(self._norm(x, self.norm_w), self.lm_head)  # [b, V]

@@ -26,7 +26,8 @@ How a `generate` call runs:
 `start_generation(...)` returns the same call as a `Generation` to run k steps at a time
 (`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
 request with short ones this way, each getting the tokens it would get alone.
-Llama, Qwen2, Qwen3 and Mistral models use the fast runner in `_llama.py` (`_llama.FAMILIES`);
+Llama, Qwen2, Qwen3, Mistral and the Qwen3-MoE / Mixtral mixtures of experts (their expert
+layers: `_moe.py`) use the fast runner in `_llama.py` (`_llama.FAMILIES`);
 every other model runs through its own HF forward (`_hf.py`). `SamplingParams.grammar`
 (structured outputs) masks the logits before each sample (`constrained.py`, llguidance); the host then looks every step.
 
@@ -76,6 +77,12 @@ def _as_id_list(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple, set)) else [int(value)]
 
 
+def _per_layer(log: list[torch.Tensor], layers: int) -> torch.Tensor:
+    """The runner's routing log (per chunk, each MoE layer's [rows, K] in order) as [rows, layers, K]."""
+    chunks = [torch.stack(log[i:i + layers], dim=1) for i in range(0, len(log), layers)]
+    return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
+
+
 class EmbeddedEngine:
     """Rollout engine that runs inside the calling process.
 
@@ -101,6 +108,9 @@ class EmbeddedEngine:
     the host matches, are checked at the same looks, over the tokens since the last one (a
     row is cut where its text first held one, whichever look found it); a grammar's mask
     needs the host every step.
+    record_routing: each Completion's `routing`, the experts every sampled token was produced by
+    at each MoE layer ([tokens, layers, K]; routing replay, `baton.models.moe`): a mixture of
+    experts on the fast path; decodes with the runner's own step (static decode off).
     """
 
     shares_module = True  # reads the module it is given: colocated sync is `inplace` (baton.rollout.engines)
@@ -116,7 +126,7 @@ class EmbeddedEngine:
                  version: int = 0, max_batch_tokens: int | None = None, memory_fraction: float | None = None,
                  fast: bool = True,
                  fuse_weights: bool = True, sleep_mode: str = "cache", static_decode: bool | str | None = None,
-                 sync_every: int | None = None):
+                 sync_every: int | None = None, record_routing: bool = False):
         if sleep_mode not in SLEEP_MODES:
             raise ValueError(f"sleep_mode must be one of {SLEEP_MODES}, got {sleep_mode!r}")
         if sync_every is not None and sync_every < 1:
@@ -151,6 +161,10 @@ class EmbeddedEngine:
             raise ValueError("static_decode needs the fast decoder path (fast=True and a plain "
                              f"{' / '.join(_llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
         self.static_decode, self.sync_every = static_decode, sync_every
+        if record_routing and not getattr(self.runner, "moe_layers", 0):
+            raise ValueError("recording the experts of each token (rollout.routing_replay) needs a mixture of experts "
+                             f"on the fast path ({', '.join(_llama.FAMILIES)}); {type(base).__name__} is not one")
+        self.record_routing = record_routing  # each Completion's `routing` (decoded by the runner's own step)
         self.graphs = DecodeGraphs()  # static decode's buffers and CUDA graphs, kept across calls
         self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False
@@ -254,8 +268,15 @@ class EmbeddedEngine:
         ids, mask = ids.to(device), mask.to(device)
         static, on_gpu = self._static_step(device), device.type == "cuda"
 
+        record = self.record_routing
+        if record:
+            self.runner.route_log = []
         logits = self.runner.start(ids, mask, max_new, n, one_pass=True) if static and on_gpu \
             else self.runner.start(ids, mask, max_new, n)  # [B, V]
+        if record:  # the experts the first sampled tokens come from: [B * n, MoE layers, K]
+            live = {} if live is None else live
+            live["routes"] = _per_layer(self.runner.route_log, self.runner.moe_layers).repeat_interleave(n, 0)
+            self.runner.route_log.clear()
         yield
         if n > 1:
             logits = logits.repeat_interleave(n, 0)  # [B * n, V]
@@ -266,6 +287,8 @@ class EmbeddedEngine:
         try:
             return (yield from self._decode(decoder, logits, params, generator, should_stop, live, B))
         finally:
+            if record:
+                self.runner.route_log = None
             if static:
                 decoder.close()  # its arena (and graphs) back to the engine, for the next group
 
@@ -291,8 +314,13 @@ class EmbeddedEngine:
         checked = 0  # steps whose tokens the stop strings have seen
         fused_step = getattr(decoder, "sampling", None) is not None  # a StaticDecoder that samples
         sampled = None  # (tokens, logprobs) the last step sampled
+        routes = None  # [rows, max_new, MoE layers, K]: the experts each sampled token came from
         if live is not None:
             live["buffers"] = (out_tokens, hits)
+            first = live.pop("routes", None)
+            if first is not None:
+                routes = first.new_full((rows, max_new, *first.shape[1:]), -1)
+                routes[:, 0] = first
 
         for t in range(max_new):
             if should_stop is not None and should_stop():
@@ -334,8 +362,11 @@ class EmbeddedEngine:
                 sampled = decoder.decode(tokens, draw(len(alive_list), params, generator, device))
             else:
                 logits = decoder.decode(tokens)  # [b, V]
+            if routes is not None:  # this step's experts produced the tokens of step t + 1
+                routes[alive, t + 1] = _per_layer(self.runner.route_log, self.runner.moe_layers)
+                self.runner.route_log.clear()
             yield
-        return self._completions(out_tokens, out_logprobs, hits, B, n, guide)
+        return self._completions(out_tokens, out_logprobs, hits, B, n, guide, routes)
 
     @staticmethod
     def _look(done: torch.Tensor, out_tokens: torch.Tensor, hits: torch.Tensor, alive: torch.Tensor,
@@ -363,7 +394,8 @@ class EmbeddedEngine:
         return Guide(params.grammar, self.tokenizer, vocab, self.eos_token_ids, rows)
 
     def _completions(self, out_tokens: torch.Tensor, out_logprobs: torch.Tensor, hits: torch.Tensor | None,
-                     B: int, n: int, guide: Any = None) -> list[list[Completion]]:
+                     B: int, n: int, guide: Any = None,
+                     routes: torch.Tensor | None = None) -> list[list[Completion]]:
         """Per prompt, its n completions: each row cut after its first stop (hits [rows, T],
         None: no stop conditions), from out_tokens / out_logprobs [rows, T]; a grammar's
         (`guide`) failed row has finish reason GRAMMAR_ERROR."""
@@ -381,11 +413,14 @@ class EmbeddedEngine:
             per_prompt[r // n].append(Completion(
                 prompt_index=r // n, token_ids=tok_rows[r][:L], logprobs=lp_rows[r][:L],
                 finish_reason=guide.finish_reason(r, stopped[r]) if guide is not None else
-                "stop" if stopped[r] else "length", version=self.version))
+                "stop" if stopped[r] else "length", version=self.version,
+                routing=None if routes is None else routes[r, :L].cpu()))
         return per_prompt
 
     def _static_step(self, device: torch.device) -> str | None:
         """The `StaticDecoder` step this call decodes with; None: the runner's own decode."""
+        if self.record_routing:  # the runner's own decode logs each step's experts
+            return None
         if self.static_decode is None:
             return "graph" if isinstance(self.runner, LlamaRunner) and device.type == "cuda" else None
         if self.static_decode is True:

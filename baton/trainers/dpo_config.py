@@ -38,7 +38,10 @@ from baton.workers.reward import RewardConfig
 from baton.workers.rollout import RolloutConfig
 
 
-def _check_pair_sizes(actor: ActorConfig, world_size: int) -> None:
+def _check_actor(actor: ActorConfig, world_size: int) -> None:
+    if actor.router_aux_loss_coef:
+        raise ValueError(f"actor.router_aux_loss_coef={actor.router_aux_loss_coef}: the routers' load-balancing "
+                         f"loss joins the policy-gradient losses (grpo, ppo), not DPO's")
     if actor.micro_batch_size % 2 or actor.mini_batch_size % 2:
         raise ValueError(f"actor.micro_batch_size={actor.micro_batch_size} and actor.mini_batch_size="
                          f"{actor.mini_batch_size} count rows, two per pair: both must be even")
@@ -75,6 +78,9 @@ class DPOConfig:
         if self.data.source not in readable:
             raise ValueError(f"data.source={self.data.source}: online DPO pairs its own samples (data.source="
                              f"{'/'.join(readable)})")
+        if self.rollout.routing_replay:
+            raise ValueError("rollout.routing_replay replays the engine's experts in policy-gradient updates (grpo, "
+                             "ppo); online DPO's pairs do not carry them")
         if self.rollout.n < 2:
             raise ValueError(f"online DPO pairs the samples of a prompt: rollout.n={self.rollout.n} "
                              f"makes no pair (use rollout.n >= 2)")
@@ -87,7 +93,7 @@ class DPOConfig:
         if self.data.prompts_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.prompts_per_step="
                              f"{self.data.prompts_per_step}")
-        _check_pair_sizes(self.actor, ws)
+        _check_actor(self.actor, ws)
 
 
 @dataclass
@@ -136,7 +142,7 @@ class OfflineDPOConfig:
             raise ValueError("dpo.pairing and dpo.min_margin make pairs from scored samples (online DPO); "
                              "offline pairs come from data.path")
         # the rollout only evaluates data.task: greedy, and 4 samples at rollout.temperature
-        for key in ("n", "top_p", "top_k", "response_format"):
+        for key in ("n", "top_p", "top_k", "response_format", "routing_replay"):
             if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                 raise ValueError(f"rollout.{key} is not read by offline DPO (its rollout only evaluates data.task: "
                                  f"greedy, and 4 samples at rollout.temperature)")
@@ -145,4 +151,4 @@ class OfflineDPOConfig:
         ws = self.placement.world_size
         if self.data.pairs_per_step % ws:
             raise ValueError(f"placement.world_size={ws} must divide data.pairs_per_step={self.data.pairs_per_step}")
-        _check_pair_sizes(self.actor, ws)
+        _check_actor(self.actor, ws)

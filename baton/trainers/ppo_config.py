@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
+from baton.models.moe import dense_on_disk
 from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.algos import ADVANTAGES, estimator_needs
 from baton.algos.config import (AlgoConfig, check_advantage_needs, check_algo_dependencies, check_algo_names,
@@ -188,6 +189,17 @@ class PPOConfig:
         if a.overlong_buffer > self.rollout.max_new_tokens:
             raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds rollout.max_new_tokens="
                              f"{self.rollout.max_new_tokens}")
+        if self.rollout.routing_replay and self.data.source != "rollout":
+            raise ValueError(f"rollout.routing_replay records the experts in this run's own engine (data.source=rollout); "
+                             f"rows from data.source={self.data.source} arrive without them")
+        moe_keys = [k for k, on in (("actor.router_aux_loss_coef", self.actor.router_aux_loss_coef),
+                                    ("rollout.routing_replay", self.rollout.routing_replay)) if on]
+        if moe_keys and dense_on_disk(self.model.path):
+            raise ValueError(f"{' and '.join(moe_keys)}: model.path={self.model.path} is not a mixture of experts "
+                             f"(its config.json names no experts)")
+        if self.rollout.routing_replay and self.actor.activation_checkpointing:
+            raise ValueError("rollout.routing_replay with actor.activation_checkpointing: the backward's recomputed "
+                             "forward would route by the trainer's own experts; turn one off")
         if self.pretrain_steps >= self.trainer.steps:
             raise ValueError(f"critic.pretrain_steps={self.pretrain_steps} leaves the actor no step of "
                              f"trainer.steps={self.trainer.steps}")

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch.nn import functional
 
+from baton.models.presets import PRESETS
 from baton.data.prompts import PromptSampler
 from baton.data.rows import render_prompt
 from baton.envs import configured_task, get_task
@@ -51,9 +52,21 @@ IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
 class SFTModelConfig:
     path: str | None = None  # a local HF dir to start from; None builds a tiny model
     preset: str = "0.75m"  # baton.models.tiny.PRESETS key, used when path is None
-    family: Literal["qwen2", "llama"] = "qwen2"
+    # the tiny model's architecture: qwen2 | llama | qwen3_moe | mixtral; None: the preset's own
+    # (the qwen3-moe and mixtral presets are of their family), else qwen2
+    family: Literal["qwen2", "llama", "qwen3_moe", "mixtral"] | None = None
     overrides: dict[str, int] = field(default_factory=dict)  # tiny_config args, e.g. {layers: 2}
     seed: int = 0  # init seed of a fresh tiny model
+
+    def check_family(self) -> None:  # not `check`: `check_inputs` checks model.path when there is none
+        own = PRESETS.get(self.preset, {}).get("family")
+        if own is not None and self.family not in (None, own):
+            raise ValueError(f"model.preset={self.preset} is a {own} model; model.family={self.family} would be ignored "
+                             f"(drop it)")
+
+    @property
+    def tiny_family(self) -> str:
+        return self.family or str(PRESETS.get(self.preset, {}).get("family", "qwen2"))
 
 
 @dataclass
@@ -99,6 +112,7 @@ class SFTConfig:
         steps=180, run_dir="runs/sft"))
 
     def __post_init__(self) -> None:
+        self.model.check_family()
         self.data.check()
         self.trainer.check()
         if self.optim.lr <= 0 or self.optim.grad_clip <= 0 or self.optim.lr_warmup_steps < 0:
@@ -109,7 +123,7 @@ def build_model_and_tokenizer(cfg: SFTModelConfig):
     if cfg.path is not None:
         return load_model(cfg.path).train(), load_tokenizer(cfg.path)
     tok = build_char_tokenizer()
-    model = build_tiny_model(cfg.preset, family=cfg.family, vocab_size=len(tok), seed=cfg.seed, **cfg.overrides)
+    model = build_tiny_model(cfg.preset, family=cfg.tiny_family, vocab_size=len(tok), seed=cfg.seed, **cfg.overrides)
     return model.train(), tok
 
 

@@ -19,6 +19,7 @@ only them); the reference policy is this same module with the adapters disabled
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from baton.batch import PAD_KEY, Batch
 from baton.controller import Dispatch, Worker, register
 from baton.models.config import ModelConfig
 from baton.models.load import load_model, load_tokenizer, save_pretrained
+from baton.models.moe import RouterWatch, check_routing, load_balancing_loss
 from baton.models.lora import (adapter_config, adapter_tensors, apply_lora, load_adapter_into, read_adapter,
                                save_adapter)
 from baton.models.parallel import wrap
@@ -72,6 +74,10 @@ class ActorConfig:
     # next; the gradients are freed after every update, offload or not); fsdp2 on CUDA also
     # keeps parameters on the CPU (FSDP2's CPUOffloadPolicy). On a CPU-only machine: a no-op.
     offload: bool = False
+    # > 0: adds coef x the routers' load-balancing loss (baton.models.moe) to the policy loss of a
+    # mixture-of-experts model. Off: RL starts from a model whose routing pretraining already
+    # balanced, and the term pulls the routing away from what the rollout engine sampled with.
+    router_aux_loss_coef: float = 0.0
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
@@ -80,6 +86,8 @@ class ActorConfig:
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
         if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("actor: grad_clip must be > 0, lr_warmup_steps >= 0, min_lr_ratio in [0, 1]")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"actor.router_aux_loss_coef must be >= 0 (got {self.router_aux_loss_coef})")
 
 
 class ActorWorker(Worker):
@@ -129,6 +137,8 @@ class ActorWorker(Worker):
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)  # returns a future
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Consumes prompt/response ids; produces old_logprobs [B, R] and entropy [B, R]."""
+        if F.ROUTING in batch:  # routing replay: rows whose recorded experts do not fit are refused
+            check_routing(batch[F.ROUTING], self.model)
         self.model.eval()
         with autocast(self.device, self.bf16):
             out = batched_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature,
@@ -152,11 +162,12 @@ class ActorWorker(Worker):
         """SUM over the data ranks (tp peers hold the same rows: not counted twice)."""
         return self.par.all_reduce(t)
 
-    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float
+    def _loss(self, micro: Batch, n_tokens: float, n_seqs: float, tally: dict | None = None
               ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
         algo = self.algo
         distill = None
-        with autocast(self.device, self.bf16):
+        watch = RouterWatch(self.model) if self.cfg.router_aux_loss_coef > 0 else contextlib.nullcontext()
+        with autocast(self.device, self.bf16), watch:
             if algo.distill_loss != SAMPLED:  # GKD: the student's logprobs of the teacher's top-k tokens too
                 out = response_topk(self.model, micro, self.temperature, ids=micro[F.TEACHER_TOPK_IDS],
                                     entropy_grad=algo.entropy_coef > 0, share_prompts=self.par.share_prompts)
@@ -166,7 +177,7 @@ class ActorWorker(Worker):
             else:
                 logp, ent = response_logprobs(self.model, micro, self.temperature,
                                               with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                                              share_prompts=self.par.share_prompts)
+                                              share_prompts=self.par.share_prompts, tally=tally)
         loss, stats = actor_loss(
             logprobs=logp, old_logprobs=micro[F.OLD_LOGPROBS], advantages=micro[F.ADVANTAGES],
             response_mask=micro[F.RESPONSE_MASK].float(),
@@ -176,6 +187,10 @@ class ActorWorker(Worker):
             kl_estimator=algo.kl_estimator, kl_coef=algo.kl_coef, entropy_coef=algo.entropy_coef,
             agg_mode=algo.loss_agg, global_tokens=n_tokens, global_seqs=n_seqs,
             max_len=self.max_new_tokens, distill=distill)
+        if isinstance(watch, RouterWatch):  # mean per micro-batch: the caller weighs micro-batches by rows
+            aux = load_balancing_loss(watch)
+            stats["router_aux_loss"] = aux.detach()
+            loss = loss + self.cfg.router_aux_loss_coef * aux * len(micro) / (n_seqs or len(micro))
         # metrics stay tensors (float64) until the update ends: no device sync per micro-batch
         return loss, {f"actor/{k}": v.detach().double() if torch.is_tensor(v) else float(v) for k, v in stats.items()}, logp
 
@@ -189,10 +204,15 @@ class ActorWorker(Worker):
 
         `rollout/logprob_mismatch_kl` (engine vs trainer, with `rollout_logprobs` in the batch):
         from the first mini-batch's forward, which runs at the weights the rows are scored
-        against (no optimizer step yet), so the metric costs no forward of its own.
+        against (no optimizer step yet), so the metric costs no forward of its own. Likewise
+        `rollout/routing_mismatch` with routing replay: the share of the replayed (token, MoE
+        layer) decisions whose experts the trainer's own routing would have chosen otherwise.
         """
         a = self.cfg
         batch = self._mask_padding(batch)
+        if F.ROUTING in batch:
+            check_routing(batch[F.ROUTING], self.model)
+        tally: dict = {}
         rows_global = len(batch) * self.dp_size
         sums: dict[str, float] = {}
         probe = torch.zeros(2, dtype=torch.float64, device=self.device)  # mismatch_kl_sums
@@ -202,7 +222,7 @@ class ActorWorker(Worker):
             return (*self.steps.global_counts(mb[F.RESPONSE_MASK]), len(mb), next(minis))
 
         def loss(mc: Batch, ctx: tuple[float, float, int, int]) -> torch.Tensor:
-            value, stats, logp = self._loss(mc, ctx[0], ctx[1])
+            value, stats, logp = self._loss(mc, ctx[0], ctx[1], tally if ctx[3] == 0 else None)
             for k, v in stats.items():  # metrics: mean over micro-batches, rows-weighted
                 sums[k] = sums.get(k, 0.0) + v * len(mc) / ctx[2]
             if ctx[3] == 0 and F.ROLLOUT_LOGPROBS in mc:
@@ -219,6 +239,11 @@ class ActorWorker(Worker):
         if F.ROLLOUT_LOGPROBS in batch:
             kl_sum, tokens = self._all_reduce(probe).tolist()
             metrics["rollout/logprob_mismatch_kl"] = kl_sum / tokens if tokens > 0 else 0.0
+        if F.ROUTING in batch:
+            counts = torch.stack([torch.as_tensor(tally.get(k, 0.0), dtype=torch.float64, device=self.device)
+                                  for k in ("routing_differ", "routing_replayed")])
+            differ, replayed = self._all_reduce(counts).tolist()
+            metrics["rollout/routing_mismatch"] = differ / replayed if replayed > 0 else 0.0
         # CUDA: memory/peak_gib_<phase> of this process's phases since the last update (the
         # colocated rollout's included); nothing on the CPU
         return {**{k: float(v) / max(n_steps, 1) for k, v in sums.items()}, **metrics, **memory_metrics()}

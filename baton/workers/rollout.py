@@ -83,11 +83,17 @@ class RolloutConfig:
     # the share of the device's free memory (after weights, gradients, optimizer state) the
     # embedded engine's KV cache and sampling may take; None: 0.8 unless max_batch_tokens is given
     memory_fraction: float | None = None
+    # routing replay (a mixture of experts, the embedded engine; docs/MOE.md): the engine records
+    # the experts each sampled token came from, the rows carry them (`routing`) and the trainer's
+    # forwards (update, old logprobs, reference) route those tokens by them
+    routing_replay: bool = False
 
     def engine_budget(self) -> dict:
-        """The KV-budget options to build the engine with (only those given)."""
-        return {k: v for k, v in (("max_batch_tokens", self.max_batch_tokens),
-                                  ("memory_fraction", self.memory_fraction)) if v is not None}
+        """The options to build the engine with: the KV budget (only those given), and routing
+        recording when routing replay is on."""
+        return {**{k: v for k, v in (("max_batch_tokens", self.max_batch_tokens),
+                                     ("memory_fraction", self.memory_fraction)) if v is not None},
+                **({"record_routing": True} if self.routing_replay else {})}
 
     @property
     def grammar(self) -> str | None:
@@ -101,6 +107,9 @@ class RolloutConfig:
             check_budget_options(self.max_batch_tokens, self.memory_fraction)
         except ValueError as e:
             raise ValueError(f"rollout: {e}") from None
+        if self.routing_replay and self.engine != "embedded":
+            raise ValueError(f"rollout.routing_replay records the experts in the embedded engine; rollout.engine="
+                             f"{self.engine} does not return them here: use rollout.engine=embedded")
         if self.memory_fraction is not None and self.engine != "embedded":
             raise ValueError(f"rollout.memory_fraction sizes the embedded engine's KV cache; rollout.engine="
                              f"{self.engine} sizes its own: leave it unset")
@@ -137,7 +146,8 @@ def completions_to_batch(prompts: Batch, prompt_ids: list[list[int]], done: list
     each in its prompt's group (`baton.rows.group_ids`)."""
     groups = group_ids(prompts)
     return to_batch([Trajectory(prompt_ids[c.prompt_index], c.token_ids, logprobs=c.logprobs, version=c.version,
-                                finish_reason=c.finish_reason, group=groups[c.prompt_index], prompt_row=c.prompt_index)
+                                finish_reason=c.finish_reason, group=groups[c.prompt_index], prompt_row=c.prompt_index,
+                                extra={} if c.routing is None else {"routing": c.routing})
                      for c in done], pad_id, tokenizer, prompts=prompts)
 
 

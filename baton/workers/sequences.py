@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from baton.models.moe import replay_routing, routing_at_positions
 from baton import fields as F
 from types import SimpleNamespace
 from typing import Any
@@ -88,12 +89,16 @@ class _HiddenView:
         return SimpleNamespace(logits=out.last_hidden_state, cache=output_cache(out), forward=self.backbone.forward)
 
 
-def _logits_full(model: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+def _logits_full(model: Any, batch: Batch, device: torch.device, replay: tuple | None = None) -> torch.Tensor:
     """The outputs [B, R, X] at the positions that predict each response token (logits, or
-    hidden states through a `_HiddenView`)."""
+    hidden states through a `_HiddenView`). replay: (the MoE model, a tally or None): those
+    positions routed by the row's recorded experts (`routing`, baton.models.moe)."""
     inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
     P, R = batch[F.PROMPT_IDS].shape[1], batch[F.RESPONSE_IDS].shape[1]
-    return model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1]  # [B, R, X]
+    if replay is None:
+        return model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1]  # [B, R, X]
+    with replay_routing(replay[0], routing_at_positions(batch[F.ROUTING], P), tally=replay[1]):
+        return model(**inputs, use_cache=False).logits[:, P - 1:P + R - 1]
 
 
 # What one extra forward/backward call costs, in padded tokens (measured on CPU for tiny
@@ -168,12 +173,17 @@ def _pieces_shared_prompt(model: torch.nn.Module, batch: Batch, first: torch.Ten
         yield rows, torch.cat([first_logits[src][:, None], r_logits[:, :-1]], dim=1)  # [b, L, V]
 
 
-def _response_pieces(model: torch.nn.Module, batch: Batch, share_prompts: bool, fused: bool):
+def _response_pieces(model: torch.nn.Module, batch: Batch, share_prompts: bool, fused: bool,
+                     tally: dict | None = None):
     """(device, fused head or None, pieces): `pieces` yields (rows [b], states [b, L, X]) per
-    bucket, states being logits, or hidden states when the head is fused (`fused_head`)."""
+    bucket, states being logits, or hidden states when the head is fused (`fused_head`).
+    Rows with recorded experts (`routing`) run in one forward routed by them (routing replay;
+    `tally` counts the decisions the trainer's own routing would have made otherwise)."""
     device = next(model.parameters()).device
     head = fused_head(model) if fused else None
     net = _HiddenView(head[0]) if head is not None else model
+    if F.ROUTING in batch:
+        return device, head, [(torch.arange(len(batch)), _logits_full(net, batch, device, (model, tally)))]
     first, run = prompt_groups(batch) if share_prompts else (None, None)
     if first is not None and len(first) < len(batch):
         return device, head, _pieces_shared_prompt(net, batch, first, run, device)
@@ -182,7 +192,8 @@ def _response_pieces(model: torch.nn.Module, batch: Batch, share_prompts: bool, 
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
                       with_entropy: bool = False, entropy_grad: bool = False,
-                      share_prompts: bool = True, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      share_prompts: bool = True, fused: bool = True,
+                      tally: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, R] of the response tokens (and entropy [B, R]) under `model`; 0 on
     response padding.
 
@@ -190,8 +201,10 @@ def response_logprobs(model: torch.nn.Module, batch: Batch, temperature: float =
     `share_prompts`, rows that repeat the previous row's prompt reuse its forward pass.
     `fused` (where `fused_head` allows it): no full logits (module docstring); False: the
     plain path through logits (the reference the fused one is tested against).
+    `tally`: with routing replay, adds the routing decisions replayed and those the trainer
+    would have made otherwise (`baton.models.moe.replay_routing`).
     """
-    device, head, pieces = _response_pieces(model, batch, share_prompts, fused)
+    device, head, pieces = _response_pieces(model, batch, share_prompts, fused, tally)
     t = temperature if temperature > 0 else 1.0
     R = batch[F.RESPONSE_IDS].shape[1]
     order, logps, ents = [], [], []

@@ -177,3 +177,24 @@ def test_a_recomputed_buffer_an_older_file_holds_is_not_unexpected(tmp_path):
     tensors_edit(lambda t: t.update({"model.layers.0.self_attn.rotary_emb.freq": torch.ones(8)}))(d)
     with pytest.raises(ModelLoadError, match="rotary_emb.freq"):
         check_checkpoint(d)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-moe", "mixtral"])
+def test_a_mixture_of_experts_file_is_checked_in_the_layout_it_is_saved_in(preset, tmp_path, capsys):
+    """transformers saves the experts one tensor each and stacks them on load: the check maps
+    the file's names to the module's (a sound file passes) and refuses a missing expert's tensor
+    or an unexpected one before the run dir (was: a traceback from transformers' conversion)."""
+    from baton.models.make import make_tiny_checkpoint
+    from baton.models.validate import ModelLoadError, check_checkpoint
+
+    d = make_tiny_checkpoint(tmp_path / "moe", preset=preset)
+    check_checkpoint(d)
+    piece = next(k for k in load_file(str(d / "model.safetensors")) if ".experts.2." in k)
+    tensors_edit(lambda t: t.pop(piece))(d)
+    with pytest.raises(ModelLoadError, match=r"(7 of the 8|3 of the 4) per-expert tensors"):
+        check_checkpoint(d)
+    capsys.readouterr()
+    run_dir = tmp_path / "run"
+    assert main(["train", str(REPO / "recipes/grpo_arithmetic.yaml"), f"model.path={d}",
+                 f"trainer.run_dir={run_dir}"]) == 2
+    assert "per-expert tensors" in one_line(capsys) and not run_dir.exists()

@@ -13,9 +13,10 @@ from baton.models import (
 
 
 def test_presets_have_the_advertised_sizes():
-    expected = {"0.2m": 0.21e6, "0.75m": 0.82e6, "2m": 2.2e6, "5m": 4.8e6, "25m": 25.3e6}
+    expected = {"0.2m": 0.21e6, "0.75m": 0.82e6, "2m": 2.2e6, "5m": 4.8e6, "25m": 25.3e6,
+                "qwen3-moe": 0.24e6, "mixtral": 0.24e6}
     assert set(PRESETS) == set(expected)
-    for name in ("0.2m", "0.75m", "2m"):  # the big ones are slow to init on 2 cores
+    for name in ("0.2m", "0.75m", "2m", "qwen3-moe", "mixtral"):  # the big ones are slow to init on 2 cores
         n = count_params(build_tiny_model(name, vocab_size=260))
         assert abs(n - expected[name]) / expected[name] < 0.05, (name, n)
 

@@ -12,7 +12,8 @@ and gate|up matmuls, residuals added inside `addmm`, SDPA over a padded cache, R
 import pytest
 import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from baton.rollout import _llama
 from baton.rollout.embedded import EmbeddedEngine
@@ -24,6 +25,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [40]]  # ragged:
 TOL = 2e-5
 SIZES = dict(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, initializer_range=0.3, eos_token_id=EOS, pad_token_id=0, bos_token_id=1)
+MOE = {**SIZES, "num_experts_per_tok": 2, "num_hidden_layers": 3}
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # scales the slow frequencies
 FAMILIES = {
@@ -31,6 +33,11 @@ FAMILIES = {
     "llama3": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_scaling=LLAMA3)),
     "mistral-window": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=5)),
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=None)),
+    # mixtures of experts (`baton.rollout._moe`): 8 experts, top-2; Qwen3-MoE with a dense layer
+    # (mlp_only_layers) and without renormalising its top-k, Mixtral renormalising
+    "qwen3-moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, moe_intermediate_size=48, num_experts=8,
+                                                            mlp_only_layers=[1], norm_topk_prob=False)),
+    "mixtral": lambda: MixtralForCausalLM(MixtralConfig(**MOE, num_local_experts=8, sliding_window=5)),
 }
 
 
@@ -96,3 +103,14 @@ def test_other_families_and_sliding_layers_run_through_hf():
     for model in (gpt2, windowed):
         assert not _llama.supports(model)
         assert type(EmbeddedEngine(model).runner).__name__ == "HFRunner"
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+def test_the_generic_hf_path_generates_a_moe_too(name):
+    """`fast=False` (the engine's HF forward, what a model the fast path does not cover runs on)."""
+    model = build(name)
+    engine = EmbeddedEngine(model, fast=False)
+    assert type(engine.runner).__name__ == "HFRunner"
+    for c in engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.7, max_new_tokens=8, seed=0)):
+        ref = reference_logprobs(model, PROMPTS[c.prompt_index], c.token_ids, 0.7)
+        assert (torch.tensor(c.logprobs) - ref).abs().max().item() <= TOL, name

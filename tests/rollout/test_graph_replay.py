@@ -58,11 +58,13 @@ def test_a_host_sync_in_a_capture_is_a_fault(sync):
     assert len(checker.bad) == 1 and "host syncs" in checker.bad[0], checker.bad
 
 
-def test_kept_steps_read_the_arenas_tables_across_calls(replays):
+@pytest.mark.parametrize("family, kw", [("qwen2", {}), ("mixtral", {"experts": 4, "top_k": 2}),
+                                        ("qwen3_moe", {"experts": 8, "top_k": 2})])  # the MoE: gathered / all experts
+def test_kept_steps_read_the_arenas_tables_across_calls(replays, family, kw):
     """Three calls of other lengths and seeds, each dropping its tables (`release`) and making
     new ones (`start`): every replay of a kept step reads what it captured."""
-    engine = EmbeddedEngine(tiny("qwen2"), static_decode=True)
-    want = EmbeddedEngine(tiny("qwen2")).generate
+    engine = EmbeddedEngine(tiny(family, **kw), static_decode=True)
+    want = EmbeddedEngine(tiny(family, **kw)).generate
     for seed, prompts in ((1, PROMPTS), (2, PROMPTS[1:]), (3, PROMPTS)):
         params = SamplingParams(**{**vars(STOPPING), "seed": seed})
         got = engine.generate(prompts, params)
