@@ -75,9 +75,11 @@ class GeneratorWorker(RolloutWorker):
     CUDA yes, on the CPU no): the copy is held in bf16 where the trainer computes in bf16."""
 
     def __init__(self, rollout: RolloutConfig, *, model: ModelConfig, task: str, seed: int,
-                 probe_prompt: str, bf16: bool | None = None):
+                 probe_prompt: str, bf16: bool | None = None, verifier_timeout_s: float = 5.0):
         Worker.__init__(self)  # not RolloutWorker's: there is no colocated actor to read
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
+        self.verifier_timeout_s = verifier_timeout_s  # evaluation's verifier calls: reward.timeout_s
+        self._scorer = None  # RolloutWorker.evaluate's TaskScorer, made at the first evaluation
         dtype = compute_dtype(resolve_bf16(bf16, self.device)) or model.torch_dtype
         module = load_model(model.path, dtype=dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)

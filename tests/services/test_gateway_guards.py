@@ -113,6 +113,8 @@ def test_tools_need_a_template_that_renders_them():
         client = openai.OpenAI(base_url=f"{thread.url}/sessions/{sid}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model="baton", messages=[{"role": "user", "content": "6*7?"}],
-                                           tools=[MULTIPLY_TOOL] * 1000, max_tokens=2)
+                                           tools=[{**MULTIPLY_TOOL, "function": {**MULTIPLY_TOOL["function"],
+                                                                                 "name": f"multiply{i}"}}
+                                                  for i in range(1000)], max_tokens=2)  # names of their own
         assert "does not render tools" in str(exc.value) and "1000 tool definition" in str(exc.value)
 

@@ -73,7 +73,8 @@ def build_roles(cfg: PPOConfig, probe_prompt: str) -> dict[str, Any]:
     pools: dict[str, Any] = dict(p.pool_specs())  # the main pool with its mesh, if any
     if apart(cfg):  # the rollout loads its own model; the actor's pool serves it the weights
         classes["rollout"] = (GeneratorWorker, (r,), dict(model=cfg.model, task=cfg.data.task, seed=cfg.trainer.seed,
-                                                          probe_prompt=probe_prompt, bf16=cfg.actor.bf16))
+                                                          probe_prompt=probe_prompt, bf16=cfg.actor.bf16,
+                                                          verifier_timeout_s=cfg.reward.timeout_s))
         classes = {**{k: v for k, v in classes.items() if k == "actor"}, "policy_weights": (WeightsWorker,),
                    **{k: v for k, v in classes.items() if k != "actor"}}
         gen = p.pool_of("rollout")

@@ -14,7 +14,7 @@ import torch
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
-from tests.tinker.conftest import KEY, NAME, base_logprobs, golden_rows  # noqa: E402
+from tests.tinker_api.conftest import KEY, NAME, base_logprobs, golden_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from baton.tinker import wire
-from tests.tinker.conftest import KEY, NAME, golden_rows
+from tests.tinker_api.conftest import KEY, NAME, golden_rows
 
 H = {"X-API-Key": KEY}
 

@@ -20,7 +20,7 @@ from baton.controller import ResourcePool, WorkerGroup  # noqa: E402
 from baton.tinker.trainee import LORA_ALPHA  # noqa: E402
 from baton.trainers.ppo_config import PPOConfig  # noqa: E402
 from baton.workers.actor import ActorWorker  # noqa: E402
-from tests.tinker.conftest import KEY, NAME  # noqa: E402
+from tests.tinker_api.conftest import KEY, NAME  # noqa: E402
 
 ROWS, P, R = 8, 5, 6
 
