@@ -19,7 +19,7 @@ def test_make_tiny_says_what_it_wrote_and_lists_its_presets(tmp_path, capsys):
     assert str(tmp_path / "m") in line and "preset 0.75m" in line and "821,888 parameters" in line
     with pytest.raises(SystemExit):
         main(["make-tiny", "--help"])
-    assert "--preset {0.2m,0.75m,2m,5m,25m}" in capsys.readouterr().out
+    assert "--preset {0.2m,0.75m,2m,5m,25m,qwen3-moe,mixtral}" in capsys.readouterr().out
 
 
 def test_eval_as_a_recipe_does(tiny, tmp_path, capsys):
