@@ -57,7 +57,8 @@ def check_embedded(tmp_path: Path, steps: int, save_every: int, kills: int, span
     assert metrics(killed) == metrics(whole)  # deterministic placement: every step's line
 
 
-@pytest.mark.timeout(900)  # ~1.5 min alone, 3 min at load 16: two runs that each start Ray
+@pytest.mark.slow  # 90 s of the default run's 7 min (two runs that each start Ray): the embedded
+@pytest.mark.timeout(900)  # and API kills below stay in the default run; CI-style runs: -m slow
 def test_generator_ahead_one_kill(tmp_path):
     """trainer.mode=one_step_off: a generator process on Ray samples step s+1 while the actor
     trains step s; the checkpoint holds the rows admitted ahead. Killed (the driver's group:
