@@ -24,7 +24,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from baton.envs.arithmetic import ArithmeticTask, _heldout
+from baton.envs.arithmetic import ArithmeticTask
 from baton.envs.base import Row, register_task
 
 
@@ -58,14 +58,9 @@ class CalcFormatTask(MultiplyTask):
             return {"prompt": row["prompt"], "answer": call_text(expr)}
         return copy_row(row)
 
-    def _rows(self, n: int, seed: int, heldout: bool) -> list[Row]:
+    def heldout_key(self, row: Row) -> str:
         # held out by the multiplication, not by the SFT prompt: RL eval rows stay unseen
-        rng, rows = random.Random(seed), []
-        while len(rows) < n:
-            row = self.make_row(rng)
-            if _heldout(row["prompt"].split("=")[0] + "=", self.heldout_every) == heldout:
-                rows.append(row)
-        return rows
+        return row["prompt"].split("=")[0] + "="
 
 
 def copy_row(row: Row) -> Row:

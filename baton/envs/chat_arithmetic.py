@@ -82,8 +82,5 @@ class ChatArithmeticTask(ArithmeticTask):
         raise ValueError(f"task {self.name!r} has {len(rows)} distinct held-out problems, fewer than the {n} asked "
                          f"(data.eval_size): widen max_value or lower heldout_every")
 
-    def target(self, row: Row) -> str:
-        return str(row["answer"])
-
     def is_correct(self, completion: str, row: Row) -> bool:
         return answered(completion, row["answer"])

@@ -79,7 +79,6 @@ class GeneratorWorker(RolloutWorker):
         Worker.__init__(self)  # not RolloutWorker's: there is no colocated actor to read
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
         self.verifier_timeout_s = verifier_timeout_s  # evaluation's verifier calls: reward.timeout_s
-        self._scorer = None  # RolloutWorker.evaluate's TaskScorer, made at the first evaluation
         dtype = compute_dtype(resolve_bf16(bf16, self.device)) or model.torch_dtype
         module = load_model(model.path, dtype=dtype, device=self.device)
         self.tokenizer = load_tokenizer(model.path)

@@ -161,13 +161,13 @@ class RolloutWorker(Worker):
     the key name the servers' transport; its colocated engine, used for evaluation, gets "auto")."""
 
     batch_on_device = False  # prompts are text; the engine places its own tensors
+    _scorer: TaskScorer | None = None  # evaluation's verifier calls: made at the first evaluation, kept
 
     def __init__(self, rollout: RolloutConfig, *, task: str, seed: int, probe_prompt: str,
                  weight_sync: str | None = None, verifier_timeout_s: float = 5.0):
         super().__init__()
         self.cfg, self.task, self.seed = rollout, get_task(task), seed
         self.verifier_timeout_s = verifier_timeout_s  # evaluation's verifier calls: reward.timeout_s
-        self._scorer: TaskScorer | None = None  # made at the first evaluation, kept
         self.policy: Policy = self.sibling("actor").policy  # colocated: share the module, no copy
         self.tokenizer = self.policy.tokenizer
         in_place = self.policy.in_place
