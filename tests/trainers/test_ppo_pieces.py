@@ -16,10 +16,9 @@ from baton.workers.reward_model import RM_SCORE
 
 def cfg(rm_weight: float, max_len: int = 4, buffer: int = 0, penalty: float = 1.0, scored: bool = True):
     """The keys total_reward reads: reward_model.weight, rollout.max_new_tokens, algo.overlong_*,
-    and whether the source scores its rows (`source.scored`)."""
+    and whether the rows carry a task reward (`PPOConfig.scored`)."""
     return SimpleNamespace(reward_model=SimpleNamespace(weight=rm_weight), rollout=SimpleNamespace(max_new_tokens=max_len),
-                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty),
-                           source=SimpleNamespace(scored=scored))
+                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty), scored=scored)
 
 
 def test_rewards_combine_by_weight_with_the_overlong_penalty():
