@@ -59,3 +59,24 @@ def test_tis_weights_on_the_advantages_equal_tis_weights_on_the_loss(loss, kwarg
     (gb,) = torch.autograd.grad(b, logp)
     assert a.item() == pytest.approx(b.item(), abs=1e-6)
     assert torch.allclose(ga, gb, atol=1e-6)
+
+
+def test_a_role_whose_columns_the_rows_carry_is_not_called_again():
+    """"Scored" is one fact, the rows' `rewards` column: rows without it are scored by the
+    real reward worker; rows that arrive with it (a generator that ran the reward role on its
+    own pool, DAPO's sampling) are not scored again (`score_futures`, the declared roles)."""
+    from baton.controller import build_role_groups
+    from baton.trainers.ppo import score_futures
+    from baton.workers.reward import RewardConfig, RewardWorker
+
+    roles = build_role_groups({"main": 1}, {"reward": "main"}, {"reward": (RewardWorker, (RewardConfig(),), {})})
+    try:
+        rows = Batch(non_tensors={F.PROMPT_TEXT: ["1+1=", "2+2="], F.COMPLETION_TEXT: ["2", "5"],
+                                  "answer": ["2", "4"]})
+        (future,) = score_futures(SimpleNamespace(), roles, rows)
+        scored = rows.union(future.get())
+        assert scored[F.REWARDS].tolist() == [1.0, 0.0]
+        assert score_futures(SimpleNamespace(), roles, scored) == []
+    finally:
+        for group in roles.values():
+            group.shutdown()
