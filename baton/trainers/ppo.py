@@ -198,13 +198,19 @@ def save(roles: dict[str, Any], run: RunSession, step: int, driver_state: dict[s
         group.save_checkpoint(str(path))
     save_checkpoint(roles["actor"], run.run, run.t, step, driver_state)
     live = {checkpoint_step(p) for p in list_checkpoints(run.path)}
-    for prefix in [spec.checkpoint for _, spec in role_specs(roles) if spec.checkpoint]:
-        for p in (run.path / CHECKPOINTS_DIR).glob(f"{prefix}*"):  # the critics of pruned steps
-            s = p.name[len(prefix):]
-            if s.isdigit() and int(s) not in live:
-                trash = unused_sibling(p, "del")  # renamed first: never a half-deleted critic_step_N
-                os.replace(p, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+    for _, spec in role_specs(roles):
+        if spec.checkpoint:
+            prune(run.path / CHECKPOINTS_DIR, spec.checkpoint, live)
+
+
+def prune(ckpt_dir: Path, prefix: str, live: set[int]) -> None:
+    """Delete a role's checkpoints `prefix`N of steps N the actor pruned (not in `live`)."""
+    for p in ckpt_dir.glob(f"{prefix}*"):
+        s = p.name[len(prefix):]
+        if s.isdigit() and int(s) not in live:
+            trash = unused_sibling(p, "del")  # renamed first: never a half-deleted critic_step_N
+            os.replace(p, trash)
+            shutil.rmtree(trash, ignore_errors=True)
 
 
 def kl_controller(algo: Any) -> Any:

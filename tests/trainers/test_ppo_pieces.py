@@ -80,3 +80,17 @@ def test_a_role_whose_columns_the_rows_carry_is_not_called_again():
     finally:
         for group in roles.values():
             group.shutdown()
+
+
+def test_a_role_s_checkpoints_of_pruned_steps_go(tmp_path):
+    """The critic's checkpoints (its declared prefix) follow the actor's keep-K: a step the
+    actor pruned loses its critic_step_N; other names are left alone."""
+    from baton.trainers.ppo import prune
+    from baton.trainers.role_specs import ROLES
+
+    prefix = ROLES["critic"].checkpoint
+    for name in (f"{prefix}1", f"{prefix}2", f"{prefix}x", "step_2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_text("")
+    prune(tmp_path, prefix, live={2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{prefix}2", f"{prefix}x", "step_2"]
