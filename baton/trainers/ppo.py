@@ -65,7 +65,7 @@ from baton.sources import evaluation, row_source
 from baton.trainers.placement.generator import place_generator
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
-from baton.trainers.role_specs import role_specs
+from baton.trainers.role_specs import REWARD_COUNTS, role_specs
 from baton.trainers.session.ledger import step_entry
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
@@ -125,7 +125,7 @@ def total_reward(cfg: PPOConfig, roles: Collection[str], batch: Batch, overlong:
     `roles`: the run's roles, which scored `batch`."""
     a, B = cfg.algo, len(batch)
     rewarded = "reward" in roles
-    out = {k: batch[k] if rewarded else torch.zeros(B, dtype=torch.long) for k in ("reward_errors", "reward_timeouts")}
+    out = {k: batch[k] if rewarded else torch.zeros(B, dtype=torch.long) for k in REWARD_COUNTS}
     total = batch[F.REWARDS].float() if cfg.scored else torch.zeros(B)
     for _, spec in role_specs(roles):
         if spec.reward_term is not None:

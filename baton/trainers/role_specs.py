@@ -196,4 +196,4 @@ ROLES.add("critic", RoleSpec("baton.workers.critic:CriticWorker", "critic", (F.V
                              needed=_estimator_reads(F.VALUES), args=_critic_args, score="compute_values",
                              after=_critic_metrics, update="update_critic", checkpoint="critic_step_"))
 
-__all__ = ["ROLES", "RoleSpec", "role_specs"]
+__all__ = ["REWARD_COUNTS", "ROLES", "RoleSpec", "role_specs"]
