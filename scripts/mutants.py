@@ -78,6 +78,7 @@ def M(id: str, file: str, original: str, replacement: str, description: str, *te
 
 
 PPO = "baton/trainers/ppo.py"
+ROLE_SPECS = "baton/trainers/role_specs.py"  # the roles' declared step hooks (the off-policy correction, the RM's term)
 ADV = "baton/algos/advantages.py"
 PL = "baton/algos/policy_loss.py"
 T_ADV, T_PL, T_OBJ, T_AGG = ("tests/algos/test_advantages.py",), ("tests/algos/test_policy_loss.py",), \
@@ -208,16 +209,16 @@ MUTANTS: list[Mutant] = [
       *T_RPO),
     # --- the PPO-family driver (baton/trainers/ppo.py) --------------------------------------------
     M("ppo-gae-negated", PPO,
-      "            if proximal:  # mu (the engine",
-      "            batch[F.ADVANTAGES] = -batch[F.ADVANTAGES]\n            if proximal:  # mu (the engine",
+      "            for hook in after:  # the declared roles'",
+      "            batch[F.ADVANTAGES] = -batch[F.ADVANTAGES]\n            for hook in after:  # the declared roles'",
       "the issue's mutant: the estimator's advantages negated in the driver", *DIRECTION_GAE, *DIRECTION_GRPO),
-    M("ppo-offpolicy-dropped", PPO,
-      "                    batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights",
-      "                    pass",
+    M("ppo-offpolicy-dropped", ROLE_SPECS,
+      "        batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights",
+      "        pass",
       "the issue's mutant: the TIS / decoupled weights never reach the update", *DIRECTION_OFF_POLICY),
-    M("ppo-offpolicy-twice", PPO,
-      "                    batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights",
-      "                    batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights * weights",
+    M("ppo-offpolicy-twice", ROLE_SPECS,
+      "        batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights",
+      "        batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights * weights",
       "the off-policy weight applied twice", *DIRECTION_OFF_POLICY),
     M("ppo-kl-reward-unpaid", PPO,
       "token_rewards, kl = kl_in_reward(token_rewards,", "_, kl = kl_in_reward(token_rewards,",
@@ -229,8 +230,8 @@ MUTANTS: list[Mutant] = [
       "ReMax: each prompt's greedy reward on another prompt's rows", *DIRECTION_REMAX),
     M("dapo-filter-unapplied", PPO, "        kept.append(rows.rows(rows_keep))", "        kept.append(rows)",
       "DAPO: tied groups kept in the batch", *DIRECTION_DAPO),
-    M("rm-score-subtracted", PPO, "total = total + cfg.reward_model.weight * batch[RM_SCORE]",
-      "total = total - cfg.reward_model.weight * batch[RM_SCORE]", "the reward model's score subtracted",
+    M("rm-score-subtracted", ROLE_SPECS, "reward_term=lambda cfg, rows: cfg.reward_model.weight * rows[RM_SCORE]",
+      "reward_term=lambda cfg, rows: -cfg.reward_model.weight * rows[RM_SCORE]", "the reward model's score subtracted",
       "tests/trainers/test_ppo_pieces.py"),
     # --- workers ----------------------------------------------------------------------------------
     M("actor-kl-coef-dropped", "baton/workers/actor.py",

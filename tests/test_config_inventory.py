@@ -7,9 +7,11 @@ Each key of each algorithm's config (walked from the dataclasses, optional secti
     read: baton/path/module.py      the module that reads it: the test checks that the module
                                     really accesses the attribute (a reader deleted or renamed
                                     fails here, not silently at run time)
-    read: estimator                 an `algo.*` hyper-parameter the driver passes by name to the
-                                    advantage estimators that declare it (register_advantage's
-                                    hyper=); the test checks that one does
+    read: declared                  an `algo.*` key an entry of a registry declares it reads (an
+                                    advantage estimator, policy loss, distillation loss, KL
+                                    controller or off-policy correction: `hyper=` where it is
+                                    registered, `baton.algos.config.declared_keys`), passed by
+                                    name; the test checks that one does
     refused: [dotted.key=value ...] overrides (on the algorithm's recipe and its `base`
                                     overrides) under which the key
                                     is not read: loading them must be a config error naming
@@ -41,8 +43,7 @@ from baton.trainers.algorithms import ALGORITHMS, config_class
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "tests" / "config_inventory.yaml"
 CHECKS = {"check", "__post_init__", "_check_algo", "_check_sources", "_check_sizes"}
-ESTIMATOR = "estimator"  # the reader of the hyper-parameters estimators declare
-POLICY_LOSS = "policy loss"  # the reader of the hyper-parameters policy losses declare
+DECLARED = "declared"  # the reader of the keys registry entries declare (estimators, losses, ...)
 BUDGET = 700  # keys over all algorithms; raise it on purpose, not by accident
 
 
@@ -86,10 +87,10 @@ def attributes_read(path: str) -> frozenset[str]:
 
 
 def declared_hyper() -> set[str]:
-    """The `algo.*` keys some advantage estimator declares it reads (baton.algos.advantages)."""
-    from baton.algos import ADVANTAGES, estimator_needs
+    """The `algo.*` keys some registry entry declares it reads (baton.algos.config.declared_keys)."""
+    from baton.algos.config import declared_keys
 
-    return {key for n in ADVANTAGES for key in estimator_needs(n).hyper.values()}
+    return {key for declared in declared_keys().values() for keys in declared.values() for key in keys}
 
 
 def test_every_key_is_in_the_inventory():
@@ -113,17 +114,10 @@ def test_every_listed_reader_reads_its_key():
             entry = entry or {}
             assert entry.get("read") or entry.get("refused"), f"{name}: {key} has neither read nor refused"
             reader = entry.get("read")
-            if reader == ESTIMATOR:  # passed by name to the estimators that declare it
+            if reader == DECLARED:  # passed by name to the registry entries that declare it
                 if key.split(".")[-1] not in declared_hyper():
-                    problems.append(f"{name}: {key} is said to be read by an estimator, but no registered "
-                                    f"estimator declares it (register_advantage(..., hyper=...))")
-                continue
-            if reader == POLICY_LOSS:  # passed by name to the policy losses that declare it
-                from baton.algos.policy_loss import POLICY_LOSS_HYPER
-
-                if key.split(".")[-1] not in {k for h in POLICY_LOSS_HYPER.values() for k in h.values()}:
-                    problems.append(f"{name}: {key} is said to be read by a policy loss, but no registered "
-                                    f"loss declares it (register_policy_loss(..., hyper=...))")
+                    problems.append(f"{name}: {key} is said to be declared, but no registry entry declares it "
+                                    f"(register_advantage / register_policy_loss / ...(hyper=...))")
                 continue
             if reader and key.split(".")[-1] not in attributes_read(reader):
                 problems.append(f"{name}: {key} is said to be read by {reader}, which never reads "

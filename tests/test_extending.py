@@ -137,7 +137,7 @@ def test_the_doc_s_task_commands_run_sft_then_train_then_eval(user_dir):
 
 
 def _doc_files() -> dict[str, str]:
-    """docs/EXTENDING.md's section 4 blocks, by the file name on their first line."""
+    """docs/EXTENDING.md's section 4 and 5 blocks, by the file name on their first line."""
     import re
 
     doc = (REPO / "docs" / "EXTENDING.md").read_text()
@@ -155,7 +155,7 @@ def registered(tmp_path, monkeypatch):
     from baton.sources import SOURCES
     from baton.sync.registry import TRANSPORTS
 
-    files = _doc_files()
+    files = {name: text for name, text in _doc_files().items() if name != "my_role.py"}  # section 5: its own test
     assert set(files) == {"my_source.py", "my_estimator.py", "my_engine.py", "my_transport.py"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -193,3 +193,38 @@ def test_a_new_row_source_estimator_engine_and_transport_train(registered, model
     with pytest.raises(ConfigError, match="rollout.n=1"):  # sign_grpo declared group_index: it compares samples
         load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml", [*base, "rollout.n=1", "actor.mini_batch_size=4",
                                                                        "actor.micro_batch_size=4"])
+
+
+@pytest.fixture
+def user_role(tmp_path, monkeypatch):
+    """The doc's role (section 5) as a file, imported (so registered); ROLES put back afterwards."""
+    import importlib
+
+    from baton.trainers.role_specs import ROLES
+
+    (tmp_path / "my_role.py").write_text(_doc_files()["my_role.py"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module("my_role")
+    dict.pop(ROLES, "judge", None)
+    sys.modules.pop("my_role", None)
+
+
+def test_a_new_role_is_built_scored_and_added_to_the_reward(user_role, model_dir, tmp_path):
+    """One file: the config lists the role, the placement builds its worker, the step calls it
+    on every step's rows (DAPO's sampling too: it scores the reward) and its declared
+    reward term reaches the reward."""
+    from baton.config import load_config
+    from baton.metrics import read_metrics
+    from baton.trainers import ppo
+    from baton.trainers.ppo_config import PPOConfig
+
+    cfg = load_config(PPOConfig, REPO / "recipes/grpo_arithmetic.yaml",
+                      [f"model.path={model_dir}", *TINY, "placement.auto=false", "trainer.steps=2",
+                       f"trainer.run_dir={tmp_path / 'run'}", "data.eval_size=2"])
+    assert cfg.roles[-1] == "judge" and cfg.scored
+    ppo.train(cfg)
+    steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0 and "reward/mean" in r]
+    assert len(steps) == 2 and user_role.BrevityJudge.calls == 2
+    for m in steps:  # the task reward (weight 1) plus the judge's column, row by row, so in the mean
+        assert m["reward/brevity"] < 0
+        assert m["reward/mean"] == pytest.approx(m["reward/arithmetic/correct"] + m["reward/brevity"], abs=1e-6)

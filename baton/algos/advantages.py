@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from baton.algos.masked import masked_whiten
-from baton.algos.registry import Registry
+from baton.algos.registry import Registry, hyper_args
 
 ADVANTAGES = Registry("advantage estimator")
 NEEDS = Registry("advantage estimator's needs")  # name -> EstimatorNeeds, filled by register_advantage
@@ -94,7 +94,7 @@ class EstimatorNeeds:
 
     def hyper_args(self, algo: Any) -> dict[str, Any]:
         """Its hyper-parameters' values in `algo` (an AlgoConfig), by keyword."""
-        return {kw: getattr(algo, key) for kw, key in self.hyper.items()}
+        return hyper_args(self.hyper, algo)
 
 
 def register_advantage(name: str, *, inputs: tuple[str, ...], hyper: dict[str, str] | None = None,

@@ -11,14 +11,16 @@ reads none of them (its config refuses them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from baton.algos.advantages import ADVANTAGES, NEEDS, estimator_needs
 from baton.algos.aggregate import LOSS_AGG
-from baton.algos.distill import DISTILL_LOSSES, SAMPLED
+from baton.algos.distill import DISTILL_LOSSES
 from baton.algos.kl import KL_ESTIMATORS
-from baton.algos.kl_control import KL_CONTROLLERS
-from baton.algos.off_policy import OFF_POLICY
-from baton.algos.policy_loss import POLICY_LOSSES, policy_loss_readers
+from baton.algos.kl_control import KL_CONTROLLER_HYPER, KL_CONTROLLERS
+from baton.algos.off_policy import OFF_POLICY, OFF_POLICY_NEEDS
+from baton.algos.policy_loss import POLICY_LOSS_HYPER, POLICY_LOSSES
+from baton.algos.registry import key_readers
 
 
 @dataclass
@@ -79,12 +81,10 @@ def check_algo_names(algo: AlgoConfig) -> None:
     for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
                           ("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGG),
                           ("kl_reward_estimator", KL_ESTIMATORS), ("kl_controller", KL_CONTROLLERS),
-                          ("off_policy", OFF_POLICY)):
+                          ("off_policy", OFF_POLICY), ("distill_loss", DISTILL_LOSSES)):
         name = getattr(algo, key)
         if name not in registry:
             raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
-    if algo.distill_loss != SAMPLED and algo.distill_loss not in DISTILL_LOSSES:
-        raise ValueError(f"algo.distill_loss={algo.distill_loss!r} is not one of {[SAMPLED, *sorted(DISTILL_LOSSES)]}")
 
 
 def check_algo_ranges(algo: AlgoConfig) -> None:
@@ -115,29 +115,41 @@ def check_algo_ranges(algo: AlgoConfig) -> None:
 
 
 # Keys read only when another key switches them on: (key, read when, "the switch" for the message).
-DEPENDENT_KEYS = (
+SWITCHED_KEYS = (
     ("kl_estimator", lambda a: a.kl_coef > 0, "algo.kl_coef > 0"),
     ("kl_reward_coef", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
     ("kl_reward_estimator", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
     ("kl_controller", lambda a: a.kl_in_reward, "algo.kl_in_reward=true"),
-    ("kl_target", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
-    ("kl_horizon", lambda a: a.kl_in_reward and a.kl_controller == "adaptive", "algo.kl_controller=adaptive"),
-    *((key, lambda a, key=key: a.policy_loss in policy_loss_readers(key),
-       f"algo.policy_loss={'/'.join(policy_loss_readers(key))}") for key in ("clip_low", "clip_high", "dual_clip")),
     ("dynamic_sampling_max_rounds", lambda a: a.dynamic_sampling, "algo.dynamic_sampling=true"),
     ("overlong_penalty", lambda a: a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
-    ("off_policy_cap", lambda a: a.off_policy != "none", "algo.off_policy=tis or decoupled_ppo"),
-    ("distill_topk", lambda a: a.distill_loss != SAMPLED, "algo.distill_loss=reverse_kl|forward_kl|jsd"),
-    ("distill_beta", lambda a: a.distill_loss == "jsd", "algo.distill_loss=jsd"),
 )
 
 
-def estimator_keys() -> dict[str, list[str]]:
-    """`algo.<key>` -> the estimators that declare they read it (gamma, lam, whiten_advantages)."""
-    out: dict[str, list[str]] = {}
-    for name in sorted(NEEDS):
-        for key in NEEDS[name].hyper.values():
-            out.setdefault(key, []).append(name)
+def declared_keys() -> dict[str, dict[str, list[str]]]:
+    """`algo.<selector>` -> {entry name -> the `algo.*` keys it declares it reads}, for every
+    registry whose entries declare their keys (estimators, policy losses, distillation
+    losses, KL controllers, off-policy corrections)."""
+    return {"advantage": {n: list(NEEDS[n].hyper.values()) for n in NEEDS},
+            "policy_loss": {n: list(h.values()) for n, h in POLICY_LOSS_HYPER.items()},
+            "distill_loss": {n: list(form.keys) for n, form in DISTILL_LOSSES.items()},
+            "kl_controller": {n: list(h.values()) for n, h in KL_CONTROLLER_HYPER.items()},
+            "off_policy": {n: list(needs.hyper.values()) for n, needs in OFF_POLICY_NEEDS.items()}}
+
+
+GATES = {"kl_controller": lambda a: a.kl_in_reward}  # a selector read only when another key switches it on
+
+
+def dependent_keys() -> list[tuple[str, Callable[[Any], bool], str]]:
+    """SWITCHED_KEYS, and (key, read when, switch) for every key some but not all entries of
+    a registry declare (`declared_keys`): read when `algo.<selector>` names one that does."""
+    out = list(SWITCHED_KEYS)
+    for selector, declared in declared_keys().items():
+        gate = GATES.get(selector, lambda a: True)
+        for key in dict.fromkeys(k for keys in declared.values() for k in keys):
+            readers = key_readers(declared, key)
+            if len(readers) < len(declared):
+                out.append((key, lambda a, s=selector, r=tuple(readers), g=gate: g(a) and getattr(a, s) in r,
+                            f"algo.{selector}={'/'.join(readers)}"))
     return out
 
 
@@ -145,10 +157,7 @@ def check_algo_dependencies(algo: AlgoConfig) -> None:
     """Raise ValueError for a key set to a non-default value that nothing would read, because
     the key that switches it on is off (e.g. algo.gamma=0.9 with algo.advantage=grpo)."""
     defaults = AlgoConfig()
-    mine = estimator_needs(algo.advantage)
-    declared = [(key, lambda a, k=key: mine.reads(k), f"algo.advantage in {names}")
-                for key, names in estimator_keys().items()]
-    for key, read, switch in (*DEPENDENT_KEYS, *declared):
+    for key, read, switch in dependent_keys():
         value = getattr(algo, key)
         if value != getattr(defaults, key) and not read(algo):
             raise ValueError(f"algo.{key}={value} is read only with {switch}, which this run does not set "

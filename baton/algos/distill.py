@@ -27,7 +27,9 @@ the same temperature. Observation tokens of agent rows (mask 0) get 0.
                               for "the teacher disagrees", since the teacher's full logits are
                               not kept (logprobs come from the fused head, no [V] row per token)
 
-`algo.distill_loss` other than "advantage" (GKD's full-distribution losses, `DISTILL_LOSSES`):
+`algo.distill_loss`: an entry of `DISTILL_LOSSES`, each declaring what it reads (`DistillLoss`:
+its `algo.*` keys by keyword, and whether the teacher keeps its top-k tokens). "advantage"
+(the default) is the sampled form above; the others are GKD's full-distribution losses:
 the teacher keeps its K most likely tokens at every response position (`algo.distill_topk`, 0 =
 the whole vocabulary), the actor computes the student's logprobs of the same K tokens, and the
 divergence between the two distributions, summed over the K tokens (both renormalised over
@@ -47,6 +49,8 @@ The student's K logprobs carry the gradient; the teacher's are constants.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -54,16 +58,58 @@ from baton.algos.advantages import dr_grpo_advantages, register_advantage
 from baton.algos.masked import masked_mean
 from baton.algos.registry import Registry
 
-DISTILL_LOSSES = Registry("distillation loss")
-register_distill_loss = DISTILL_LOSSES.register
-SAMPLED = "advantage"  # algo.distill_loss's default: the sampled token's log ratio as the advantage
+DISTILL_LOSSES = Registry("distillation loss")  # name -> DistillLoss
 
 
-def distill_loss_terms(name: str, student: torch.Tensor, teacher: torch.Tensor, algo) -> torch.Tensor:
-    """[B, R]: DISTILL_LOSSES[name] of student, teacher [B, R, K], with its algo.* keys (jsd:
-    algo.distill_beta)."""
-    hyper = {"beta": algo.distill_beta} if name == "jsd" else {}
-    return DISTILL_LOSSES[name](student=student, teacher=teacher, **hyper)
+@dataclass(frozen=True)
+class DistillLoss:
+    """A form of distillation and what it reads, declared where it is registered.
+
+    divergence  [B, R] of student, teacher [B, R, K] logprobs over the teacher's top-k tokens
+                (`algo.distill_topk`), a loss term of every policy token beside the policy loss;
+                None: the sampled form, the sampled token's log ratio as the advantage
+    hyper       keyword -> `algo.<key>` it is given (jsd: beta -> distill_beta)
+    """
+    divergence: Callable[..., torch.Tensor] | None = None
+    hyper: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sampled(self) -> bool:
+        """The sampled token's log ratio is the advantage (no loss term, no top-k)."""
+        return self.divergence is None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The `algo.*` keys it reads: its hyper-parameters, and distill_topk unless sampled."""
+        return (*self.hyper.values(), *(() if self.sampled else ("distill_topk",)))
+
+    def topk(self, algo: Any) -> int | None:
+        """The teacher's tokens kept per position (0: all); None: the sampled tokens' only."""
+        return None if self.sampled else algo.distill_topk
+
+    def __call__(self, *, student: torch.Tensor, teacher: torch.Tensor, **hyper: Any) -> torch.Tensor:
+        return self.divergence(student=student, teacher=teacher, **hyper)
+
+    def terms(self, student: torch.Tensor, teacher: torch.Tensor, algo: Any) -> torch.Tensor:
+        """[B, R]: the divergence of student, teacher [B, R, K], with its declared algo.* keys."""
+        return self(student=student, teacher=teacher, **{kw: getattr(algo, key) for kw, key in self.hyper.items()})
+
+
+def register_distill_loss(name: str, hyper: dict[str, str] | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: a divergence over the teacher's top-k tokens as distillation loss `name`,
+    with the `algo.*` keys it is given (`hyper`: keyword -> key)."""
+    def deco(fn: Callable) -> Callable:
+        DISTILL_LOSSES.add(name, DistillLoss(fn, dict(hyper or {})))
+        return fn
+    return deco
+
+
+def divergences() -> list[str]:
+    """The distillation losses that are a divergence over the teacher's top-k tokens."""
+    return [name for name, form in DISTILL_LOSSES.items() if not form.sampled]
+
+
+DISTILL_LOSSES.add("advantage", DistillLoss())  # algo.distill_loss's default: the sampled form
 
 DISAGREE_MARGIN = math.log(2.0)  # teacher_below: the teacher gives the token < half the student's probability
 
@@ -73,14 +119,14 @@ DISAGREE_MARGIN = math.log(2.0)  # teacher_below: the teacher gives the token < 
                     reward_if="task_reward_coef")
 def distill_advantages(*, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, response_mask: torch.Tensor,
                        scores: torch.Tensor | None = None, group_index: torch.Tensor | None = None,
-                       group_size: int | None = None, task_reward_coef: float = 0.0, distill_loss: str = SAMPLED):
+                       group_size: int | None = None, task_reward_coef: float = 0.0, distill_loss: str = "advantage"):
     """See the module docstring. old_logprobs, teacher_logprobs, response_mask [B, R];
     scores [B] and groups only with task_reward_coef != 0. Returns (advantages, returns),
     equal, 0 off the mask. distill_loss other than "advantage": the teacher's signal is the
     actor's loss term (`DISTILL_LOSSES`), the advantage only the task term."""
     mask = response_mask.bool()  # [B, R]
     gap = teacher_logprobs.detach().float() - old_logprobs.detach().float()  # [B, R] -(log s - log t)
-    if distill_loss != SAMPLED:
+    if not DISTILL_LOSSES[distill_loss].sampled:
         gap = torch.zeros_like(gap)
     adv = torch.where(mask, gap, 0.0)  # `where`: whatever sits on padding / observations stays out
     if task_reward_coef:
@@ -120,7 +166,7 @@ def forward_kl_loss(*, student: torch.Tensor, teacher: torch.Tensor) -> torch.Te
     return (t.exp() * (t - s)).sum(-1)
 
 
-@register_distill_loss("jsd")
+@register_distill_loss("jsd", hyper={"beta": "distill_beta"})
 def jsd_loss(*, student: torch.Tensor, teacher: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     """[B, R]: beta KL(p_t || m) + (1 - beta) KL(p_s || m), m = beta p_t + (1 - beta) p_s."""
     if not 0 < beta < 1:

@@ -17,10 +17,27 @@ Departure from verl: horizon and target_kl are checked to be > 0 (verl only chec
 
 from __future__ import annotations
 
-from baton.algos.registry import Registry
+from typing import Any, Callable
+
+from baton.algos.registry import Registry, hyper_args
 
 KL_CONTROLLERS = Registry("KL controller")
-register_kl_controller = KL_CONTROLLERS.register
+KL_CONTROLLER_HYPER: dict[str, dict[str, str]] = {}  # name -> {keyword: "algo.<key>" it is given}
+
+
+def register_kl_controller(name: str, hyper: dict[str, str] | None = None) -> Callable[[Any], Any]:
+    """Decorator: a controller class by `name`, with the `algo.*` keys its constructor takes
+    (`hyper`: keyword -> key), as estimators and losses declare theirs."""
+    def deco(cls: Any) -> Any:
+        KL_CONTROLLERS.add(name, cls)
+        KL_CONTROLLER_HYPER[name] = dict(hyper or {})
+        return cls
+    return deco
+
+
+def build_kl_controller(algo: Any) -> Any:
+    """`algo.kl_controller`'s controller, given the keys it declares."""
+    return KL_CONTROLLERS[algo.kl_controller](**hyper_args(KL_CONTROLLER_HYPER[algo.kl_controller], algo))
 
 PROPORTIONAL_CLIP = 0.2  # Ziegler et al.'s bound on the relative error per update
 
@@ -35,7 +52,7 @@ class _Controller:
         self.value = float(state["value"])
 
 
-@register_kl_controller("fixed")
+@register_kl_controller("fixed", hyper={"kl_coef": "kl_reward_coef"})
 class FixedKLController(_Controller):
     """beta stays `kl_coef`; `update` is a no-op (same interface as the adaptive one)."""
 
@@ -46,7 +63,8 @@ class FixedKLController(_Controller):
         pass
 
 
-@register_kl_controller("adaptive")
+@register_kl_controller("adaptive", hyper={"kl_coef": "kl_reward_coef", "target_kl": "kl_target",
+                                           "horizon": "kl_horizon"})
 class AdaptiveKLController(_Controller):
     """beta adapted towards `target_kl` over `horizon` samples (see the module docstring)."""
 

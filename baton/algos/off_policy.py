@@ -36,6 +36,9 @@ Departure: log ratios are clamped to +-20 before exp (as in the policy losses).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Callable
+
 import torch
 
 from baton.algos.masked import masked_mean, masked_sum
@@ -43,7 +46,37 @@ from baton.algos.policy_loss import ppo_clip_loss
 from baton.algos.registry import Registry
 
 OFF_POLICY = Registry("off-policy correction")
-register_off_policy = OFF_POLICY.register
+
+
+@dataclass(frozen=True)
+class OffPolicyNeeds:
+    """What a correction reads, declared where it is registered.
+
+    hyper     keyword -> `algo.<key>` it is given (cap -> off_policy_cap)
+    proximal  it weighs by pi_prox / mu: the actor recomputes the proximal logprobs (without,
+              the "none" correction only measures, when algo.recompute_old_logprobs does)
+    """
+    hyper: dict[str, str] = field(default_factory=dict)
+    proximal: bool = True
+
+
+OFF_POLICY_NEEDS: dict[str, OffPolicyNeeds] = {}
+
+
+def register_off_policy(name: str, *, hyper: dict[str, str] | None = None,
+                        proximal: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: a correction by `name`, with what it reads (`OffPolicyNeeds`)."""
+    def deco(fn: Callable) -> Callable:
+        OFF_POLICY.add(name, fn)
+        OFF_POLICY_NEEDS[name] = OffPolicyNeeds(dict(hyper or {}), proximal)
+        return fn
+    return deco
+
+
+def off_policy_needs(name: str) -> OffPolicyNeeds:
+    """The declared needs of correction `name` (UnknownName lists the known ones)."""
+    OFF_POLICY[name]  # noqa: B018 -- the registry's own error for an unknown name
+    return OFF_POLICY_NEEDS[name]
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -87,7 +120,7 @@ def _metrics(mask, log_ratio, ratio, weights, cap) -> dict[str, torch.Tensor]:
             "off_policy/weight_mean": masked_mean(weights, mask)}
 
 
-@register_off_policy("none")
+@register_off_policy("none", proximal=False)
 @torch.no_grad()
 def no_correction(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
                   response_mask: torch.Tensor, cap: float = 2.0):
@@ -96,7 +129,7 @@ def no_correction(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Ten
     return None, _metrics(mask, log_ratio, ratio, torch.ones_like(ratio), cap)
 
 
-@register_off_policy("tis")
+@register_off_policy("tis", hyper={"cap": "off_policy_cap"})
 @torch.no_grad()
 def tis_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
                 response_mask: torch.Tensor, cap: float = 2.0):
@@ -107,7 +140,7 @@ def tis_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tenso
     return weights, _metrics(mask, log_ratio, ratio, weights, cap)
 
 
-@register_off_policy("decoupled_ppo")
+@register_off_policy("decoupled_ppo", hyper={"cap": "off_policy_cap"})
 @torch.no_grad()
 def decoupled_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
                       response_mask: torch.Tensor, cap: float = 2.0):

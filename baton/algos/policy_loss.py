@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from baton.algos.masked import masked_mean
-from baton.algos.registry import Registry
+from baton.algos.registry import Registry, hyper_args
 from baton.algos.value import value_loss  # noqa: F401  (its old home; import from value)
 
 POLICY_LOSSES = Registry("policy loss")
@@ -24,7 +24,7 @@ POLICY_LOSS_HYPER: dict[str, dict[str, str]] = {}  # name -> {keyword: "algo.<ke
 def register_policy_loss(name: str, hyper: dict[str, str] | None = None) -> Callable[[Any], Any]:
     """Decorator: a policy loss by `name`, and the hyper-parameters the trainer passes it from
     the config (`hyper`: keyword -> `algo.<key>`, as estimators declare theirs); the config
-    refuses those keys set with another loss (`baton.algos.config.DEPENDENT_KEYS`)."""
+    refuses those keys set with another loss (`baton.algos.config.dependent_keys`)."""
     def deco(fn: Any) -> Any:
         POLICY_LOSSES.add(name, fn)
         POLICY_LOSS_HYPER[name] = dict(hyper or {})
@@ -34,12 +34,7 @@ def register_policy_loss(name: str, hyper: dict[str, str] | None = None) -> Call
 
 def policy_loss_args(name: str, algo: Any) -> dict[str, Any]:
     """The declared hyper-parameters of policy loss `name`, their values in `algo`, by keyword."""
-    return {kw: getattr(algo, key) for kw, key in POLICY_LOSS_HYPER.get(name, {}).items()}
-
-
-def policy_loss_readers(key: str) -> list[str]:
-    """The policy losses that read `algo.<key>`."""
-    return [name for name, hyper in POLICY_LOSS_HYPER.items() if key in hyper.values()]
+    return hyper_args(POLICY_LOSS_HYPER.get(name, {}), algo)
 
 # exp() of a larger log-ratio overflows float32 / is meaningless; verl clamps the same way.
 LOG_RATIO_CLAMP = 20.0

@@ -45,8 +45,6 @@ class GatewayRows:
     Weight updates are the engine owner's business (an in-process engine shares the
     actor's weights; a `baton serve` engine is pushed to by the driver's server sync)."""
 
-    scores_rows = False  # rows arrive scored
-
     def __init__(self, gateway: Gateway, group_size: int, groups_per_step: int = 1, wait_s: float | None = None,
                  session_idle_s: float | None = None):
         if group_size < 1 or groups_per_step < 1:

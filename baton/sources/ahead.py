@@ -78,7 +78,6 @@ class GeneratorSource:
         # in a collective (the actor waits for the generator). baton.sync.registry.
         self.transport = build_transport(resolve_weight_sync(weight_sync, "generator"), "generator", rollout, weights=weights)
         self.rollout, self.weights, self.reward, self.state = rollout, weights, reward, state
-        self.scores_rows = reward is not None
         self.prompts_per_step, self.k, self.total_steps = prompts_per_step, max_staleness, total_steps
         self.pushed = 0  # the newest weights version queued on the generator (0: what it loaded)
         self.next_step = 1  # the next step to admit

@@ -78,8 +78,6 @@ class ApiSource:
     """Rows from `baton api` (see the module docstring). `actor`: the actor group (the
     server-sync role is colocated with it; logprobs for groups that carry none)."""
 
-    scores_rows = False  # its rows arrive scored (SourceSpec.scored): the run has no reward role
-
     def __init__(self, cfg: Any, actor: Any, state: Prompts, probe_prompt: str, tokenizer: Any = None):
         d, t = cfg.data, cfg.trainer  # trainer.mode is sync: the spec says sync_only, the config check refuses others
         self.cfg, self.actor, self.state = cfg, actor, state

@@ -29,7 +29,9 @@ class Prompts(Protocol):
 
 
 class RowSource(Protocol):
-    scores_rows: bool  # it runs the run's reward role on its rows itself: the driver does not again
+    """Rows that arrive with a role's columns (`rewards`: scored by the source, or by the
+    run's reward role on a generator's pool) are not scored again: the driver runs a role
+    only on rows without its columns (`baton.trainers.role_specs`)."""
 
     def rows(self, step: int) -> Batch:
         """The rows of trainer step `step` (1-based)."""

@@ -18,8 +18,6 @@ from baton.sources.base import REDRAW, Prompts, number_groups
 class RolloutSource:
     """Rows from this run's rollout role, on prompts drawn by the run's sampler."""
 
-    scores_rows = False
-
     def __init__(self, rollout: Any, state: Prompts, prompts_per_step: int, greedy_baseline: bool = False) -> None:
         self.rollout, self.state, self.prompts_per_step = rollout, state, prompts_per_step
         self.greedy_baseline = greedy_baseline  # also one greedy response per prompt (ReMax)

@@ -18,13 +18,15 @@ One step, top to bottom, as the controller sees it:
     rows    --critic.compute_values-->               values           } different pools
     rows    --teacher.compute_teacher_logprobs-->    teacher logprobs } (distill)
     rows    --actor.compute_logprobs-->              proximal logprobs (recompute_old_logprobs or
-                                                     algo.off_policy)
+                                                     an algo.off_policy that needs them)
+            (each line: a role's declared `score` call, `baton.trainers.role_specs.ROLES`, in
+             registration order; a role whose columns the rows carry already is not called)
     scores  --token_level_rewards (- beta KL_t, algo.kl_in_reward)--> token rewards
     tokens  --ADVANTAGES[algo.advantage]-->          advantages, returns (GAE: returns = A + V
                                                      before whitening; distill: A_t = log
                                                      teacher - log student, discount 0)
     rows    --OFF_POLICY[algo.off_policy]-->         advantages x w(pi_prox / mu)
-    rows    --actor.update  ||  critic.update_critic-->   both launched, then both awaited;
+    rows    --actor.update  ||  critic.update_critic-->   all launched, then all awaited;
                                                      the update's first forward also gives
                                                      rollout/logprob_mismatch_kl (engine vs trainer)
     source  --weights_updated(step)-->               the generator(s) sample with the new weights
@@ -52,9 +54,9 @@ from typing import Any, Collection
 import torch
 
 from baton import fields as F
-from baton.algos import (KL_CONTROLLERS, OFF_POLICY, compute_advantages, distill_metrics, dynamic_sampling_filter,
-                         estimator_needs, explained_variance, kl_in_reward, masked_mean, overlong_penalty,
-                         token_level_rewards)
+from baton.algos import (ADVANTAGE_INPUTS, compute_advantages, dynamic_sampling_filter,
+                         estimator_needs, kl_in_reward, overlong_penalty, token_level_rewards)
+from baton.algos.kl_control import build_kl_controller
 from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
@@ -63,6 +65,7 @@ from baton.sources import evaluation, row_source
 from baton.trainers.placement.generator import place_generator
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
+from baton.trainers.role_specs import REWARD_COUNTS, role_specs
 from baton.trainers.session.ledger import step_entry
 from baton.trainers.session.run import NonFiniteGuard, RunSession, save_checkpoint
 from baton.trainers.session.state import RunState
@@ -70,11 +73,9 @@ from baton.trainers.report.step_metrics import check_sync, step_metrics, sync_to
 from baton.trainers.report.queue_health import QueueHealth, matmul_rate
 from baton.trainers.report.signal_watch import StepSignal
 from baton.trainers.session.timeline import TIMELINE_FILE, Timeline
-from baton.workers.reward_model import RM_SCORE
 from baton.workers.rollout import BASELINE_COMPLETION
 
 MISMATCH_ROWS = 64  # rows scored for rollout/logprob_mismatch_kl in a step without an actor update
-CRITIC_PREFIX = "critic_step_"  # checkpoints/critic_step_N, written before the actor's step_N
 
 
 class CriticAwareGuard(NonFiniteGuard):
@@ -106,29 +107,29 @@ def sampled_mismatch_kl(actor: Any, batch: Batch) -> float:
     return mismatch_kl(trainer, rows[F.ROLLOUT_LOGPROBS], rows[F.RESPONSE_MASK]).item()
 
 
-# --- rewards -----------------------------------------------------------------------------
-def score_futures(roles: dict[str, Any], batch: Batch, functions: bool = True) -> list:
-    """Futures of what scores `batch`: the reward functions (unless `functions` is False: the
-    source ran them; a reward role exists only when the source's rows do not arrive scored:
-    `PPOConfig.roles`) and the reward model."""
-    out = []
-    if "reward" in roles and functions:
-        out.append(roles["reward"].compute_rewards(batch))
-    if "reward_model" in roles:
-        out.append(roles["reward_model"].compute_rm_scores(batch))
-    return out
+# --- rewards ---------------------------------------------------------------------------
+def score_futures(cfg: PPOConfig, roles: dict[str, Any], batch: Batch, rewards_only: bool = False) -> list:
+    """Futures of the declared roles' `score` calls on `batch` (`baton.trainers.role_specs`),
+    in registration order: those the step runs (`score_if`) whose columns `batch` does not
+    carry yet (a generator that ran the reward role, DAPO's sampling, scored them);
+    `rewards_only`: the roles that score the reward (DAPO's sampling, ReMax's baseline)."""
+    return [getattr(roles[name], spec.score)(batch) for name, spec in role_specs(roles)
+            if spec.score and spec.score_if(cfg) and (spec.rewards or not rewards_only)
+            and not all(column in batch for column in spec.columns)]
 
 
 def total_reward(cfg: PPOConfig, roles: Collection[str], batch: Batch, overlong: bool = True) -> dict[str, torch.Tensor]:
-    """{rewards: sum_f w_f f (the reward role, or the source when `cfg.source.scored`) +
-    reward_model.weight * reward/model (+ DAPO's overlong penalty), reward/overlong, failure
-    counts (0 without a reward role)}; `roles`: the run's roles, which scored `batch`."""
+    """{rewards: sum_f w_f f (the reward role, or the source when its rows arrive scored:
+    `cfg.scored`) + every role's declared `reward_term` (reward_model.weight * reward/model)
+    (+ DAPO's overlong penalty), reward/overlong, failure counts (0 without a reward role)};
+    `roles`: the run's roles, which scored `batch`."""
     a, B = cfg.algo, len(batch)
     rewarded = "reward" in roles
-    out = {k: batch[k] if rewarded else torch.zeros(B, dtype=torch.long) for k in ("reward_errors", "reward_timeouts")}
-    total = batch[F.REWARDS].float() if rewarded or cfg.source.scored else torch.zeros(B)
-    if "reward_model" in roles:
-        total = total + cfg.reward_model.weight * batch[RM_SCORE]
+    out = {k: batch[k] if rewarded else torch.zeros(B, dtype=torch.long) for k in REWARD_COUNTS}
+    total = batch[F.REWARDS].float() if cfg.scored else torch.zeros(B)
+    for _, spec in role_specs(roles):
+        if spec.reward_term is not None:
+            total = total + spec.reward_term(cfg, batch)
     if overlong and a.overlong_buffer:
         out["reward/overlong"] = overlong_penalty(batch[F.RESPONSE_MASK].sum(-1), cfg.rollout.max_new_tokens,
                                                   a.overlong_buffer, a.overlong_penalty)  # [B]
@@ -136,8 +137,9 @@ def total_reward(cfg: PPOConfig, roles: Collection[str], batch: Batch, overlong:
     return {**out, F.REWARDS: total.float()}
 
 
-def score(roles: dict[str, Any], batch: Batch) -> Batch:
-    for future in score_futures(roles, batch):
+def score(cfg: PPOConfig, roles: dict[str, Any], batch: Batch) -> Batch:
+    """`batch` with the columns of the roles that score the reward."""
+    for future in score_futures(cfg, roles, batch, rewards_only=True):
         batch = batch.union(future.get())
     return batch
 
@@ -149,7 +151,7 @@ def baseline_scores(cfg: PPOConfig, roles: dict[str, Any], batch: Batch) -> torc
     firsts = batch.rows(torch.arange(0, len(batch), n))
     greedy = Batch(non_tensors=dict(firsts.non_tensors))
     greedy[F.COMPLETION_TEXT] = list(firsts[BASELINE_COMPLETION])
-    return total_reward(cfg, roles, score(roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
+    return total_reward(cfg, roles, score(cfg, roles, greedy), overlong=False)[F.REWARDS].repeat_interleave(n)  # [B]
 
 
 # --- sampling ----------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tup
     dropped: list[Batch] = []
     drawn = rounds = 0
     while True:
-        rows = score(roles, source.rows(step, draw=rounds))
+        rows = score(cfg, roles, source.rows(step, draw=rounds))
         keep = dynamic_sampling_filter(total_reward(cfg, roles, rows)[F.REWARDS], n)  # [P] groups with a signal
         drawn += len(keep)
         rows_keep = keep.repeat_interleave(n)  # [P*n]
@@ -180,20 +182,31 @@ def sample(cfg: PPOConfig, roles: dict[str, Any], source: Any, step: int) -> tup
 
 
 # --- checkpoints -------------------------------------------------------------------------
-def critic_path(ckpt: Path) -> Path:
-    return ckpt.parent / f"{CRITIC_PREFIX}{checkpoint_step(ckpt)}"
+def role_checkpoints(roles: dict[str, Any], ckpt: Path) -> list[tuple[Any, Path]]:
+    """(worker group, its checkpoint beside the actor's `ckpt`) of the roles that declare one
+    (the critic: checkpoints/critic_step_N)."""
+    return [(roles[name], ckpt.parent / f"{spec.checkpoint}{checkpoint_step(ckpt)}")
+            for name, spec in role_specs(roles) if spec.checkpoint]
 
 
 def save(roles: dict[str, Any], run: RunSession, step: int, driver_state: dict[str, Any]) -> None:
-    """The critic first (checkpoints/critic_step_N, atomic), then the actor's step_N (atomic,
-    prunes to keep-K): a complete step_N always has its critic, and resume loads both."""
+    """The roles' own checkpoints first (checkpoints/critic_step_N, atomic), then the actor's
+    step_N (atomic, prunes to keep-K): a complete step_N always has its critic, and resume
+    loads both."""
     ckpt = run.path / CHECKPOINTS_DIR / f"step_{step}"
-    if "critic" in roles:
-        roles["critic"].save_checkpoint(str(critic_path(ckpt)))
+    for group, path in role_checkpoints(roles, ckpt):
+        group.save_checkpoint(str(path))
     save_checkpoint(roles["actor"], run.run, run.t, step, driver_state)
     live = {checkpoint_step(p) for p in list_checkpoints(run.path)}
-    for p in (run.path / CHECKPOINTS_DIR).glob(f"{CRITIC_PREFIX}*"):  # the critics of pruned steps
-        s = p.name[len(CRITIC_PREFIX):]
+    for _, spec in role_specs(roles):
+        if spec.checkpoint:
+            prune(run.path / CHECKPOINTS_DIR, spec.checkpoint, live)
+
+
+def prune(ckpt_dir: Path, prefix: str, live: set[int]) -> None:
+    """Delete a role's checkpoints `prefix`N of steps N the actor pruned (not in `live`)."""
+    for p in ckpt_dir.glob(f"{prefix}*"):
+        s = p.name[len(prefix):]
         if s.isdigit() and int(s) not in live:
             trash = unused_sibling(p, "del")  # renamed first: never a half-deleted critic_step_N
             os.replace(p, trash)
@@ -201,12 +214,9 @@ def save(roles: dict[str, Any], run: RunSession, step: int, driver_state: dict[s
 
 
 def kl_controller(algo: Any) -> Any:
-    """The KL-in-reward coefficient's controller (None when the KL is not in the reward)."""
-    if not algo.kl_in_reward:
-        return None
-    if algo.kl_controller == "adaptive":
-        return KL_CONTROLLERS["adaptive"](algo.kl_reward_coef, algo.kl_target, algo.kl_horizon)
-    return KL_CONTROLLERS[algo.kl_controller](algo.kl_reward_coef)
+    """The KL-in-reward coefficient's controller, given the keys it declares (None when the
+    KL is not in the reward)."""
+    return build_kl_controller(algo) if algo.kl_in_reward else None
 
 
 # --- the loop ----------------------------------------------------------------------------
@@ -216,24 +226,23 @@ def train(cfg: PPOConfig) -> dict[str, float]:
     with RunSession(cfg) as run:
         state = RunState.fresh(cfg.data)
         run.roles = roles = build_roles(cfg, probe_prompt=state.eval_rows[0]["prompt"])
-        actor, ref, critic, teacher = roles["actor"], roles.get("reference"), roles.get("critic"), roles.get("teacher")
+        actor, declared = roles["actor"], role_specs(roles)  # the declared roles this run built
         source = row_source(cfg, roles, state)
         run.closing.append(source)
-        if critic is not None or len({cfg.placement.pool_of(r) for r in roles}) > 1 and t.mode == "sync":
+        updating = [(roles[name], spec.update) for name, spec in declared if spec.update]  # beside the actor's
+        if updating or len({cfg.placement.pool_of(r) for r in roles}) > 1 and t.mode == "sync":
             run.timeline = Timeline(roles, run.path / TIMELINE_FILE)  # which role ran when (split pools)
         kl_ctl = kl_controller(algo)
         watch = StepSignal(cfg)  # reward/tied_group_frac (a warning when most groups tie), samples.jsonl
         health = queue_health(cfg)  # queue/*: rows/s, idle shares, the rows' ages, the update's matmul share
-        # the trainer's own (proximal) logprobs: PPO's "old" ones, and what the rows'
-        # behaviour logprobs are weighed against (algo.off_policy, baton.algos.off_policy)
-        proximal = algo.recompute_old_logprobs or algo.off_policy != "none"
+        after = [spec.after for _, spec in declared if spec.after is not None and spec.score_if(cfg)]
         hyper = estimator_needs(algo.advantage).hyper_args(algo)  # by name, as the estimator declares
 
         def restore(path: str) -> None:
             saved = actor.load_checkpoint(path)[0]
             state.restore(saved)
-            if critic is not None:
-                critic.load_checkpoint(str(critic_path(Path(path))))
+            for group, role_path in role_checkpoints(roles, Path(path)):
+                group.load_checkpoint(str(role_path))
             if kl_ctl is not None:
                 kl_ctl.load_state_dict(saved["kl_controller"])
             source.load_state_dict(state.source)
@@ -252,21 +261,11 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 batch, metrics = sample(cfg, roles, source, step)
                 state.ledger.append(step_entry(step, batch, t.seed))  # saved with the step's checkpoint
                 metrics.update(source.metrics())  # the source's own (agent/*)
-            with timed("score"):  # every future in flight at once: concurrent on split pools
-                # (DAPO's dynamic sampling scored them in `sample`)
-                pending = [] if algo.dynamic_sampling else score_futures(roles, batch, not source.scores_rows)
-                if ref is not None:
-                    pending.append(ref.compute_ref_logprobs(batch))
-                if critic is not None:
-                    pending.append(critic.compute_values(batch))
-                if teacher is not None:  # the teacher's logprobs of the student's tokens
-                    pending.append(teacher.compute_teacher_logprobs(batch))
-                if proximal:  # pi_prox: the trainer's logprobs at the step's start
-                    pending.append(actor.compute_logprobs(batch))
-                for future in pending:
+            with timed("score"):  # every declared role's future in flight at once: concurrent on split pools
+                for future in score_futures(cfg, roles, batch):
                     batch = batch.union(future.get())
-                if not proximal:  # PPO's ratio against the behaviour logprobs (= the trainer's in fp32)
-                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+                if F.OLD_LOGPROBS not in batch:  # no proximal logprobs: PPO's ratio against the behaviour
+                    batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]  # logprobs (= the trainer's in fp32)
                 for key, value in total_reward(cfg, roles, batch).items():
                     batch[key] = value
                 if cfg.remax:
@@ -284,28 +283,18 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 kl_ctl.update(kl.item(), n_steps=len(batch))
             batch[F.TOKEN_REWARDS] = token_rewards
             groups = batch[F.GROUP_INDEX]  # [B] every source numbers its groups (baton.rows)
+            # the estimator's declared inputs, by column (the scalar reward is its `scores`)
             batch[F.ADVANTAGES], batch[F.RETURNS] = compute_advantages(
-                algo.advantage, scores=batch[F.REWARDS], response_mask=mask, token_rewards=token_rewards,
-                group_index=groups, values=batch[F.VALUES] if critic is not None else None,
-                baseline_scores=batch["baseline_scores"] if cfg.remax else None, old_logprobs=batch[F.OLD_LOGPROBS],
-                teacher_logprobs=batch[F.TEACHER_LOGPROBS] if teacher is not None else None, **hyper)
-            if teacher is not None:  # how far the student is from the teacher, on its own samples
-                metrics.update(distill_metrics(batch[F.OLD_LOGPROBS], batch[F.TEACHER_LOGPROBS], mask))
-            if proximal:  # mu (the engine; older when generated ahead) against the trainer's pi_prox
-                weights, stats = OFF_POLICY[algo.off_policy](batch[F.OLD_LOGPROBS], batch[F.ROLLOUT_LOGPROBS],
-                                                             mask, cap=algo.off_policy_cap)
-                metrics.update({k: v.item() for k, v in stats.items()})
-                if weights is not None:  # w * loss(A) = loss(w * A): see the docstring
-                    batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights
-            if critic is not None:
-                metrics["critic/explained_var"] = explained_variance(batch[F.VALUES], batch[F.RETURNS], mask).item()
-                metrics["critic/returns_mean"] = masked_mean(batch[F.RETURNS], mask).item()
-            with timed("update"):  # both launched, then both awaited: concurrent on split pools
+                algo.advantage, **{k: batch[k] for k in ADVANTAGE_INPUTS if k in batch}, scores=batch[F.REWARDS],
+                **hyper)
+            for hook in after:  # the declared roles' metrics (the off-policy correction weighs the advantages)
+                metrics.update(hook(cfg, batch))
+            with timed("update"):  # all launched, then all awaited: concurrent on split pools
                 actor_update = actor.submit("update", batch) if step > cfg.pretrain_steps else None
-                critic_update = critic.update_critic(batch) if critic is not None else None
+                launched = [getattr(group, method)(batch) for group, method in updating]
                 update = actor_update.get() if actor_update is not None else [{}]
-                if critic_update is not None:  # per rank; the critic's metrics are global already
-                    metrics.update(critic_update.get()[0])
+                for future in launched:  # per rank; the critic's metrics are global already
+                    metrics.update(future.get()[0])
             if actor_update is None:  # critic pretraining: no update forward measured the engine
                 metrics["rollout/logprob_mismatch_kl"] = sampled_mismatch_kl(actor, batch)
             with timed("sync"):

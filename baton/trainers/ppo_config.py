@@ -55,6 +55,7 @@ from baton.models.config import ModelConfig
 from baton.services.launch import entry_group_size
 from baton.sources import SourceSpec, source_spec, unread_keys
 from baton.trainers.placement.generator import GEN_POOL, placed_pools
+from baton.trainers.role_specs import ROLES
 from baton.trainers.session.config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
 from baton.workers.critic import CriticConfig
@@ -119,19 +120,15 @@ class PPOConfig:
 
     @property
     def roles(self) -> list[str]:
-        """The roles this run builds (placement may name only these)."""
-        out = ["actor", "rollout"]
-        if self.reward.functions and not self.source.scored:
-            out.append("reward")
-        if self.reward_model is not None:
-            out.append("reward_model")
-        if self.algo.kl_coef > 0 or self.algo.kl_in_reward:
-            out.append("reference")
-        if self.critic is not None:
-            out.append("critic")
-        if self.teacher is not None:
-            out.append("teacher")
-        return out
+        """The roles this run builds (placement may name only these): the registered roles
+        it needs (`baton.trainers.role_specs.ROLES`), in registration order."""
+        return [name for name, spec in ROLES.items() if spec.needed(self)]
+
+    @property
+    def scored(self) -> bool:
+        """Whether the step's rows carry a task reward: a reward role scores them, or the
+        source's rows arrive scored (`SourceSpec.scored`)."""
+        return "reward" in self.roles or self.source.scored
 
     @property
     def remax(self) -> bool:

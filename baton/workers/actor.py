@@ -29,7 +29,7 @@ import torch
 
 from baton import fields as F
 from baton.algos import actor_loss
-from baton.algos.distill import SAMPLED, distill_loss_terms
+from baton.algos.distill import DISTILL_LOSSES
 from baton.algos.off_policy import mismatch_kl_sums
 from baton.algos.policy_loss import policy_loss_args
 from baton.algos.config import AlgoConfig
@@ -168,12 +168,12 @@ class ActorWorker(Worker):
         distill = None
         watch = RouterWatch(self.model) if self.cfg.router_aux_loss_coef > 0 else contextlib.nullcontext()
         with autocast(self.device, self.bf16), watch:
-            if algo.distill_loss != SAMPLED:  # GKD: the student's logprobs of the teacher's top-k tokens too
+            form = DISTILL_LOSSES[algo.distill_loss]
+            if not form.sampled:  # GKD: the student's logprobs of the teacher's top-k tokens too
                 out = response_topk(self.model, micro, self.temperature, ids=micro[F.TEACHER_TOPK_IDS],
                                     entropy_grad=algo.entropy_coef > 0, share_prompts=self.par.share_prompts)
                 logp, ent = out["logprobs"], out[F.ENTROPY]
-                distill = distill_loss_terms(algo.distill_loss, out["topk_logprobs"],
-                                             micro[F.TEACHER_TOPK_LOGPROBS], algo)  # [B, R]
+                distill = form.terms(out["topk_logprobs"], micro[F.TEACHER_TOPK_LOGPROBS], algo)  # [B, R]
             else:
                 logp, ent = response_logprobs(self.model, micro, self.temperature,
                                               with_entropy=True, entropy_grad=algo.entropy_coef > 0,

@@ -8,7 +8,7 @@ import torch
 
 from baton.algos import ADVANTAGES, actor_loss, compute_advantages, distill_metrics, estimator_needs
 from baton.algos.config import AlgoConfig
-from baton.algos.distill import DISTILL_LOSSES, jsd_loss, reverse_kl_loss
+from baton.algos.distill import DISTILL_LOSSES, divergences, jsd_loss, reverse_kl_loss
 
 
 def _reference(student, teacher, mask):
@@ -135,7 +135,7 @@ def test_the_gradient_moves_the_student_toward_the_teacher_and_never_the_teacher
     """A few gradient steps on the student's logits lower each divergence; the teacher's
     logprobs get no gradient (they are the target)."""
     teacher = torch.log_softmax(torch.tensor([[[2.0, 0.0, -1.0, 0.5]]]), -1).requires_grad_(True)
-    for name in DISTILL_LOSSES:
+    for name in divergences():
         logits = torch.tensor([[[0.3, -0.2, 0.9, -1.1]]], requires_grad=True)
         values = []
         for _ in range(5):

@@ -16,10 +16,9 @@ from baton.workers.reward_model import RM_SCORE
 
 def cfg(rm_weight: float, max_len: int = 4, buffer: int = 0, penalty: float = 1.0, scored: bool = True):
     """The keys total_reward reads: reward_model.weight, rollout.max_new_tokens, algo.overlong_*,
-    and whether the source scores its rows (`source.scored`)."""
+    and whether the rows carry a task reward (`PPOConfig.scored`)."""
     return SimpleNamespace(reward_model=SimpleNamespace(weight=rm_weight), rollout=SimpleNamespace(max_new_tokens=max_len),
-                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty),
-                           source=SimpleNamespace(scored=scored))
+                           algo=SimpleNamespace(overlong_buffer=buffer, overlong_penalty=penalty), scored=scored)
 
 
 def test_rewards_combine_by_weight_with_the_overlong_penalty():
@@ -60,3 +59,38 @@ def test_tis_weights_on_the_advantages_equal_tis_weights_on_the_loss(loss, kwarg
     (gb,) = torch.autograd.grad(b, logp)
     assert a.item() == pytest.approx(b.item(), abs=1e-6)
     assert torch.allclose(ga, gb, atol=1e-6)
+
+
+def test_a_role_whose_columns_the_rows_carry_is_not_called_again():
+    """"Scored" is one fact, the rows' `rewards` column: rows without it are scored by the
+    real reward worker; rows that arrive with it (a generator that ran the reward role on its
+    own pool, DAPO's sampling) are not scored again (`score_futures`, the declared roles)."""
+    from baton.controller import build_role_groups
+    from baton.trainers.ppo import score_futures
+    from baton.workers.reward import RewardConfig, RewardWorker
+
+    roles = build_role_groups({"main": 1}, {"reward": "main"}, {"reward": (RewardWorker, (RewardConfig(),), {})})
+    try:
+        rows = Batch(non_tensors={F.PROMPT_TEXT: ["1+1=", "2+2="], F.COMPLETION_TEXT: ["2", "5"],
+                                  "answer": ["2", "4"]})
+        (future,) = score_futures(SimpleNamespace(), roles, rows)
+        scored = rows.union(future.get())
+        assert scored[F.REWARDS].tolist() == [1.0, 0.0]
+        assert score_futures(SimpleNamespace(), roles, scored) == []
+    finally:
+        for group in roles.values():
+            group.shutdown()
+
+
+def test_a_role_s_checkpoints_of_pruned_steps_go(tmp_path):
+    """The critic's checkpoints (its declared prefix) follow the actor's keep-K: a step the
+    actor pruned loses its critic_step_N; other names are left alone."""
+    from baton.trainers.ppo import prune
+    from baton.trainers.role_specs import ROLES
+
+    prefix = ROLES["critic"].checkpoint
+    for name in (f"{prefix}1", f"{prefix}2", f"{prefix}x", "step_2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_text("")
+    prune(tmp_path, prefix, live={2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{prefix}2", f"{prefix}x", "step_2"]
