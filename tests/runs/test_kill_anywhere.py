@@ -24,7 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kill_anywhere import REPO, after_new_step, ledger_ids, metrics, seed_of, train_killed, uninterrupted
+from kill_anywhere import (REPO, after_new_step, check_killed, ledger_ids, run_argv, seed_of, train_killed,
+                           uninterrupted)
 
 from baton.cli import main
 from tests.services.test_faults import free_port, wait_http
@@ -40,21 +41,12 @@ API = [str(REPO / "recipes/grpo_arithmetic_api.yaml"), *TINY, "data.envs=[]", "d
 
 
 def embedded(run_dir: Path, steps: int, save_every: int) -> list[str]:
-    return [*EMBEDDED, f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", f"trainer.save_every={save_every}"]
+    return run_argv(EMBEDDED, run_dir, steps, save_every)
 
 
 def check_embedded(tmp_path: Path, steps: int, save_every: int, kills: int, span: int,
                    extra: tuple[str, ...] = ()) -> None:
-    rng = random.Random(seed_of(f"embedded {' '.join(extra)} {kills} kill(s)"))
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    uninterrupted([*embedded(whole, steps, save_every), *extra], whole)
-    found = train_killed([*embedded(killed, steps, save_every), *extra], killed,
-                         after_new_step(killed, rng, span=span), kills, steps)
-    print(f"killed after steps {found}")
-    assert len(found) == kills
-    assert ledger_ids(killed) == ledger_ids(whole)  # no prompt lost, none trained twice, same order
-    assert len(set(ledger_ids(whole))) > steps  # the ledger says something: distinct prompts
-    assert metrics(killed) == metrics(whole)  # deterministic placement: every step's line
+    check_killed(tmp_path, f"embedded {' '.join(extra)}", [*EMBEDDED, *extra], steps, save_every, kills, span)
 
 
 @pytest.mark.slow  # 90 s of the default run's 7 min (two runs that each start Ray): the embedded
@@ -114,8 +106,7 @@ class Services:
 
 
 def api_argv(run_dir: Path, url: str, steps: int, save_every: int) -> list[str]:
-    return [*API, f"data.api_url={url}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
-            f"trainer.save_every={save_every}"]
+    return run_argv([*API, f"data.api_url={url}"], run_dir, steps, save_every)
 
 
 def check_api(tmp_path: Path, steps: int, save_every: int, kills: int, when, compare: bool) -> list[int]:
