@@ -72,37 +72,48 @@ def test_embedded_sync_path_five_kills(tmp_path):
 # --- the services path ------------------------------------------------------------------
 class Services:
     """`baton api` (a queue of 8 groups), `baton serve` and one `baton env` feeding it: each a
-    process of its own, none killed with the trainer."""
+    process of its own, none killed with the trainer. `restart(name)` SIGKILLs one ("api",
+    "serve", "env") and starts it again as it was (the API on the same `--db` and port)."""
 
     def __init__(self, tmp: Path, name: str):
         from runs_helpers import child_env
 
         api_port, server_port = free_port(), free_port()
         self.url, server = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{server_port}"
-        env, self.procs = child_env(), []
-        out = open(tmp / f"{name}.services.log", "a")
+        self.env, self.out, self.procs = child_env(), open(tmp / f"{name}.services.log", "a"), {}
+        self.argv = {"api": ["api", "--port", str(api_port), "--db", str(tmp / f"{name}.sqlite"), "--max-queue", "8"],
+                     "serve": ["serve", MODEL, "--port", str(server_port)],
+                     "env": ["env", "arithmetic", "--api", self.url, "--server", server, "--tokenizer", MODEL,
+                             "--group-size", "4", "--max-new-tokens", "4", "--concurrency", "2", "--seed", "0"]}
+        self.health = {"api": f"{self.url}/health", "serve": f"{server}/health"}
+        for kind in self.argv:
+            self.start(kind)
 
-        def start(*argv: str) -> subprocess.Popen:
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.cli", *argv], env=env, stdout=out,
-                                               stderr=out, start_new_session=True))
-            return self.procs[-1]
-        start("api", "--port", str(api_port), "--db", str(tmp / f"{name}.sqlite"), "--max-queue", "8")
-        wait_http(f"{self.url}/health")
-        start("serve", MODEL, "--port", str(server_port))
-        wait_http(f"{server}/health", timeout=120)
-        start("env", "arithmetic", "--api", self.url, "--server", server, "--tokenizer", MODEL, "--group-size", "4",
-              "--max-new-tokens", "4", "--concurrency", "2", "--seed", "0")
+    def start(self, kind: str) -> None:
+        self.procs[kind] = subprocess.Popen([sys.executable, "-m", "baton.cli", *self.argv[kind]], env=self.env,
+                                            stdout=self.out, stderr=self.out, start_new_session=True)
+        if kind in self.health:
+            wait_http(self.health[kind], timeout=120)
+
+    def kill(self, kind: str) -> None:
+        import os
+
+        p = self.procs[kind]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+
+    def restart(self, kind: str) -> None:
+        assert self.procs[kind].poll() is None, f"{kind} exited before its kill: {self.argv[kind]}"
+        self.kill(kind)
+        self.start(kind)
 
     def batches_handed_out(self) -> int:
         return int(httpx.get(f"{self.url}/status", timeout=30).json().get("current_step") or 0)
 
     def stop(self) -> None:
-        import os
-
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
+        for kind in self.procs:
+            self.kill(kind)
 
 
 def api_argv(run_dir: Path, url: str, steps: int, save_every: int) -> list[str]:
