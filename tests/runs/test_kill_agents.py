@@ -6,10 +6,12 @@ uninterrupted run's.
 
     agent     deterministic (seeded turns, one engine call per turn over every parked
               episode, in the episodes' order): every step's metrics line is equal too
-    gateway   ledgers only: the agents' requests reach the engine over HTTP and are batched
-              by arrival (`InProcessEngine`'s 2 ms window), so which requests share an engine
-              call, and so the sampled tokens, depend on timing; the prompts each step
-              trains are the sampler's and so must be equal
+    gateway   ledgers only, each step's ids as a set: the agents' requests reach the engine
+              over HTTP and are batched by arrival (`InProcessEngine`'s 2 ms window), so
+              which requests share an engine call, and so the sampled tokens, depend on
+              timing, and a step's groups are in the order their sessions finished (seen:
+              5 of 14 steps in another order after 5 kills); the prompts each step trains
+              are the sampler's and so must be equal
 
 All slow: one kill takes 2 min (agent) and 2.5 min (gateway) on 2 busy cores (an
 uninterrupted run and the killed run's lives, each a `baton train` process that loads a
