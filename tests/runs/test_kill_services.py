@@ -71,4 +71,4 @@ def test_a_killed_service_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_five_service_kills_each_followed_by_a_trainer_kill(tmp_path):
-    check_services(tmp_path, ["env", "api", "serve", "api", "env"], steps=18, save_every=3)
+    check_services(tmp_path, ["env", "api", "serve", "api", "env"], steps=28, save_every=3)
