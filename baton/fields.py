@@ -28,7 +28,8 @@ HAS_TOKEN_REWARDS = "has_token_rewards"  # [B] bool: the row's token_rewards are
                                          # turns, an environment's); else the driver places `rewards`
 ADVANTAGES = "advantages"  # [B, R] per-token advantages
 RETURNS = "returns"  # [B, R] value targets
-POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row
+POLICY_VERSION = "policy_version"  # [B] long, weight version that sampled the row (its oldest token's)
+TOKEN_VERSIONS = "token_versions"  # [B, R] long, weight version that sampled each token, -1 off the policy
 GROUP_INDEX = "group_index"  # [B] long, rows of one prompt share it (groups may be short: dropped rows)
 LEDGER_IDS = "ledger_ids"  # Batch.meta: a source's own ids of the batch's groups, in order (the run's ledger)
 TURN_INDEX = "turn_index"  # [B, R] long, policy turn of each response token, -1 off the policy (agents)
@@ -46,4 +47,4 @@ GENERATE_S = "generate_s"  # float, seconds the rollout worker spent generating 
 # Which side a field is padded on when batches of different widths are concatenated
 # (rows from different ranks): prompts are left-padded, everything else right-padded.
 LEFT_PADDED = frozenset({PROMPT_IDS, PROMPT_MASK})
-PAD_VALUES = {ROUTING: -1}  # what pads a column that is not 0 (-1: no recorded expert)
+PAD_VALUES = {ROUTING: -1, TOKEN_VERSIONS: -1}  # what pads a column that is not 0 (-1: no expert, no version)

@@ -16,6 +16,15 @@ without asking which are there:
     rollout_logprobs   when every trajectory has behaviour logprobs
     routing            when every trajectory has the experts its tokens came from (routing
                        replay: `extra["routing"]` [tokens, MoE layers, K], padded with -1)
+    token_versions     when some trajectory says which weight version sampled each token
+                       (agents' turns, gateway sessions: the weights may change between
+                       turns); the others' tokens are their `version`'s, -1 off the policy
+                       and on padding. `policy_version` [B] stays the row's oldest;
+                       `spanning_versions` counts the rows whose tokens span versions
+
+A row whose tokens span versions needs nothing else from the update: its behaviour logprobs
+are per token, each from the weights that sampled that token, so the off-policy correction
+(`baton.algos.off_policy`) weighs every token by its own sampler.
 
 Adding a row field is one dataclass field and one `Column` (tests/test_rows.py shows it
 with a teacher's logprobs).
@@ -42,7 +51,10 @@ class Trajectory:
     loss_mask: list[int] | None = None  # 1 on trained response tokens; None: all of them
     reward: float | None = None  # scalar reward; None: scored later, or the sum of token_rewards
     token_rewards: list[tuple[int, float]] | None = None  # (position, reward), added up in order
-    version: int = 0  # the policy version that sampled it
+    version: int = 0  # the policy version that sampled it (the oldest, when its tokens span versions)
+    # the weight version that sampled each response token, -1 on tokens the policy did not
+    # sample (mask 0: an environment's, a chat template's); None: every token `version`'s
+    token_versions: list[int] | None = None
     finish_reason: str = "stop"  # "stop" | "length"
     group: int = 0  # rows of one prompt share it
     prompt_row: int | None = None  # the row of `to_batch(prompts=)` whose task fields it carries
@@ -126,11 +138,34 @@ def to_batch(trajs: Sequence[Trajectory], pad_id: int, tokenizer: Any, prompts: 
         out[F.REWARDS] = torch.where(torch.tensor(unscored), tok_r.sum(1), rewards) if any(unscored) else rewards
     out[F.GROUP_INDEX] = torch.tensor([t.group for t in trajs], dtype=torch.long)
     out[F.POLICY_VERSION] = torch.tensor([t.version for t in trajs], dtype=torch.long)
+    if any(t.token_versions is not None for t in trajs):
+        out[F.TOKEN_VERSIONS] = pad_right([_token_versions(t) for t in trajs], -1, torch.long, width=width)[0]
     out[F.FINISH_REASON] = [t.finish_reason for t in trajs]
     out[F.COMPLETION_TEXT] = tokenizer.batch_decode([t.response_ids for t in trajs], skip_special_tokens=True)
     for key in dict.fromkeys(k for t in trajs for k in t.extra if k not in {c.attr for c in columns}):
         out[key] = [t.extra.get(key) for t in trajs]  # per-row values of no column: as they are
     return out
+
+
+def _token_versions(t: Trajectory) -> list[int]:
+    if t.token_versions is not None:
+        if len(t.token_versions) != len(t.response_ids):
+            raise ValueError(f"to_batch: {len(t.token_versions)} token versions for {len(t.response_ids)} response tokens")
+        return list(t.token_versions)
+    mask = t.loss_mask if t.loss_mask is not None else [1] * len(t.response_ids)
+    return [t.version if m else -1 for m in mask]
+
+
+def spanning_versions(rows: Batch) -> int:
+    """How many rows' sampled tokens came from more than one weight version (0 without a
+    `token_versions` column: every row's tokens are its `policy_version`'s)."""
+    if F.TOKEN_VERSIONS not in rows.tensors:
+        return 0
+    v = rows[F.TOKEN_VERSIONS]  # [B, R], -1 off the policy
+    sampled = v >= 0
+    hi = torch.where(sampled, v, -1).amax(1)  # [B]
+    lo = torch.where(sampled, v, torch.iinfo(v.dtype).max).amin(1)  # [B]
+    return int((sampled.any(1) & (hi > lo)).sum())
 
 
 def group_ids(prompts: Batch, offset: int = 0) -> list[int]:
@@ -141,4 +176,4 @@ def group_ids(prompts: Batch, offset: int = 0) -> list[int]:
     return [offset + i for i in range(len(prompts))]
 
 
-__all__ = ["COLUMNS", "Column", "Trajectory", "group_ids", "to_batch"]
+__all__ = ["COLUMNS", "Column", "Trajectory", "group_ids", "spanning_versions", "to_batch"]

@@ -196,7 +196,7 @@ async def _episode(row: dict, res: Result, cfg: AgentConfig, tokenizer: Any, tem
             ids = c.token_ids
             body = ids[:-1] if c.finish_reason == "stop" and ids and ids[-1] in eos else ids
             content = tokenizer.decode(body, skip_special_tokens=False)
-            traj.add_turn(ids, c.logprobs, content)
+            traj.add_turn(ids, c.logprobs, content, c.version)
             calls, status, err = parse_tool_calls(content, ep.tools.names if ep.tools else frozenset())
             traj.statuses.append(status)
             obs = await env_call(ep.step(AssistantTurn(content, calls, status, err)))
@@ -319,7 +319,8 @@ AGENT_COLUMNS = (Column("turn_index", F.TURN_INDEX, -1, torch.long),
 
 def row_of(r: Result, group: int) -> Row:
     """A kept episode as a training row: its turns' rewards on each turn's last policy token,
-    the final reward on the last one; each response token's turn (-1 off the policy)."""
+    the final reward on the last one; each response token's turn and the weight version that
+    sampled it (-1 off the policy); its `version` the oldest turn's."""
     ids, mask, logprobs = r.traj.response()
     ends = r.traj.turn_ends()
     rewards = [(e, r.traj.turn_rewards[k] if k < len(r.traj.turn_rewards) else 0.0) for k, e in enumerate(ends)]
@@ -333,7 +334,8 @@ def row_of(r: Result, group: int) -> Row:
                 turn[j] = k
         start = e + 1
     return Row(r.traj.prompt_ids, ids, logprobs=logprobs, loss_mask=mask, token_rewards=rewards,
-               version=r.version or 0, finish_reason=r.finish_reason, group=group, prompt_row=r.prompt_index,
+               version=r.version or 0, token_versions=r.traj.versions(), finish_reason=r.finish_reason,
+               group=group, prompt_row=r.prompt_index,
                extra={"turn_index": turn, "num_turns": r.traj.turns, F.TOOL_STATUS: list(r.traj.statuses)})
 
 

@@ -43,6 +43,7 @@ class Segment:
     turn: int
     ids: list[int]
     logprobs: list[float] | None = None
+    version: int = -1  # policy segments: the weight version that sampled them
 
 
 @dataclass
@@ -78,12 +79,13 @@ class Trajectory:
     def response_len(self) -> int:
         return sum(len(s.ids) for s in self.segments)
 
-    def add_turn(self, ids: list[int], logprobs: list[float], content: str) -> None:
-        """The engine's ids for one assistant turn, and its message content (the text of
-        the ids without the end-of-turn token). Adds the template's boundary after it (when
-        the sampled text does not render back, e.g. the template trims it, check() says so)."""
+    def add_turn(self, ids: list[int], logprobs: list[float], content: str, version: int = 0) -> None:
+        """The engine's ids for one assistant turn, sampled by weights `version`, and its
+        message content (the text of the ids without the end-of-turn token). Adds the
+        template's boundary after it (when the sampled text does not render back, e.g. the
+        template trims it, check() says so)."""
         turn = self.turns
-        self.segments.append(Segment(POLICY, turn, list(ids), list(logprobs)))
+        self.segments.append(Segment(POLICY, turn, list(ids), list(logprobs), version))
         self.messages.append({"role": "assistant", "content": content})
         self.segments.append(Segment(BOUNDARY, turn, encode(self.tokenizer, boundary_after(self.tokenizer, ids,
                                                                                             self.close))))
@@ -106,6 +108,10 @@ class Trajectory:
             mask += [1 if s.kind == POLICY else 0] * len(s.ids)
             lp += s.logprobs if s.kind == POLICY else [0.0] * len(s.ids)
         return ids, mask, lp
+
+    def versions(self) -> list[int]:
+        """The weight version that sampled each response token; -1 off the policy."""
+        return [v for s in self.segments for v in [s.version if s.kind == POLICY else -1] * len(s.ids)]
 
     def cut(self, max_tokens: int) -> None:
         """Truncated at the budget: drop trailing non-policy segments past it."""

@@ -25,6 +25,15 @@ Because w >= 0 and is detached, w * ppo_clip(A) = ppo_clip(w * A) token by token
 included): the GRPO driver applies the weights by scaling the advantages, which is how the
 actor's unchanged loss computes this objective (tested equal).
 
+mu is per token, not per row: `rollout_logprobs[b, t]` is the log-probability of token t
+under the weights that sampled it. A row whose tokens span weight versions (an agent's or a
+gateway session's turns across a weight update: `token_versions` in `baton.rows`, counted
+as `rollout/rows_spanning_versions`) is therefore corrected token by token against the
+sampler of each token: nothing here reads the row's single `policy_version` (the oldest,
+used only for `rollout/policy_age`). With `none` and no recomputation, PPO's ratio is taken
+against these per-token behaviour logprobs themselves (tested:
+tests/agents/test_token_versions.py).
+
 Each function takes `proximal_logprobs, behaviour_logprobs, response_mask` ([B, R]) and
 `cap`, and returns (weights [B, R] or None, metrics). Metrics (0-d tensors):
     off_policy/mismatch_kl   k3 estimate of KL(mu || pi_prox) on the sampled tokens: the

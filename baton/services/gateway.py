@@ -35,7 +35,8 @@ Finished sessions (a reward reported) become rows (`baton.services.gateway_rows`
 `baton.rows.Trajectory` each, padded by `baton.rows.to_batch`: prompt_ids/prompt_mask left-padded,
 response_ids/response_mask right-padded (mask 0 on template-inserted tokens),
 rollout_logprobs 0 on mask-0 tokens, rewards, policy_version (the oldest weights that
-sampled any of its turns), finish_reason (of the last turn), completion text and
+sampled any of its turns), token_versions (the weights that sampled each token, -1 on mask 0:
+a session's turns may straddle a weight update), finish_reason (of the last turn), completion text and
 group_index (rows of one group share it; the advantage estimator groups by it).
 
 Faults: an agent that gives up calls `POST /sessions/<id>/abort {"reason"?}`; a session
@@ -90,6 +91,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)  # prompt + everything after it
     mask: list[int] = field(default_factory=list)  # 1 on sampled tokens
     logprobs: list[float] = field(default_factory=list)  # behaviour logprobs, 0 on mask-0 tokens
+    sampled_by: list[int] = field(default_factory=list)  # each token's weight version, -1 on mask-0 tokens
     prompt_len: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation incl. our last answer
     prompt_messages: int = 0  # how many of `messages` the last turn's prompt held
@@ -106,6 +108,7 @@ class Session:
         return {"session_id": self.id, "group": self.group, "tokens": list(self.tokens), "mask": list(self.mask),
                 "logprobs": list(self.logprobs), "prompt_len": self.prompt_len, "turns": self.turns,
                 "reward": self.reward, "finish_reason": self.last_finish, "versions": list(self.versions),
+                "token_versions": list(self.sampled_by),
                 "boundary_mismatches": self.boundary_mismatches}
 
 
@@ -263,12 +266,14 @@ class Gateway:
         s.tokens += inserted
         s.mask += [0] * len(inserted)
         s.logprobs += [0.0] * len(inserted)
+        s.sampled_by += [-1] * len(inserted)
 
     def _start(self, s: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         """The first turn: the rendered conversation is the prompt."""
         s.tools = tools
         s.tokens = self._encode(render(self.tok, messages, tools, True))
         s.mask, s.logprobs, s.prompt_len = [0] * len(s.tokens), [0.0] * len(s.tokens), len(s.tokens)
+        s.sampled_by = [-1] * len(s.tokens)
 
     async def _off_loop(self, fn, *args) -> Any:
         """`fn(*args)` on the gateway's template / tokenizer thread (in-process callers without
@@ -326,6 +331,7 @@ class Gateway:
             s.tokens += out.token_ids
             s.mask += [1] * len(out.token_ids)
             s.logprobs += out.logprobs
+            s.sampled_by += [out.version] * len(out.token_ids)
             s.last_sampled, s.last_finish = out.token_ids, out.finish_reason
             s.versions.append(out.version)
             s.turns += 1

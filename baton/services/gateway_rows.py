@@ -35,6 +35,7 @@ def sessions_to_batch(groups: list[list[Session]], tokenizer: Any, pad_id: int) 
             prompt, response, mask = split_sequence(s.tokens, s.mask, trained=bool)
             trajs.append(Trajectory(prompt, response, logprobs=[float(x) for x in s.logprobs[len(prompt):]],
                                     loss_mask=mask, reward=float(s.reward), version=version,
+                                    token_versions=s.sampled_by[len(prompt):],
                                     finish_reason=finish_of(s.last_finish, response, eos), group=gi))
     return to_batch(trajs, pad_id, tokenizer)
 

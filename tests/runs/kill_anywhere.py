@@ -113,6 +113,37 @@ def ledger_ids(run_dir: Path) -> list[str]:
     return [str(i) for e in read_ledger(run_dir) for i in e["ids"]]
 
 
+def ledger_steps(run_dir: Path) -> list[list[str]]:
+    """Each step's ids, sorted: what a step trained, whatever order its groups finished in."""
+    return [sorted(str(i) for i in e["ids"]) for e in read_ledger(run_dir)]
+
+
+def run_argv(base: list[str], run_dir: Path, steps: int, save_every: int) -> list[str]:
+    return [*base, f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", f"trainer.save_every={save_every}"]
+
+
+def check_killed(tmp_path: Path, name: str, base: list[str], steps: int, save_every: int, kills: int, span: int,
+                 same_metrics: bool = True) -> list[int]:
+    """An uninterrupted run of `base` and one SIGKILLed `kills` times (after 1..`span` new
+    steps each life, seeded: printed) and resumed: their ledgers equal (no prompt lost, none
+    trained twice) and, `same_metrics` (a deterministic path), in the same order within each
+    step, and so is every step's metrics line (else each step trains the same groups, in the
+    order they finished). Returns the last step logged at each kill."""
+    rng = random.Random(seed_of(f"{name} {kills} kill(s)"))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    uninterrupted(run_argv(base, whole, steps, save_every), whole)
+    found = train_killed(run_argv(base, killed, steps, save_every), killed, after_new_step(killed, rng, span=span),
+                         kills, steps)
+    print(f"killed after steps {found}")
+    assert len(found) == kills
+    assert ledger_steps(killed) == ledger_steps(whole)
+    assert len(set(ledger_ids(whole))) > steps  # the ledger says something: distinct prompts
+    if same_metrics:
+        assert ledger_ids(killed) == ledger_ids(whole)
+        assert metrics(killed) == metrics(whole)
+    return found
+
+
 def seed_of(name: str) -> int:
     """The kill times' seed: BATON_KILL_SEED to replay a failure, else a fresh one (printed)."""
     seed = int(os.environ.get("BATON_KILL_SEED") or random.SystemRandom().randrange(2**31))
@@ -120,5 +151,5 @@ def seed_of(name: str) -> int:
     return seed
 
 
-__all__ = ["REPO", "after_new_step", "last_step", "ledger_ids", "metrics", "seed_of", "train_killed",
-           "uninterrupted"]
+__all__ = ["REPO", "after_new_step", "check_killed", "last_step", "ledger_ids", "ledger_steps", "metrics",
+           "run_argv", "seed_of", "train_killed", "uninterrupted"]

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kill_anywhere import REPO, after_new_step, ledger_ids, metrics, seed_of, train_killed, uninterrupted
+from kill_anywhere import (REPO, after_new_step, check_killed, ledger_ids, run_argv, seed_of, train_killed,
+                           uninterrupted)
 
 from baton.cli import main
 from tests.services.test_faults import free_port, wait_http
@@ -40,21 +41,12 @@ API = [str(REPO / "recipes/grpo_arithmetic_api.yaml"), *TINY, "data.envs=[]", "d
 
 
 def embedded(run_dir: Path, steps: int, save_every: int) -> list[str]:
-    return [*EMBEDDED, f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", f"trainer.save_every={save_every}"]
+    return run_argv(EMBEDDED, run_dir, steps, save_every)
 
 
 def check_embedded(tmp_path: Path, steps: int, save_every: int, kills: int, span: int,
                    extra: tuple[str, ...] = ()) -> None:
-    rng = random.Random(seed_of(f"embedded {' '.join(extra)} {kills} kill(s)"))
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    uninterrupted([*embedded(whole, steps, save_every), *extra], whole)
-    found = train_killed([*embedded(killed, steps, save_every), *extra], killed,
-                         after_new_step(killed, rng, span=span), kills, steps)
-    print(f"killed after steps {found}")
-    assert len(found) == kills
-    assert ledger_ids(killed) == ledger_ids(whole)  # no prompt lost, none trained twice, same order
-    assert len(set(ledger_ids(whole))) > steps  # the ledger says something: distinct prompts
-    assert metrics(killed) == metrics(whole)  # deterministic placement: every step's line
+    check_killed(tmp_path, f"embedded {' '.join(extra)}", [*EMBEDDED, *extra], steps, save_every, kills, span)
 
 
 @pytest.mark.slow  # 90 s of the default run's 7 min (two runs that each start Ray): the embedded
@@ -80,42 +72,52 @@ def test_embedded_sync_path_five_kills(tmp_path):
 # --- the services path ------------------------------------------------------------------
 class Services:
     """`baton api` (a queue of 8 groups), `baton serve` and one `baton env` feeding it: each a
-    process of its own, none killed with the trainer."""
+    process of its own, none killed with the trainer. `restart(name)` SIGKILLs one ("api",
+    "serve", "env") and starts it again as it was (the API on the same `--db` and port)."""
 
     def __init__(self, tmp: Path, name: str):
         from runs_helpers import child_env
 
         api_port, server_port = free_port(), free_port()
         self.url, server = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{server_port}"
-        env, self.procs = child_env(), []
-        out = open(tmp / f"{name}.services.log", "a")
+        self.env, self.out, self.procs = child_env(), open(tmp / f"{name}.services.log", "a"), {}
+        self.argv = {"api": ["api", "--port", str(api_port), "--db", str(tmp / f"{name}.sqlite"), "--max-queue", "8"],
+                     "serve": ["serve", MODEL, "--port", str(server_port)],
+                     "env": ["env", "arithmetic", "--api", self.url, "--server", server, "--tokenizer", MODEL,
+                             "--group-size", "4", "--max-new-tokens", "4", "--concurrency", "2", "--seed", "0"]}
+        self.health = {"api": f"{self.url}/health", "serve": f"{server}/health"}
+        for kind in self.argv:
+            self.start(kind)
 
-        def start(*argv: str) -> subprocess.Popen:
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.cli", *argv], env=env, stdout=out,
-                                               stderr=out, start_new_session=True))
-            return self.procs[-1]
-        start("api", "--port", str(api_port), "--db", str(tmp / f"{name}.sqlite"), "--max-queue", "8")
-        wait_http(f"{self.url}/health")
-        start("serve", MODEL, "--port", str(server_port))
-        wait_http(f"{server}/health", timeout=120)
-        start("env", "arithmetic", "--api", self.url, "--server", server, "--tokenizer", MODEL, "--group-size", "4",
-              "--max-new-tokens", "4", "--concurrency", "2", "--seed", "0")
+    def start(self, kind: str) -> None:
+        self.procs[kind] = subprocess.Popen([sys.executable, "-m", "baton.cli", *self.argv[kind]], env=self.env,
+                                            stdout=self.out, stderr=self.out, start_new_session=True)
+        if kind in self.health:
+            wait_http(self.health[kind], timeout=120)
+
+    def kill(self, kind: str) -> None:
+        import os
+
+        p = self.procs[kind]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+
+    def restart(self, kind: str) -> None:
+        assert self.procs[kind].poll() is None, f"{kind} exited before its kill: {self.argv[kind]}"
+        self.kill(kind)
+        self.start(kind)
 
     def batches_handed_out(self) -> int:
         return int(httpx.get(f"{self.url}/status", timeout=30).json().get("current_step") or 0)
 
     def stop(self) -> None:
-        import os
-
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
+        for kind in self.procs:
+            self.kill(kind)
 
 
 def api_argv(run_dir: Path, url: str, steps: int, save_every: int) -> list[str]:
-    return [*API, f"data.api_url={url}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
-            f"trainer.save_every={save_every}"]
+    return run_argv([*API, f"data.api_url={url}"], run_dir, steps, save_every)
 
 
 def check_api(tmp_path: Path, steps: int, save_every: int, kills: int, when, compare: bool) -> list[int]:

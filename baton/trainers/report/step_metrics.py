@@ -7,6 +7,7 @@ from typing import Any
 
 from baton import fields as F
 from baton.batch import Batch
+from baton.rows import spanning_versions
 
 
 def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> dict[str, Any]:
@@ -20,6 +21,9 @@ def step_metrics(batch: Batch, update: list[dict[str, float]], version: int) -> 
         "response/truncated": sum(r == "length" for r in batch[F.FINISH_REASON]) / len(batch),
         "rollout/policy_age": (version - batch[F.POLICY_VERSION].float()).mean().item(),
         "rollout/tokens": int(lengths.sum().item()),
+        # rows whose tokens were sampled by more than one weight version (an agent's or a
+        # gateway session's turns across a weight update): `baton.rows`
+        "rollout/rows_spanning_versions": spanning_versions(batch),
     }
     if F.PROMPT_MASK in batch.tensors:  # with rollout/tokens: the step's work (bench/grpo_vs_trl.py's FLOPs)
         m["rollout/prompt_tokens"] = int(batch[F.PROMPT_MASK].sum().item())
