@@ -292,7 +292,7 @@ class RemoteEngine:
             # paused for the load: requests in flight finish on the old weights, new ones wait
             self._post("/pause?mode=wait")
             try:
-                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
+                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path, digests]})
                 self._post("/reset_prefix_cache")
                 self._post("/update_weight_version", {"new_version": str(version)})
             finally:
@@ -316,7 +316,9 @@ class RemoteEngine:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
-                                        group_name: str = "weight_update_group", bucket_bytes: int | None = None) -> None:
+                                        group_name: str = "weight_update_group", bucket_bytes: int | None = None,
+                                        digests: dict[str, str] | None = None) -> None:
+        """`digests` (baton's server): checked against what arrived before it is installed."""
         self._no_vllm("update_weights_from_distributed")
         body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                                 "group_name": group_name, "weight_version": str(version)}
@@ -324,6 +326,8 @@ class RemoteEngine:
             body["version"] = version
             if bucket_bytes:
                 body["bucket_bytes"] = bucket_bytes
+            if digests is not None:
+                body["digests"] = digests
         elif bucket_bytes:
             raise ValueError("SGLang receives one tensor per broadcast: use bucket_mb=0 with dialect='sglang'")
         self._check(self._post("/update_weights_from_distributed", body), "update_weights_from_distributed")
@@ -333,11 +337,14 @@ class RemoteEngine:
         self._post("/destroy_weights_update_group", {"group_name": group_name})
 
     # --- LoRA adapters ---------------------------------------------------------------
-    def load_lora_adapter(self, name: str, path: str) -> None:
-        """Have the server load the PEFT adapter dir `path` (on its filesystem) as `name`."""
+    def load_lora_adapter(self, name: str, path: str, digests: dict[str, str] | None = None) -> None:
+        """Have the server load the PEFT adapter dir `path` (on its filesystem) as `name`;
+        `digests` (baton's server): each tensor checked against what was written first."""
         prefix = "/v1" if self.dialect == "vllm" else ""
-        self._check(self._post(f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": path}),
-                    "load_lora_adapter")
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if self.dialect == "baton" and digests is not None:
+            body["digests"] = digests
+        self._check(self._post(f"{prefix}/load_lora_adapter", body), "load_lora_adapter")
 
     def unload_lora_adapter(self, name: str) -> None:
         prefix = "/v1" if self.dialect == "vllm" else ""

@@ -40,6 +40,7 @@ from typing import Iterable, Sequence
 import torch
 
 from baton.sync.backend import End, choose_backend, end_of
+from baton.sync.digest import WeightDigestError, digests as digests_of, staged
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, send_buckets)
 
@@ -90,9 +91,13 @@ class WeightReceiver:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
-                                        group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None) -> None:
+                                        group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None,
+                                        digests: dict[str, str] | None = None) -> None:
         """Receive the broadcast described by (names, dtypes, shapes) and load it. Blocks
-        until the trainer has sent every bucket."""
+        until the trainer has sent every bucket. `digests` ({name: digest} of what the trainer
+        sent): every tensor is checked against it before any is installed; a mismatch raises
+        `WeightDigestError` naming the tensor, after the broadcast completed (the group stays
+        usable) and with the engine's weights and version untouched."""
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
@@ -101,7 +106,7 @@ class WeightReceiver:
         device = getattr(self.engine, "device", None)
         it = receive_buckets(group, specs, plan, device=device)
         try:
-            self.engine.update_weights(it, version)
+            self.engine.update_weights(it if digests is None else staged(it, digests), version)
         finally:
             drain(it)  # if the engine rejected a name, still complete the collectives
 
@@ -198,13 +203,20 @@ class BroadcastSync:
         if self._broken is not None:
             raise RuntimeError(f"weight update group is broken by an earlier failure ({self._broken}); "
                                "close this BroadcastSync and create a new one")
+        sent = digests_of(named)  # each engine checks what arrived against it before installing
         futures = [self._pool.submit(e.update_weights_from_distributed, names, dtypes, shapes, version,
-                                     self.group_name, self.bucket_bytes) for e in self.engines]
+                                     self.group_name, self.bucket_bytes, digests=sent) for e in self.engines]
         # Send on a thread of its own: if an engine rejects the request it never posts its
         # receives and our broadcast would block until the group timeout; this way the
         # engine's error surfaces at once.
         futures.append(self._sender.submit(_send, self.group, [t for _, t in named], plan))
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for e, f in zip(self.engines, futures):
+            if f.done() and f.exception() is not None and _digest_refusal(f.exception()):
+                # every bucket was received (the engine checks after the last): the group is intact
+                wait(futures)
+                raise WeightDigestError(f"weight broadcast (version {version}) refused by {_engine_name(e)}: "
+                                        f"{_refusal(f.exception())[1]}") from f.exception()
         for f in done:
             if f.exception() is not None:
                 self._broken = repr(f.exception())
@@ -233,6 +245,11 @@ class BroadcastSync:
 
 def _engine_name(engine) -> str:
     return getattr(engine, "base_url", None) or type(engine).__name__
+
+
+def _digest_refusal(exc: BaseException) -> bool:
+    """An engine refused what arrived as not what was sent (in process, or a server's 409)."""
+    return isinstance(exc, WeightDigestError) or (_refusal(exc)[0] == 409 and "digest" in str(exc))
 
 
 def _refusal(exc: BaseException) -> tuple[int | None, str]:

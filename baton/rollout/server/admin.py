@@ -85,8 +85,10 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             validate_specs(req.names, req.dtypes, req.shapes)
             async with srv.weight_update():
                 await srv.runner.call(srv.receiver.update_weights_from_distributed, req.names, req.dtypes,
-                                      req.shapes, version, req.group_name, bucket_bytes,
+                                      req.shapes, version, req.group_name, bucket_bytes, req.digests,
                                       label="update_weights_from_distributed")
+        except WeightDigestError as exc:
+            return _fail(409, f"update_weights_from_distributed refused: {exc}; still serving version {engine.version}")
         except (KeyError, ValueError) as exc:
             return _fail(400, f"update_weights_from_distributed failed: {exc}")
         srv.weights_path = f"broadcast:{req.group_name}"
@@ -116,11 +118,15 @@ def lora_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             from baton.models.lora import read_adapter
 
             adapter = await asyncio.to_thread(read_adapter, files[0].parent)
+            if req.digests is not None:  # what the trainer wrote, byte for byte, or refused
+                await asyncio.to_thread(check_digests, adapter[1].items(), req.digests)
             async with srv.weight_update():
                 nbytes = await srv.runner.call(engine.load_lora_adapter, req.lora_name, adapter,
                                                label="load_lora_adapter")
         except HTTPException as exc:
             return _fail(exc.status_code, f"load_lora_adapter failed: {exc.detail}")
+        except WeightDigestError as exc:
+            return _fail(409, f"load_lora_adapter refused: {exc}; still serving the adapter loaded before, if any")
         except (KeyError, ValueError, FileNotFoundError, AttributeError) as exc:
             return _fail(400, f"load_lora_adapter failed: {exc}")
         srv.lora_paths[req.lora_name] = req.lora_path

@@ -219,6 +219,7 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     # baton extension: tensors arrive packed in flat buckets of this many bytes (see
     # baton.sync.group.plan_buckets); absent -> one broadcast per tensor, as SGLang does.
     bucket_bytes: int | None = Field(None, ge=0, le=2**40)
+    digests: dict[str, str] | None = None  # baton: as UpdateWeightsFromDiskRequest's, checked before installing
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
@@ -234,6 +235,7 @@ class LoadLoraAdapterRequest(_Lenient):
     lora_path: str
     load_inplace: bool = False  # vLLM: replace a loaded adapter of that name (baton always does)
     pinned: bool = False  # SGLang: keep it resident (baton keeps every adapter resident)
+    digests: dict[str, str] | None = None  # baton: {PEFT key: digest} sent, checked before it is served
 
 
 class UnloadLoraAdapterRequest(_Lenient):
