@@ -227,6 +227,8 @@ class VLLMEngine:
             shutil.rmtree(path, ignore_errors=True)
 
     # --- weights ------------------------------------------------------------------------
+    partial_weight_updates = False  # a full set each time (baton.sync.delta sends it one)
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a full set of HF-named tensors and re-pack them (see the module docstring)."""
         load_weights_packed(self.model, weights)
