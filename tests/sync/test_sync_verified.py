@@ -48,3 +48,6 @@ def test_the_demo_recipe_is_verified_on_every_step(tmp_path, weight_sync):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "actor/loss" in r]
     assert len(steps) == 3 and [r["sync/verified"] for r in steps] == [1.0, 1.0, 1.0], steps
+    moved = {r["sync/bytes"] for r in steps}  # inplace: nothing moves; copy: the whole model, copied in
+    assert moved == {0.0} if weight_sync == "auto" else len(moved) == 1 and moved.pop() > 1e6, steps
+    assert all(r["sync/seconds"] >= 0 for r in steps)
