@@ -4,12 +4,13 @@
 
 Tensor for tensor, by name: an engine tensor that *is* the trainer's (the same storage, shape,
 strides and dtype: the `inplace` transport, where the engine reads the trainer's module) holds
-its bytes by construction and is not hashed; any other (an engine's own copy: `copy`,
-`checkpoint`) is compared by digest (`baton.sync.digest.tensor_digest`) with the trainer's,
-cast to the engine's dtype first (an engine sampling in bf16 from fp32 master weights holds
-the cast). A trainer tensor the engine does not hold is a difference too. The cost is one
-hash of each tensor on both sides for an own copy and nothing for `inplace`
-(BENCHMARKS.md, "sync/verified").
+its bytes by construction and is not read; any other (an engine's own copy: `copy`,
+`checkpoint`) is compared byte for byte with the trainer's, cast to the engine's dtype first
+(an engine sampling in bf16 from fp32 master weights holds the cast), where both live: what
+equal digests (`baton.sync.digest`) would say, without hashing or a copy to the host (both
+sides are in this process; digests are for what crosses a wire). A trainer tensor the engine
+does not hold is a difference too. Cost: one read of each tensor on both sides for an own
+copy, nothing for `inplace` (BENCHMARKS.md, "sync/verified").
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 import torch
-
-from baton.sync.digest import tensor_digest
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 
@@ -41,9 +40,16 @@ def held_exactly(engine_tensors: Mapping[str, torch.Tensor],
                 held = engine_tensors.get(name.removeprefix(prefix))
         if held is None:
             return False, name
-        t = t.detach()
-        if same_tensor(held.detach(), t):
+        held, t = held.detach(), t.detach()
+        if same_tensor(held, t):
             continue
-        if tensor_digest(held) != tensor_digest(t.to(held.dtype)):
+        if not same_bytes(held, t.to(held.device, held.dtype)):
             return False, name
     return True, None
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bytes (not `==`: NaN's bytes equal themselves, -0.0's are not 0.0's)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))

@@ -203,3 +203,31 @@ def test_a_corrupted_adapter_is_refused_and_the_loaded_one_serves(tmp_path, monk
         monkeypatch.setattr(sync, "_write", write)
         sync.push(adapter_tensors(pm), 2)
         assert engine.generate([PROMPT], params)[0].logprobs != before.logprobs
+
+
+# --- the object store transport: a generator on its own pool ------------------------------------
+
+@pytest.mark.parametrize("fault", ["flip", "drop"])
+def test_a_corrupted_object_store_payload_is_refused_and_the_generator_keeps_its_weights(make_tiny_qwen,
+                                                                                         srv_tokenizer, fault):
+    """`WeightsWorker.full_weights`' payload (`wire_weights`) as the generator gets it from the
+    object store, one byte of a tensor flipped or a tensor missing: `weights_from_wire` refuses
+    it before `load_weights` installs anything."""
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.workers.generator import weights_from_wire, wire_weights
+
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    payload = wire_weights(trainer.named_parameters())
+    if fault == "flip":
+        payload["tensors"][NAME] = payload["tensors"][NAME].copy()
+        payload["tensors"][NAME].view("uint8")[0] ^= 1
+        needle = f"tensor {NAME!r}: digest "
+    else:
+        del payload["tensors"][NAME]
+        needle = f"tensor {NAME!r} was sent and did not arrive"
+    with pytest.raises(WeightDigestError, match=needle):
+        engine.update_weights(weights_from_wire(payload), 1)
+    assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+    engine.update_weights(weights_from_wire(wire_weights(trainer.named_parameters())), 1)
+    assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
