@@ -41,9 +41,9 @@ import torch
 
 from baton.sync.backend import End, choose_backend, end_of
 from baton.sync.delta import Held, StaleBase, check_base, nbytes, receiver_version, stale_refusal, takes_delta
-from baton.sync.digest import WeightDigestError, digests as digests_of, staged
+from baton.sync.digest import WeightDigestError, check_digests, digests as digests_of, staged
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
-                              parse_dtype, plan_buckets, receive_buckets, send_buckets)
+                              parse_dtype, plan_buckets, receive_buckets, receive_digests, send_buckets)
 
 
 class AlreadyHasTrainer(ValueError):
@@ -116,6 +116,21 @@ class WeightReceiver:
             self.engine.update_weights(tensors, version)
         finally:
             drain(it)  # if the engine rejected a name, still complete the collectives
+
+    def receive_checked(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                        version: int, group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None) -> None:
+        """Receive the buckets of (names, dtypes, shapes), then their digests in the same group
+        (`send_buckets` + `send_digests`: a generator's group with the actor, where no request
+        carries them), check every tensor, then install: a mismatch raises `WeightDigestError`
+        naming the tensor after the last collective, the engine's weights and version kept."""
+        group = self.groups.get(group_name)
+        if group is None:
+            raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
+        specs = validate_specs(names, dtypes, shapes)
+        received = list(receive_buckets(group, specs, plan_buckets(specs, bucket_bytes),
+                                        device=getattr(self.engine, "device", None)))
+        check_digests(received, receive_digests(group, specs))
+        self.engine.update_weights(received, version)
 
     def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
         group = self.groups.pop(group_name, None)

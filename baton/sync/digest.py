@@ -21,6 +21,9 @@ from typing import Iterable
 import torch
 
 
+DIGEST_BYTES = 8  # a digest's 16 hex digits, as bytes (`baton.sync.group.send_digests`)
+
+
 class WeightDigestError(ValueError):
     """What a receiver read is not what the sender sent (names the tensor)."""
 
@@ -30,7 +33,7 @@ def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
+    return h.hexdigest()[:2 * DIGEST_BYTES]
 
 
 def digests(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:

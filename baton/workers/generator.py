@@ -46,7 +46,7 @@ from baton.protocol import SamplingParams
 from baton.rollout.engines import build_engine
 from baton.sync import WeightReceiver
 from baton.sync.digest import staged, tensor_digest
-from baton.sync.group import WeightUpdateGroup, dtype_name, gather_buckets, plan_buckets, send_buckets
+from baton.sync.group import WeightUpdateGroup, dtype_name, gather_buckets, plan_buckets, send_buckets, send_digests
 from baton.workers.policy import Policy
 from baton.workers.rollout import RolloutConfig, RolloutWorker
 
@@ -138,8 +138,7 @@ class GeneratorWorker(RolloutWorker):
     def receive_weights(self, specs: tuple[list, list, list], version: int) -> int:
         """Receive the broadcast of `WeightsWorker.send_weights` (names, dtypes, shapes)."""
         names, dtypes, shapes = specs
-        self.receiver.update_weights_from_distributed(names, dtypes, shapes, version,
-                                                      bucket_bytes=BUCKET_BYTES)
+        self.receiver.receive_checked(names, dtypes, shapes, version, bucket_bytes=BUCKET_BYTES)  # digests follow
         return version
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
@@ -206,7 +205,9 @@ class WeightsWorker(Worker):
         tensors, specs = self._params()
         plan = plan_buckets(specs, BUCKET_BYTES)
         if self.rank == 0:
-            send_buckets(self.group, tensors, plan)
+            sent: dict[int, str] = {}
+            send_buckets(self.group, tensors, plan, digests=sent)
+            send_digests(self.group, [sent[i] for i in range(len(tensors))])  # the generator checks, then installs
         else:
             gather_buckets(tensors, plan)
 

@@ -231,3 +231,46 @@ def test_a_corrupted_object_store_payload_is_refused_and_the_generator_keeps_its
     assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
     engine.update_weights(weights_from_wire(wire_weights(trainer.named_parameters())), 1)
     assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+
+
+# --- a generator's broadcast group with the actor: the digests follow the buckets in band --------
+
+@pytest.mark.parametrize("fault", ["flip", "cut"])
+def test_a_corrupted_generator_broadcast_is_refused_and_the_generator_keeps_its_weights(make_tiny_qwen,
+                                                                                        srv_tokenizer, fault):
+    """What `WeightsWorker.send_weights` and `GeneratorWorker.receive_weights` run, on a real
+    gloo group (set up by a BroadcastSync here): the buckets, then their digests; the
+    receiver checks before it installs (`WeightReceiver.receive_checked`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.sync import BroadcastSync, WeightReceiver
+    from baton.sync.group import dtype_name, plan_buckets, send_buckets, send_digests
+
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    receiver = WeightReceiver(engine)
+    sync = BroadcastSync([receiver], bucket_mb=0, timeout_s=60)
+    named = list(trainer.named_parameters())
+    names, dtypes, shapes = [n for n, _ in named], [dtype_name(t.dtype) for _, t in named], [list(t.shape) for _, t in named]
+    plan = plan_buckets(list(zip(names, dtypes, shapes)), None)
+
+    def send() -> None:
+        sent: dict[int, str] = {}
+        send_buckets(sync.group, [t for _, t in named], plan, digests=sent)
+        send_digests(sync.group, [sent[i] for i in range(len(named))])
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            flip_in_transit(sync, names.index(NAME), fault)
+            sender = pool.submit(send)
+            with pytest.raises(WeightDigestError, match=f"tensor {NAME!r}: digest "):
+                receiver.receive_checked(names, dtypes, shapes, 1)
+            sender.result()
+            assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+            sync.group.broadcast = type(sync.group).broadcast.__get__(sync.group)
+            sender = pool.submit(send)
+            receiver.receive_checked(names, dtypes, shapes, 1)
+            sender.result()
+        assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+    finally:
+        sync.close()
