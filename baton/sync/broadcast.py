@@ -40,7 +40,8 @@ from typing import Iterable, Sequence
 import torch
 
 from baton.sync.backend import End, choose_backend, end_of
-from baton.sync.delta import Held, StaleBase, check_base, nbytes, receiver_version, stale_refusal, takes_delta
+from baton.sync.delta import (Held, StaleBase, check_base, installed_as, nbytes, receiver_version, stale_refusal,
+                              takes_delta, weights_id)
 from baton.sync.digest import WeightDigestError, check_digests, digests as digests_of, staged
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, receive_digests, send_buckets)
@@ -93,14 +94,16 @@ class WeightReceiver:
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
                                         group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None,
-                                        digests: dict[str, str] | None = None, base_version: int | None = None) -> None:
+                                        digests: dict[str, str] | None = None, weights: str | None = None,
+                                        base_weights: str | None = None) -> None:
         """Receive the broadcast described by (names, dtypes, shapes) and load it. Blocks
         until the trainer has sent every bucket. `digests` ({name: digest} of what the trainer
         sent): every tensor is checked against it before any is installed; a mismatch raises
         `WeightDigestError` naming the tensor, after the broadcast completed (the group stays
-        usable) and with the engine's weights and version untouched. `base_version`: the
-        tensors are a delta on that version (`baton.sync.delta`): refused (`StaleBase`) unless
-        the engine serves it."""
+        usable) and with the engine's weights and version untouched. `weights`: the identity of
+        the whole set after this push (`baton.sync.delta.weights_id`), kept by the engine;
+        `base_weights`: the tensors are a delta on that set: refused (`StaleBase`) unless the
+        engine holds it."""
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
@@ -110,10 +113,11 @@ class WeightReceiver:
         it = receive_buckets(group, specs, plan, device=device)
         try:
             tensors = it if digests is None else staged(it, digests)
-            if base_version is not None:  # a delta: received (and checked) whole, then its base checked
+            if base_weights is not None:  # a delta: received (and checked) whole, then its base checked
                 tensors = list(tensors)
-                check_base(self.engine, base_version)
+                check_base(self.engine, base_weights)
             self.engine.update_weights(tensors, version)
+            installed_as(self.engine, weights)
         finally:
             drain(it)  # if the engine rejected a name, still complete the collectives
 
@@ -131,6 +135,7 @@ class WeightReceiver:
                                         device=getattr(self.engine, "device", None)))
         check_digests(received, receive_digests(group, specs))
         self.engine.update_weights(received, version)
+        installed_as(self.engine, None)
 
     def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
         group = self.groups.pop(group_name, None)
@@ -234,7 +239,7 @@ class BroadcastSync:
         keep = None if keep is None else set(keep)
         try:
             self._push([(n, t) for n, t in named if keep is None or n in keep], every, version,
-                       None if keep is None else self.held.version)
+                       None if keep is None else self.held.id)
         except BaseException as exc:
             self.held.forget()  # the engines' state is not known: the next push is whole
             if keep is None or not stale_refusal(exc):
@@ -246,15 +251,15 @@ class BroadcastSync:
                      "sync/seconds": time.perf_counter() - t0, "sync/tensors": float(len(keep or sizes))}
 
     def _push(self, named: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
-              base_version: int | None) -> None:
+              base_weights: str | None) -> None:
         names = [n for n, _ in named]
         dtypes = [dtype_name(t.dtype) for _, t in named]
         shapes = [list(t.shape) for _, t in named]
         plan = plan_buckets(list(zip(names, dtypes, shapes)), self.bucket_bytes)
         sent = {n: every[n] for n in names}
         futures = [self._pool.submit(e.update_weights_from_distributed, names, dtypes, shapes, version,
-                                     self.group_name, self.bucket_bytes, digests=sent,
-                                     **({} if base_version is None else {"base_version": base_version}))
+                                     self.group_name, self.bucket_bytes, digests=sent, weights=weights_id(every),
+                                     **({} if base_weights is None else {"base_weights": base_weights}))
                    for e in self.engines]
         # Send on a thread of its own: if an engine rejects the request it never posts its
         # receives and our broadcast would block until the group timeout; this way the
@@ -265,7 +270,7 @@ class BroadcastSync:
             if f.done() and f.exception() is not None and _refused_whole(f.exception()):
                 # every bucket was received (the engine checks after the last): the group is intact
                 wait(futures)
-                error = StaleBase if "a delta on version" in str(f.exception()) else WeightDigestError
+                error = StaleBase if "a delta on weights" in str(f.exception()) else WeightDigestError
                 raise error(f"weight broadcast (version {version}) refused by {_engine_name(e)}: "
                             f"{_refusal(f.exception())[1]}") from f.exception()
         for f in done:
@@ -302,7 +307,7 @@ def _refused_whole(exc: BaseException) -> bool:
     """An engine received the whole broadcast and refused it: not what was sent, or a delta on
     a version it does not serve (in process, or a server's 409)."""
     return isinstance(exc, (WeightDigestError, StaleBase)) or (
-        _refusal(exc)[0] == 409 and ("digest" in str(exc) or "a delta on version" in str(exc)))
+        _refusal(exc)[0] == 409 and ("digest" in str(exc) or "a delta on weights" in str(exc)))
 
 
 def _refusal(exc: BaseException) -> tuple[int | None, str]:

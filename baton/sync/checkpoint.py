@@ -25,7 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from baton.sync.delta import Held, check_base, nbytes, receiver_version, stale_refusal, takes_delta
+from baton.sync.delta import (Held, check_base, installed_as, nbytes, receiver_version, stale_refusal, takes_delta,
+                              weights_id)
 from baton.sync.digest import check_digests, digests
 
 
@@ -106,9 +107,9 @@ class CheckpointSync:
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
               keep: list[str] | None) -> dict[str, str]:
-        """Write `tensors` (those in `keep`: a delta on `held.version`) and have every engine
+        """Write `tensors` (those in `keep`: a delta on `held.id`) and have every engine
         load them; returns the digests of what was sent."""
-        base = None if keep is None else self.held.version
+        base = None if keep is None else self.held.id
         if keep is not None:
             tensors = [(n, t) for n, t in tensors if n in set(keep)]
         sent = {n: every[n] for n, _ in tensors}
@@ -119,12 +120,13 @@ class CheckpointSync:
             self._written.pop(0).unlink(missing_ok=True)
         for engine in self.engines:
             if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
-                engine.update_weights_from_disk(str(path), version, digests=sent,
-                                                **({} if base is None else {"base_version": base}))
+                engine.update_weights_from_disk(str(path), version, digests=sent, weights=weights_id(every),
+                                                **({} if base is None else {"base_weights": base}))
             else:
                 check_digests(iter_safetensors(path), sent)  # in process: checked here, then installed
                 check_base(engine, base)
                 engine.update_weights(iter_safetensors(path), version)
+                installed_as(engine, weights_id(every))
         return sent
 
     def close(self) -> None:

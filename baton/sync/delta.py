@@ -2,8 +2,8 @@
 every receiver holds.
 
     held = Held()                                     # one per transport (its receivers)
-    names = held.to_send(sent, [version of each receiver])   # None: all of them
-    ... push those, each receiver checks them (digests) and installs ...
+    names = held.to_send(sent, sizes, [version of each receiver])   # None: all of them
+    ... push those (with held.id as the base), each receiver checks them and installs ...
     held.installed(version, sent)
 
 The sender remembers the version it last installed everywhere and the digest of each tensor
@@ -11,14 +11,18 @@ it sent then. Before a push it asks each receiver which version it serves: all a
 version, the push carries only the tensors whose digest differs (a receiver's other tensors
 are, byte for byte, what it was sent then: it checked them); any receiver at another version
 (restarted, loaded by someone else, a push refused or never acknowledged), a first push, or
-tensors added or renamed: the whole model. At least one tensor always goes (the smallest
-changed, or the smallest of all when none changed), so every receiver installs a version the
-same way. The receiver checks the base version too (`check_base`): a delta built for another
-version is refused, never applied on top of the wrong weights.
+tensors added or renamed: the whole model. At least one tensor always goes (the smallest, when
+none changed), so every receiver installs a version the same way. A version number is not an identity (a restarted server may load other weights
+under the number this trainer last pushed), so every push also names its weights: `weights_id`,
+a digest of all the tensors' digests, which the receiver keeps (`installed_as`; any other
+install clears it), and a delta carries the id it was built on (`base_weights`): the receiver
+refuses it unless it holds exactly those (`check_base`), and the sender then pushes the whole
+model once. A delta is never applied on top of other weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
 import torch
@@ -30,14 +34,29 @@ class StaleBase(ValueError):
 
 def stale_refusal(exc: BaseException) -> bool:
     """A receiver refused a delta for its base (in process: `StaleBase`; a server: a 409 saying so)."""
-    return isinstance(exc, StaleBase) or ("-> 409" in str(exc) and "a delta on version" in str(exc))
+    return isinstance(exc, StaleBase) or ("-> 409" in str(exc) and "a delta on weights" in str(exc))
 
 
-def check_base(engine: Any, base_version: int | None) -> None:
-    """Receiver side: refuse a delta whose base is not the version `engine` serves."""
-    if base_version is not None and getattr(engine, "version", None) != base_version:
-        raise StaleBase(f"a delta on version {base_version} cannot be applied: this engine serves version "
-                        f"{getattr(engine, 'version', None)} (the trainer sends the whole model next)")
+def weights_id(digests: dict[str, str]) -> str:
+    """The identity of a whole set of weights: sha256 (16 hex) of every name and digest."""
+    h = hashlib.sha256()
+    for name in sorted(digests):
+        h.update(f"{name}={digests[name]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def check_base(engine: Any, base_weights: str | None) -> None:
+    """Receiver side: refuse a delta unless `engine` holds the weights it was built on."""
+    held = getattr(engine, "weights_id", None)
+    if base_weights is not None and held != base_weights:
+        raise StaleBase(f"a delta on weights {base_weights} cannot be applied: this engine holds "
+                        f"{held or 'weights no digest-carrying push installed'} (version "
+                        f"{getattr(engine, 'version', None)}); the trainer sends the whole model next")
+
+
+def installed_as(engine: Any, weights: str | None) -> None:
+    """After any install of base weights: the identity the push named (None: not known)."""
+    engine.weights_id = weights
 
 
 def receiver_version(receiver: Any) -> int | None:
@@ -66,6 +85,7 @@ class Held:
         self.enabled = enabled
         self.version: int | None = None
         self.digests: dict[str, str] = {}
+        self.id: str | None = None  # weights_id(digests): what a delta is built on
 
     def to_send(self, sent: dict[str, str], sizes: dict[str, int], versions: Sequence[int | None]) -> list[str] | None:
         """The names to send for a push of tensors with digests `sent` (`sizes`: their bytes)
@@ -77,11 +97,11 @@ class Held:
         return changed or [min(sent, key=lambda n: sizes[n])]
 
     def installed(self, version: int, sent: dict[str, str]) -> None:
-        self.version, self.digests = version, dict(sent)
+        self.version, self.digests, self.id = version, dict(sent), weights_id(sent)
 
     def forget(self) -> None:
         """A push failed or was refused: the receivers' state is not known; the next is full."""
-        self.version, self.digests = None, {}
+        self.version, self.digests, self.id = None, {}, None
 
 
 def nbytes(t: torch.Tensor) -> int:

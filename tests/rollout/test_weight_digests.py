@@ -45,10 +45,10 @@ class Injected(RemoteEngine):
         super().__init__(url)
         self.fault = fault
 
-    def update_weights_from_disk(self, path, version, digests=None):
+    def update_weights_from_disk(self, path, version, digests=None, **kw):
         if self.fault is not None:
             self.fault(Path(path))
-        super().update_weights_from_disk(path, version, digests=digests)
+        super().update_weights_from_disk(path, version, digests=digests, **kw)
 
 
 @pytest.mark.parametrize("fault, needle", [

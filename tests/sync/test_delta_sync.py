@@ -1,7 +1,8 @@
 """Delta sync (issue 49 part 5): after the first push, the broadcast and checkpoint transports
 send only the tensors whose digest changed; the engine that got deltas is byte for byte the
 engine that got the whole model every time; a receiver at another version gets the whole
-model; a delta on a version the receiver does not serve is refused by the receiver."""
+model, and so does one that serves the version last pushed with other weights; a delta on
+weights the receiver does not hold is refused by the receiver."""
 
 from __future__ import annotations
 
@@ -81,8 +82,16 @@ def test_a_receiver_at_another_version_gets_the_whole_model(tiny_qwen, start_ser
         sync.push(trainer.named_parameters(), 3)
         assert sync.last["sync/bytes"] == every  # the whole model, to every engine of the group
         assert holds(served, trainer) and holds(local, trainer)
-        train_step(trainer, 4)
+        # ... and as version 3, the version this trainer last pushed (a restarted server that
+        # loaded other weights under the same number): the version agrees, the weights do not
+        CheckpointSync([RemoteEngine(url)], directory=tmp_path, delta=False).push(tiny_qwen(6).named_parameters(), 3)
+        assert served.version == 3 and not holds(served, trainer)
+        train_step(trainer, 5)
         sync.push(trainer.named_parameters(), 4)
+        assert sync.last["sync/bytes"] == every
+        assert holds(served, trainer) and holds(local, trainer)
+        train_step(trainer, 4)
+        sync.push(trainer.named_parameters(), 5)
         assert sync.last["sync/bytes"] < every and holds(served, trainer) and holds(local, trainer)
     finally:
         sync.close()
@@ -95,9 +104,9 @@ def test_the_receiver_refuses_a_delta_on_a_version_it_does_not_serve(tiny_qwen, 
     before = {n: p.detach().clone() for n, p in served.model.named_parameters()}
     path = save_safetensors_atomic([("model.norm.weight", torch.zeros(64))], tmp_path / "delta.safetensors")
     with pytest.raises(RemoteEngineError) as err:
-        RemoteEngine(url).update_weights_from_disk(str(path), 4, base_version=2)
-    assert "-> 409" in str(err.value) and "a delta on version 2 cannot be applied: this engine serves version 3" \
-        in str(err.value) and "still serving version 3" in str(err.value), str(err.value)
+        RemoteEngine(url).update_weights_from_disk(str(path), 4, base_weights="0123456789abcdef")
+    assert "-> 409" in str(err.value) and "a delta on weights 0123456789abcdef cannot be applied: this engine " \
+        "holds " in str(err.value) and "still serving version 3" in str(err.value), str(err.value)
     assert served.version == 3 and held_exactly(before, served.model.named_parameters())[0]
     local = EmbeddedEngine(tiny_qwen(0), None)
     receiver_sync = CheckpointSync([local], directory=tmp_path / "b")

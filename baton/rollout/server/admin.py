@@ -16,7 +16,7 @@ from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequ
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
-from baton.sync.delta import StaleBase, check_base
+from baton.sync.delta import StaleBase, check_base, installed_as
 from baton.sync.digest import WeightDigestError, check_digests
 
 
@@ -42,9 +42,10 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
                     await asyncio.to_thread(check_checkpoint, handles, param_shapes(engine))
                     if req.digests is not None:  # what the trainer sent, byte for byte, or refused
                         await asyncio.to_thread(check_digests, iter_handles(handles), req.digests)
-                    check_base(engine, req.base_version)  # a delta applies to the version it was built on
+                    check_base(engine, req.base_weights)  # a delta applies to the weights it was built on
                     await srv.runner.call(engine.update_weights, iter_handles(handles), version,
                                           label="update_weights_from_disk")
+                    installed_as(engine, req.weights_id)
         except HTTPException as exc:
             return _fail(exc.status_code, f"update_weights_from_disk failed: {exc.detail}")
         except (WeightDigestError, StaleBase) as exc:
@@ -88,7 +89,7 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             async with srv.weight_update():
                 await srv.runner.call(srv.receiver.update_weights_from_distributed, req.names, req.dtypes,
                                       req.shapes, version, req.group_name, bucket_bytes, req.digests,
-                                      req.base_version, label="update_weights_from_distributed")
+                                      req.weights_id, req.base_weights, label="update_weights_from_distributed")
         except (WeightDigestError, StaleBase) as exc:
             return _fail(409, f"update_weights_from_distributed refused: {exc}; still serving version {engine.version}")
         except (KeyError, ValueError) as exc:

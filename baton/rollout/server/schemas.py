@@ -197,8 +197,10 @@ class UpdateWeightsFromDiskRequest(_Lenient):
     # baton: {tensor name: digest} of what the trainer sent (baton.sync.digest); checked before
     # the weights are installed: a mismatch is refused naming the tensor, the old version kept
     digests: dict[str, str] | None = None
-    # baton: the tensors are a delta on this version (baton.sync.delta): refused (409) unless served
-    base_version: int | None = _version()
+    # baton: the identity of the whole set of weights after this push (baton.sync.delta), and the
+    # one a delta is built on: refused (409) unless the server holds exactly that
+    weights_id: str | None = Field(None, max_length=64)
+    base_weights: str | None = Field(None, max_length=64)
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):
@@ -222,7 +224,8 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     # baton.sync.group.plan_buckets); absent -> one broadcast per tensor, as SGLang does.
     bucket_bytes: int | None = Field(None, ge=0, le=2**40)
     digests: dict[str, str] | None = None  # baton: as UpdateWeightsFromDiskRequest's, checked before installing
-    base_version: int | None = _version()  # baton: as UpdateWeightsFromDiskRequest's
+    weights_id: str | None = Field(None, max_length=64)  # baton: as UpdateWeightsFromDiskRequest's
+    base_weights: str | None = Field(None, max_length=64)
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
