@@ -497,6 +497,12 @@ class EmbeddedEngine:
             table.setdefault(name, t)
         return table
 
+    @property
+    def holds_weights(self) -> bool:
+        """Every parameter holds what was last installed (none discarded by `sleep` and not
+        yet refilled): a delta sync may build on it (`baton.sync.delta`)."""
+        return not self._missing and not (self._asleep and self.sleep_mode == "discard")
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy (name, tensor) pairs into the model's parameters in place."""
         table = self._param_table()

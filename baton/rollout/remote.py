@@ -285,14 +285,16 @@ class RemoteEngine:
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
-    def update_weights_from_disk(self, path: str, version: int, digests: dict[str, str] | None = None) -> None:
+    def update_weights_from_disk(self, path: str, version: int, digests: dict[str, str] | None = None,
+                                 weights: str | None = None, base_weights: str | None = None) -> None:
         """The server loads `path` as `version`; `digests` (baton's server): it checks each
-        tensor against what was sent first, and refuses (409 naming the tensor) a mismatch."""
+        tensor against what was sent first, and refuses (409 naming the tensor) a mismatch;
+        `weights` / `base_weights`: as `update_weights_from_distributed`'s."""
         if self.dialect == "vllm":  # baton's worker extension re-packs vLLM-CPU's weights
             # paused for the load: requests in flight finish on the old weights, new ones wait
             self._post("/pause?mode=wait")
             try:
-                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path]})
+                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path, digests]})
                 self._post("/reset_prefix_cache")
                 self._post("/update_weight_version", {"new_version": str(version)})
             finally:
@@ -304,6 +306,7 @@ class RemoteEngine:
             body["version"] = version
             if digests is not None:
                 body["digests"] = digests
+            body.update({k: v for k, v in (("weights_id", weights), ("base_weights", base_weights)) if v is not None})
         self._check(self._post("/update_weights_from_disk", body), "update_weights_from_disk")
         self.version = version
 
@@ -316,7 +319,12 @@ class RemoteEngine:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
-                                        group_name: str = "weight_update_group", bucket_bytes: int | None = None) -> None:
+                                        group_name: str = "weight_update_group", bucket_bytes: int | None = None,
+                                        digests: dict[str, str] | None = None, weights: str | None = None,
+                                        base_weights: str | None = None) -> None:
+        """`digests` (baton's server): checked against what arrived before it is installed;
+        `weights` / `base_weights`: the identity of the whole set after this push, and the one a
+        delta is built on (`baton.sync.delta`)."""
         self._no_vllm("update_weights_from_distributed")
         body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                                 "group_name": group_name, "weight_version": str(version)}
@@ -324,6 +332,9 @@ class RemoteEngine:
             body["version"] = version
             if bucket_bytes:
                 body["bucket_bytes"] = bucket_bytes
+            if digests is not None:
+                body["digests"] = digests
+            body.update({k: v for k, v in (("weights_id", weights), ("base_weights", base_weights)) if v is not None})
         elif bucket_bytes:
             raise ValueError("SGLang receives one tensor per broadcast: use bucket_mb=0 with dialect='sglang'")
         self._check(self._post("/update_weights_from_distributed", body), "update_weights_from_distributed")
@@ -333,11 +344,14 @@ class RemoteEngine:
         self._post("/destroy_weights_update_group", {"group_name": group_name})
 
     # --- LoRA adapters ---------------------------------------------------------------
-    def load_lora_adapter(self, name: str, path: str) -> None:
-        """Have the server load the PEFT adapter dir `path` (on its filesystem) as `name`."""
+    def load_lora_adapter(self, name: str, path: str, digests: dict[str, str] | None = None) -> None:
+        """Have the server load the PEFT adapter dir `path` (on its filesystem) as `name`;
+        `digests` (baton's server): each tensor checked against what was written first."""
         prefix = "/v1" if self.dialect == "vllm" else ""
-        self._check(self._post(f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": path}),
-                    "load_lora_adapter")
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if self.dialect == "baton" and digests is not None:
+            body["digests"] = digests
+        self._check(self._post(f"{prefix}/load_lora_adapter", body), "load_lora_adapter")
 
     def unload_lora_adapter(self, name: str) -> None:
         prefix = "/v1" if self.dialect == "vllm" else ""

@@ -227,6 +227,8 @@ class VLLMEngine:
             shutil.rmtree(path, ignore_errors=True)
 
     # --- weights ------------------------------------------------------------------------
+    partial_weight_updates = False  # a full set each time (baton.sync.delta sends it one)
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a full set of HF-named tensors and re-pack them (see the module docstring)."""
         load_weights_packed(self.model, weights)
@@ -271,9 +273,15 @@ class BatonWorkerExtension:
     loads a safetensors file of HF-named tensors the way `VLLMEngine.update_weights` does
     (vLLM's own `reload_weights` leaves vLLM-CPU's packed copies stale)."""
 
-    def baton_load_weights_from_disk(self, path: str) -> int:
+    def baton_load_weights_from_disk(self, path: str, digests: dict[str, str] | None = None) -> int:
+        """`digests` ({name: digest} the trainer sent): every tensor of the file is checked
+        first; a mismatch raises WeightDigestError naming it, the old weights kept. (Not run
+        here: no vLLM build on this machine's CPUs; the check is `check_digests`, tested.)"""
         from baton.sync.checkpoint import iter_safetensors
+        from baton.sync.digest import check_digests
 
+        if digests is not None:
+            check_digests(iter_safetensors(path), digests)
         load_weights_packed(self.model_runner.model, iter_safetensors(path))
         return 0
 

@@ -40,8 +40,11 @@ from typing import Iterable, Sequence
 import torch
 
 from baton.sync.backend import End, choose_backend, end_of
+from baton.sync.delta import (Held, StaleBase, check_base, installed_as, nbytes, receiver_version, stale_refusal,
+                              takes_delta, weights_id)
+from baton.sync.digest import WeightDigestError, check_digests, digests as digests_of, staged
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
-                              parse_dtype, plan_buckets, receive_buckets, send_buckets)
+                              parse_dtype, plan_buckets, receive_buckets, receive_digests, send_buckets)
 
 
 class AlreadyHasTrainer(ValueError):
@@ -90,9 +93,17 @@ class WeightReceiver:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: int,
-                                        group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None) -> None:
+                                        group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None,
+                                        digests: dict[str, str] | None = None, weights: str | None = None,
+                                        base_weights: str | None = None) -> None:
         """Receive the broadcast described by (names, dtypes, shapes) and load it. Blocks
-        until the trainer has sent every bucket."""
+        until the trainer has sent every bucket. `digests` ({name: digest} of what the trainer
+        sent): every tensor is checked against it before any is installed; a mismatch raises
+        `WeightDigestError` naming the tensor, after the broadcast completed (the group stays
+        usable) and with the engine's weights and version untouched. `weights`: the identity of
+        the whole set after this push (`baton.sync.delta.weights_id`), kept by the engine;
+        `base_weights`: the tensors are a delta on that set: refused (`StaleBase`) unless the
+        engine holds it."""
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
@@ -101,9 +112,30 @@ class WeightReceiver:
         device = getattr(self.engine, "device", None)
         it = receive_buckets(group, specs, plan, device=device)
         try:
-            self.engine.update_weights(it, version)
+            tensors = it if digests is None else staged(it, digests)
+            if base_weights is not None:  # a delta: received (and checked) whole, then its base checked
+                tensors = list(tensors)
+                check_base(self.engine, base_weights)
+            self.engine.update_weights(tensors, version)
+            installed_as(self.engine, weights)
         finally:
             drain(it)  # if the engine rejected a name, still complete the collectives
+
+    def receive_checked(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                        version: int, group_name: str = DEFAULT_GROUP_NAME, bucket_bytes: int | None = None) -> None:
+        """Receive the buckets of (names, dtypes, shapes), then their digests in the same group
+        (`send_buckets` + `send_digests`: a generator's group with the actor, where no request
+        carries them), check every tensor, then install: a mismatch raises `WeightDigestError`
+        naming the tensor after the last collective, the engine's weights and version kept."""
+        group = self.groups.get(group_name)
+        if group is None:
+            raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
+        specs = validate_specs(names, dtypes, shapes)
+        received = list(receive_buckets(group, specs, plan_buckets(specs, bucket_bytes),
+                                        device=getattr(self.engine, "device", None)))
+        check_digests(received, receive_digests(group, specs))
+        self.engine.update_weights(received, version)
+        installed_as(self.engine, None)
 
     def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
         group = self.groups.pop(group_name, None)
@@ -140,7 +172,7 @@ class BroadcastSync:
     def __init__(self, engines, *, master_address: str = "127.0.0.1", master_port: int = 0,
                  bucket_mb: float = 64.0, backend: str | None = None, group_name: str = DEFAULT_GROUP_NAME,
                  ranks_per_engine: int = 1, timeout_s: float = 600.0, cast_dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = "cpu"):
+                 device: torch.device | str | None = "cpu", delta: bool = True):
         engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
         urls = [e for e in engines if isinstance(e, str)]
         if urls:
@@ -152,6 +184,8 @@ class BroadcastSync:
         self.bucket_bytes = int(bucket_mb * 2**20) or None
         self.group_name = group_name
         self.cast_dtype = cast_dtype  # e.g. bf16 on the wire for an fp32 trainer
+        self.held = Held(delta)  # what the engines hold: a push sends only what changed (baton.sync.delta)
+        self.last: dict[str, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="baton-sync")
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-sync-send")
         self._broken: str | None = None
@@ -190,21 +224,55 @@ class BroadcastSync:
             f.result()
 
     def push(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Broadcast the weights as `version`: only the tensors changed since the version every
+        engine serves (`baton.sync.delta`; all of them otherwise, or with `delta=False`), with
+        their digests; `last` says what moved ("sync/bytes", "sync/seconds", "sync/tensors")."""
+        t0 = time.perf_counter()
         named = [(n, t if self.cast_dtype is None else t.to(self.cast_dtype)) for n, t in named_params]
+        if self._broken is not None:
+            raise RuntimeError(f"weight update group is broken by an earlier failure ({self._broken}); "
+                               "close this BroadcastSync and create a new one")
+        every = digests_of(named)  # each engine checks what arrived against these before installing
+        sizes = {n: nbytes(t) for n, t in named}
+        delta = self.held.enabled and all(takes_delta(e) for e in self.engines)
+        keep = self.held.to_send(every, sizes, [receiver_version(e) for e in self.engines]) if delta else None
+        keep = None if keep is None else set(keep)
+        try:
+            self._push([(n, t) for n, t in named if keep is None or n in keep], every, version,
+                       None if keep is None else self.held.id)
+        except BaseException as exc:
+            self.held.forget()  # the engines' state is not known: the next push is whole
+            if keep is None or not stale_refusal(exc):
+                raise
+            keep = None
+            self._push(named, every, version, None)  # an engine moved since we asked: whole, once
+        self.held.installed(version, every)
+        self.last = {"sync/bytes": float(sum(sizes[n] for n in (keep or sizes))),
+                     "sync/seconds": time.perf_counter() - t0, "sync/tensors": float(len(keep or sizes))}
+
+    def _push(self, named: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
+              base_weights: str | None) -> None:
         names = [n for n, _ in named]
         dtypes = [dtype_name(t.dtype) for _, t in named]
         shapes = [list(t.shape) for _, t in named]
         plan = plan_buckets(list(zip(names, dtypes, shapes)), self.bucket_bytes)
-        if self._broken is not None:
-            raise RuntimeError(f"weight update group is broken by an earlier failure ({self._broken}); "
-                               "close this BroadcastSync and create a new one")
+        sent = {n: every[n] for n in names}
         futures = [self._pool.submit(e.update_weights_from_distributed, names, dtypes, shapes, version,
-                                     self.group_name, self.bucket_bytes) for e in self.engines]
+                                     self.group_name, self.bucket_bytes, digests=sent, weights=weights_id(every),
+                                     **({} if base_weights is None else {"base_weights": base_weights}))
+                   for e in self.engines]
         # Send on a thread of its own: if an engine rejects the request it never posts its
         # receives and our broadcast would block until the group timeout; this way the
         # engine's error surfaces at once.
         futures.append(self._sender.submit(_send, self.group, [t for _, t in named], plan))
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for e, f in zip(self.engines, futures):
+            if f.done() and f.exception() is not None and _refused_whole(f.exception()):
+                # every bucket was received (the engine checks after the last): the group is intact
+                wait(futures)
+                error = StaleBase if "a delta on weights" in str(f.exception()) else WeightDigestError
+                raise error(f"weight broadcast (version {version}) refused by {_engine_name(e)}: "
+                            f"{_refusal(f.exception())[1]}") from f.exception()
         for f in done:
             if f.exception() is not None:
                 self._broken = repr(f.exception())
@@ -233,6 +301,13 @@ class BroadcastSync:
 
 def _engine_name(engine) -> str:
     return getattr(engine, "base_url", None) or type(engine).__name__
+
+
+def _refused_whole(exc: BaseException) -> bool:
+    """An engine received the whole broadcast and refused it: not what was sent, or a delta on
+    a version it does not serve (in process, or a server's 409)."""
+    return isinstance(exc, (WeightDigestError, StaleBase)) or (
+        _refusal(exc)[0] == 409 and ("digest" in str(exc) or "a delta on weights" in str(exc)))
 
 
 def _refusal(exc: BaseException) -> tuple[int | None, str]:

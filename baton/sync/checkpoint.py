@@ -8,6 +8,8 @@ so a reader never sees a half-written file. Each engine then loads it:
   - any other engine (in process) gets the file's tensors via `update_weights`.
 Either way every tensor read is checked against the digest of what was written first
 (`baton.sync.digest`): a mismatch is refused naming the tensor, the engine keeps its version.
+Once every engine holds a version this transport pushed, a push writes only the tensors
+that changed since (`baton.sync.delta`).
 Only the newest `keep_last` files are kept.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -22,6 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from baton.sync.delta import (Held, check_base, installed_as, nbytes, receiver_version, stale_refusal, takes_delta,
+                              weights_id)
 from baton.sync.digest import check_digests, digests
 
 
@@ -65,30 +70,64 @@ def iter_safetensors(path: str | os.PathLike, device: str = "cpu") -> Iterator[t
 
 
 class CheckpointSync:
-    def __init__(self, engines, directory: str | os.PathLike | None = None, keep_last: int = 1):
+    """`delta` (default): a file of only the tensors changed since the version every engine
+    serves (`baton.sync.delta`); False: the whole model every push."""
+
+    def __init__(self, engines, directory: str | os.PathLike | None = None, keep_last: int = 1, delta: bool = True):
         self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="baton-weights-"))
         self.keep_last = max(1, keep_last)
         self._written: list[Path] = []
+        self.held = Held(delta)
+        self.last: dict[str, float] = {}  # what the last push moved: sync/bytes, sync/seconds, sync/tensors
 
     def push(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Write the weights, then each engine loads them as `version` after checking every
-        tensor it read against the digest of what was written (`baton.sync.digest`): a file
-        cut or corrupted on its way is refused naming the tensor, the old version kept."""
+        """Write the weights (only those changed since the version every engine serves: a
+        delta, `baton.sync.delta`), then each engine loads them as `version` after checking
+        every tensor it read against the digest of what was written (`baton.sync.digest`) and
+        the delta's base against the version it serves: a file cut or corrupted on its way is
+        refused naming the tensor, the old version kept."""
+        t0 = time.perf_counter()
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_params]
-        sent = digests(tensors)
+        every = digests(tensors)
+        sizes = {n: nbytes(t) for n, t in tensors}
+        delta = self.held.enabled and all(takes_delta(e) for e in self.engines)
+        keep = self.held.to_send(every, sizes, [receiver_version(e) for e in self.engines]) if delta else None
+        try:
+            sent = self._push(tensors, every, version, keep)
+        except BaseException as exc:
+            self.held.forget()  # the receivers' state is not known: the next push is whole
+            if keep is None or not stale_refusal(exc):
+                raise
+            sent = self._push(tensors, every, version, None)  # an engine moved since we asked: whole, once
+        self.held.installed(version, every)
+        self.last = {"sync/bytes": float(sum(sizes[n] for n in sent)), "sync/seconds": time.perf_counter() - t0,
+                     "sync/tensors": float(len(sent))}
+
+    def _push(self, tensors: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
+              keep: list[str] | None) -> dict[str, str]:
+        """Write `tensors` (those in `keep`: a delta on `held.id`) and have every engine
+        load them; returns the digests of what was sent."""
+        base = None if keep is None else self.held.id
+        if keep is not None:
+            tensors = [(n, t) for n, t in tensors if n in set(keep)]
+        sent = {n: every[n] for n, _ in tensors}
         path = save_safetensors_atomic(tensors, self.directory / f"weights-v{version}.safetensors")
-        del tensors
-        for engine in self.engines:
-            if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
-                engine.update_weights_from_disk(str(path), version, digests=sent)
-            else:
-                check_digests(iter_safetensors(path), sent)  # in process: checked here, then installed
-                engine.update_weights(iter_safetensors(path), version)
-        self._written.append(path)
+        if path not in self._written:
+            self._written.append(path)
         while len(self._written) > self.keep_last:
             self._written.pop(0).unlink(missing_ok=True)
+        for engine in self.engines:
+            if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
+                engine.update_weights_from_disk(str(path), version, digests=sent, weights=weights_id(every),
+                                                **({} if base is None else {"base_weights": base}))
+            else:
+                check_digests(iter_safetensors(path), sent)  # in process: checked here, then installed
+                check_base(engine, base)
+                engine.update_weights(iter_safetensors(path), version)
+                installed_as(engine, weights_id(every))
+        return sent
 
     def close(self) -> None:
         for p in self._written:

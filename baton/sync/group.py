@@ -11,6 +11,10 @@ tensors of one dtype into flat buffers of about `bucket_bytes`; sender and recei
 same deterministic plan from the same (name, dtype, shape) list, so only that list crosses
 HTTP and the bytes go through the collective. `bucket_bytes=None` sends one tensor per
 broadcast, which is what SGLang's `/update_weights_from_distributed` expects.
+
+Digests (issue 49): where no request carries them (a generator's group with the actor), rank 0
+records each full tensor's digest as it sends it and broadcasts them after the last bucket
+(`send_digests` / `receive_digests`); the receiver checks before it installs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+
+from baton.sync.digest import DIGEST_BYTES, tensor_digest
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default name
 
@@ -156,18 +162,38 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def send_buckets(group: WeightUpdateGroup, tensors: Sequence[torch.Tensor], plan: list[list[int]]) -> None:
+def send_buckets(group: WeightUpdateGroup, tensors: Sequence[torch.Tensor], plan: list[list[int]],
+                 digests: dict[int, str] | None = None) -> None:
     """Trainer side: broadcast `tensors` (from rank 0) bucket by bucket. Sharded (DTensor)
     tensors are gathered bucket by bucket as they are sent, so at most one bucket of full
-    tensors exists at a time; the trainer's other ranks run `gather_buckets` alongside."""
+    tensors exists at a time; the trainer's other ranks run `gather_buckets` alongside.
+    `digests`: filled with {tensor index: digest} of the full tensors as sent (for
+    `send_digests`)."""
     for bucket in plan:
+        full = [full_tensor(tensors[i].detach()) for i in bucket]
+        if digests is not None:
+            digests.update((i, tensor_digest(t)) for i, t in zip(bucket, full))
         if len(bucket) == 1:
-            t = full_tensor(tensors[bucket[0]].detach())
-            buf = t.to(group.device).contiguous()  # no copy when already there and contiguous
+            buf = full[0].to(group.device).contiguous()  # no copy when already there and contiguous
         else:
-            buf = torch.cat([full_tensor(tensors[i].detach()).to(group.device).reshape(-1)
-                             for i in bucket])  # [sum numel]
+            buf = torch.cat([t.to(group.device).reshape(-1) for t in full])  # [sum numel]
         group.broadcast(buf, src=0)
+
+
+def send_digests(group: WeightUpdateGroup, digests: Sequence[str]) -> None:
+    """After the buckets, in the same group: each tensor's digest (`baton.sync.digest`), in
+    spec order, as DIGEST_BYTES bytes each, so a receiver can check what it got before it
+    installs any of it (`receive_digests`)."""
+    raw = b"".join(bytes.fromhex(d) for d in digests)
+    group.broadcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(group.device), src=0)
+
+
+def receive_digests(group: WeightUpdateGroup, specs: Sequence[Spec]) -> dict[str, str]:
+    """The digests `send_digests` broadcast: {name: digest} of every spec."""
+    buf = torch.empty(len(specs) * DIGEST_BYTES, dtype=torch.uint8, device=group.device)
+    group.broadcast(buf, src=0)
+    raw = bytes(buf.cpu().numpy())
+    return {spec[0]: raw[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES].hex() for i, spec in enumerate(specs)}
 
 
 def gather_buckets(tensors: Sequence[torch.Tensor], plan: list[list[int]]) -> None:

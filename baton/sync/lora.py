@@ -10,7 +10,9 @@ A LoRA run changes only its adapters, so only they move (for the 25M demo model 
   - a server (`RemoteEngine`: baton serve, vLLM, SGLang) gets a PEFT adapter dir written
     atomically under `directory` (a filesystem the server sees), then
     `/load_lora_adapter` (vLLM: `/v1/load_lora_adapter`) after unloading the previous one
-    of the same name (vLLM refuses to load over a loaded name).
+    of the same name (vLLM refuses to load over a loaded name; `baton serve` replaces it,
+    and checks each tensor against the digests of what was written first: a mismatch is
+    refused naming the tensor, the adapter loaded before keeps serving).
 Requests then select the adapter with `SamplingParams(lora=name)`. A colocated engine over
 the trainer's own peft module needs none of this: it reads the live adapters (`inplace`).
 """
@@ -26,6 +28,7 @@ from typing import Iterable
 
 import torch
 
+from baton.sync.digest import digests
 
 def save_peft_dir(tensors: dict[str, torch.Tensor], config: dict, directory: Path) -> None:
     """PEFT's adapter layout (what vLLM / SGLang / peft load; `baton.models.lora` reads it)."""
@@ -53,13 +56,13 @@ class LoraSync:
         if not tensors:
             raise ValueError("LoraSync.push got no adapter tensors")
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        path = None
+        path, sent = None, digests(tensors.items())
         for engine in self.engines:
-            if hasattr(engine, "base_url"):  # a server: through a PEFT dir it can read
+            if hasattr(engine, "base_url"):  # a server: through a PEFT dir it can read, checked there
                 path = path or self._write(tensors, version)
-                if self.loaded:
-                    engine.unload_lora_adapter(self.name)
-                engine.load_lora_adapter(self.name, str(path))
+                if self.loaded and getattr(engine, "dialect", None) != "baton":  # baton's replaces it
+                    engine.unload_lora_adapter(self.name)  # (so a refused load keeps the old one serving)
+                engine.load_lora_adapter(self.name, str(path), digests=sent)
             else:
                 engine.load_lora_adapter(self.name, (self.config, tensors))
             engine.version = version
@@ -76,7 +79,8 @@ class LoraSync:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._written.append(final)
+        if final not in self._written:  # a version written again (a refused push retried) is one dir
+            self._written.append(final)
         while len(self._written) > self.keep_last + 1:  # the served one stays until the next load
             shutil.rmtree(self._written.pop(0), ignore_errors=True)
         return final

@@ -323,6 +323,23 @@ class RolloutWorker(Worker):
         with autocast(self.device, self.policy.compute_dtype is not None):
             return check_logprob_parity(self.engine, self.policy.module, self.probe_ids, max_new_tokens=4)
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sync_metrics(self) -> dict[str, float]:
+        """Called right after `sync_weights`: what the transport moved (sync/bytes,
+        sync/seconds, sync/tensors) and `sync/verified`, 1.0 when the engine holds exactly
+        the policy's weights (`baton.sync.verify.held_exactly`), else 0.0 (every rank takes
+        part: a sharded actor's weights are gathered); NaN for an engine whose weights are not
+        torch tensors here (vLLM): not known."""
+        from baton.sync.verify import held_exactly
+
+        moved = dict(getattr(self.sync, "last", {}))
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return {**moved, "sync/verified": float("nan")}
+        held = dict(model.named_parameters())
+        held.update(model.state_dict(keep_vars=True))  # tied aliases (lm_head.weight)
+        return {**moved, "sync/verified": float(held_exactly(held, self.policy.named_weights())[0])}
+
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> dict[str, float]:
         """Held-out accuracy with the current weights (greedy, or 4 samples per prompt), and

@@ -1,8 +1,9 @@
-"""Verified weight versions (issue 49): the checkpoint transport sends a digest per tensor of
-what it wrote; `baton serve` checks every tensor it read against it before installing, and
-refuses a mismatch (409, one line naming the tensor) keeping its old version serving. The
-corruption is injected for real between the write and the load (a flipped byte of a tensor's
-data, which every earlier check let through; a file cut short of a tensor)."""
+"""Verified weight versions (issue 49): the checkpoint, broadcast and LoRA transports send a
+digest per tensor of what they sent; `baton serve` (and a receiver in process) checks every
+tensor it got against it before installing, and refuses a mismatch (409, one line naming the
+tensor) keeping its old version serving. The corruption is injected for real between the
+send and the load (a flipped byte of a tensor's data, which every earlier check let through;
+a file cut short of a tensor; a broadcast whose buffer's tail never arrived)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,18 @@ PROMPT = [5, 9, 11, 4]
 NAME = "model.norm.weight"
 
 
-def flip_a_byte(path: Path) -> None:
-    """XOR 1 into the lowest byte of `NAME`'s first element: a finite value, the right shape."""
+def flip_a_byte(path: Path, name: str = NAME) -> None:
+    """XOR 1 into the lowest byte of `name`'s first element: a finite value, the right shape."""
     data = bytearray(path.read_bytes())
     header_len = struct.unpack("<Q", data[:8])[0]
-    start = json.loads(data[8:8 + header_len])[NAME]["data_offsets"][0]
+    start = json.loads(data[8:8 + header_len])[name]["data_offsets"][0]
     data[8 + header_len + start] ^= 1
     path.write_bytes(bytes(data))
 
 
-def drop_a_tensor(path: Path) -> None:
-    """Rewrite the file without `NAME` (a transfer cut short of one tensor)."""
-    save_safetensors_atomic([(n, t) for n, t in iter_safetensors(path) if n != NAME], path)
+def drop_a_tensor(path: Path, name: str = NAME) -> None:
+    """Rewrite the file without `name` (a transfer cut short of one tensor)."""
+    save_safetensors_atomic([(n, t) for n, t in iter_safetensors(path) if n != name], path)
 
 
 class Injected(RemoteEngine):
@@ -44,10 +45,10 @@ class Injected(RemoteEngine):
         super().__init__(url)
         self.fault = fault
 
-    def update_weights_from_disk(self, path, version, digests=None):
+    def update_weights_from_disk(self, path, version, digests=None, **kw):
         if self.fault is not None:
             self.fault(Path(path))
-        super().update_weights_from_disk(path, version, digests=digests)
+        super().update_weights_from_disk(path, version, digests=digests, **kw)
 
 
 @pytest.mark.parametrize("fault, needle", [
@@ -112,3 +113,164 @@ def test_an_in_process_engine_refuses_a_corrupted_file_and_keeps_its_version(mak
     monkeypatch.setattr(checkpoint_module, "save_safetensors_atomic", write)
     CheckpointSync([engine], directory=tmp_path).push(trainer.named_parameters(), 1)
     assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+
+
+# --- the broadcast transport: into `baton serve` over HTTP and a receiver in this process --------
+
+def flip_in_transit(sync, name_index: int, fault: str) -> None:
+    """Corrupt broadcast number `name_index` (bucket_mb=0: one tensor per broadcast) on the
+    trainer's real gloo group, after the digests were taken: "flip" XORs 1 into its first
+    byte; "cut" zeroes its second half (a transfer cut short: the receive buffer's tail never
+    filled)."""
+    real, calls = sync.group.broadcast, [0]
+
+    def broadcast(tensor, src=0):
+        if calls[0] == name_index:
+            tensor = tensor.clone()
+            raw = tensor.view(-1).view(torch.uint8)
+            if fault == "flip":
+                raw[0] ^= 1
+            else:
+                raw[raw.numel() // 2:] = 0
+        calls[0] += 1
+        real(tensor, src)
+    sync.group.broadcast = broadcast
+
+
+@pytest.mark.parametrize("fault", ["flip", "cut"])
+def test_a_corrupted_broadcast_is_refused_by_each_receiver_and_the_old_version_serves(fresh_served, make_tiny_qwen,
+                                                                                     srv_tokenizer, fault):
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.sync import BroadcastSync, WeightReceiver
+
+    s = fresh_served()
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    local = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    names = [n for n, _ in trainer.named_parameters()]
+    for receiver in (RemoteEngine(s.url), WeightReceiver(local)):
+        engine = s.engine if isinstance(receiver, RemoteEngine) else local
+        sync = BroadcastSync([receiver], bucket_mb=0, timeout_s=60)
+        try:
+            flip_in_transit(sync, names.index(NAME), fault)
+            with pytest.raises(WeightDigestError) as err:
+                sync.push(trainer.named_parameters(), 1)
+            line = str(err.value)
+            assert "\n" not in line and f"tensor {NAME!r}: digest " in line, line
+            assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+            sync.group.broadcast = type(sync.group).broadcast.__get__(sync.group)  # the fault gone
+            sync.push(trainer.named_parameters(), 1)  # the same group, intact: installed
+            assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+        finally:
+            sync.close()
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        assert c.get("/health").json()["version"] == 1
+
+
+# --- the LoRA transport into `baton serve`: the adapter dir it wrote, checked by the server -------
+
+def test_a_corrupted_adapter_is_refused_and_the_loaded_one_serves(tmp_path, monkeypatch):
+    from baton.models.lora import adapter_config, adapter_tensors
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.protocol import SamplingParams
+    from baton.rollout.server import ServerThread, build_app
+    from baton.sync.lora import LoraSync
+    from tests.rollout.test_lora_serving import tiny_llama, trained_peft
+
+    engine = EmbeddedEngine(tiny_llama(), eos_token_ids=[2], pad_token_id=0, fuse_weights=False)
+    (tmp_path / "ok").mkdir()
+    pm = trained_peft()
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6, ignore_eos=True, lora="policy")
+    with ServerThread(build_app(engine, None, "base", weights_dirs=[tmp_path / "ok"])) as srv:
+        sync = LoraSync([RemoteEngine(srv.url)], adapter_config(pm), name="policy", directory=tmp_path / "ok")
+        sync.push(adapter_tensors(pm), 1)
+        before = engine.generate([PROMPT], params)[0]
+        key = next(k for k, _ in adapter_tensors(pm) if "lora_B" in k)
+        write = sync._write
+        for fault, needle in ((flip_a_byte, f"tensor {key!r}: digest "),
+                              (drop_a_tensor, f"tensor {key!r} was sent and did not arrive")):
+            def write_then_fault(tensors, version, fault=fault):
+                out = write(tensors, version)
+                fault(out / "adapter_model.safetensors", key)
+                return out
+            monkeypatch.setattr(sync, "_write", write_then_fault)
+            with torch.no_grad():
+                next(p for n, p in pm.named_parameters() if "lora_B" in n).add_(0.1)
+            with pytest.raises(RemoteEngineError) as err:
+                sync.push(adapter_tensors(pm), 2)
+            assert "\n" not in str(err.value) and needle in str(err.value), str(err.value)
+            after = engine.generate([PROMPT], params)[0]
+            assert after.token_ids == before.token_ids and after.logprobs == before.logprobs  # the old adapter
+        monkeypatch.setattr(sync, "_write", write)
+        sync.push(adapter_tensors(pm), 2)
+        assert engine.generate([PROMPT], params)[0].logprobs != before.logprobs
+
+
+# --- the object store transport: a generator on its own pool ------------------------------------
+
+@pytest.mark.parametrize("fault", ["flip", "drop"])
+def test_a_corrupted_object_store_payload_is_refused_and_the_generator_keeps_its_weights(make_tiny_qwen,
+                                                                                         srv_tokenizer, fault):
+    """`WeightsWorker.full_weights`' payload (`wire_weights`) as the generator gets it from the
+    object store, one byte of a tensor flipped or a tensor missing: `weights_from_wire` refuses
+    it before `load_weights` installs anything."""
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.workers.generator import weights_from_wire, wire_weights
+
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    payload = wire_weights(trainer.named_parameters())
+    if fault == "flip":
+        payload["tensors"][NAME] = payload["tensors"][NAME].copy()
+        payload["tensors"][NAME].view("uint8")[0] ^= 1
+        needle = f"tensor {NAME!r}: digest "
+    else:
+        del payload["tensors"][NAME]
+        needle = f"tensor {NAME!r} was sent and did not arrive"
+    with pytest.raises(WeightDigestError, match=needle):
+        engine.update_weights(weights_from_wire(payload), 1)
+    assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+    engine.update_weights(weights_from_wire(wire_weights(trainer.named_parameters())), 1)
+    assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+
+
+# --- a generator's broadcast group with the actor: the digests follow the buckets in band --------
+
+@pytest.mark.parametrize("fault", ["flip", "cut"])
+def test_a_corrupted_generator_broadcast_is_refused_and_the_generator_keeps_its_weights(make_tiny_qwen,
+                                                                                        srv_tokenizer, fault):
+    """What `WeightsWorker.send_weights` and `GeneratorWorker.receive_weights` run, on a real
+    gloo group (set up by a BroadcastSync here): the buckets, then their digests; the
+    receiver checks before it installs (`WeightReceiver.receive_checked`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from baton.rollout.embedded import EmbeddedEngine
+    from baton.sync import BroadcastSync, WeightReceiver
+    from baton.sync.group import dtype_name, plan_buckets, send_buckets, send_digests
+
+    original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
+    engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
+    receiver = WeightReceiver(engine)
+    sync = BroadcastSync([receiver], bucket_mb=0, timeout_s=60)
+    named = list(trainer.named_parameters())
+    names, dtypes, shapes = [n for n, _ in named], [dtype_name(t.dtype) for _, t in named], [list(t.shape) for _, t in named]
+    plan = plan_buckets(list(zip(names, dtypes, shapes)), None)
+
+    def send() -> None:
+        sent: dict[int, str] = {}
+        send_buckets(sync.group, [t for _, t in named], plan, digests=sent)
+        send_digests(sync.group, [sent[i] for i in range(len(named))])
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            flip_in_transit(sync, names.index(NAME), fault)
+            sender = pool.submit(send)
+            with pytest.raises(WeightDigestError, match=f"tensor {NAME!r}: digest "):
+                receiver.receive_checked(names, dtypes, shapes, 1)
+            sender.result()
+            assert engine.version == 0 and check_logprob_parity(engine, original, PROMPT) < 1e-6
+            sync.group.broadcast = type(sync.group).broadcast.__get__(sync.group)
+            sender = pool.submit(send)
+            receiver.receive_checked(names, dtypes, shapes, 1)
+            sender.result()
+        assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
+    finally:
+        sync.close()

@@ -17,7 +17,7 @@ RECIPE = REPO / "recipes/agent_guess.yaml"  # multi-turn, per-turn rewards: sign
 SMALL = [f"model.path={REPO / 'checkpoints/arith-sft'}", "data.prompts_per_step=2", "rollout.n=2",
          "data.eval_size=2", "actor.mini_batch_size=0", "actor.micro_batch_size=4", "trainer.progress=false",
          "actor.lr_warmup_steps=0", "actor.lr=1e-3"]
-DROP = ("timing/", "throughput/")
+DROP = ("timing/", "throughput/", "sync/")  # sync/: what the placement's own transport moved
 
 
 def config(run_dir, *extra):

@@ -16,6 +16,7 @@ from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequ
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
                                           UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
 from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
+from baton.sync.delta import StaleBase, check_base, installed_as
 from baton.sync.digest import WeightDigestError, check_digests
 
 
@@ -41,11 +42,13 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
                     await asyncio.to_thread(check_checkpoint, handles, param_shapes(engine))
                     if req.digests is not None:  # what the trainer sent, byte for byte, or refused
                         await asyncio.to_thread(check_digests, iter_handles(handles), req.digests)
+                    check_base(engine, req.base_weights)  # a delta applies to the weights it was built on
                     await srv.runner.call(engine.update_weights, iter_handles(handles), version,
                                           label="update_weights_from_disk")
+                    installed_as(engine, req.weights_id)
         except HTTPException as exc:
             return _fail(exc.status_code, f"update_weights_from_disk failed: {exc.detail}")
-        except WeightDigestError as exc:
+        except (WeightDigestError, StaleBase) as exc:
             return _fail(409, f"update_weights_from_disk refused: {exc}; still serving version {engine.version}")
         except (KeyError, ValueError) as exc:
             return _fail(400, f"update_weights_from_disk failed: {exc}; still serving version {engine.version}")
@@ -85,8 +88,10 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             validate_specs(req.names, req.dtypes, req.shapes)
             async with srv.weight_update():
                 await srv.runner.call(srv.receiver.update_weights_from_distributed, req.names, req.dtypes,
-                                      req.shapes, version, req.group_name, bucket_bytes,
-                                      label="update_weights_from_distributed")
+                                      req.shapes, version, req.group_name, bucket_bytes, req.digests,
+                                      req.weights_id, req.base_weights, label="update_weights_from_distributed")
+        except (WeightDigestError, StaleBase) as exc:
+            return _fail(409, f"update_weights_from_distributed refused: {exc}; still serving version {engine.version}")
         except (KeyError, ValueError) as exc:
             return _fail(400, f"update_weights_from_distributed failed: {exc}")
         srv.weights_path = f"broadcast:{req.group_name}"
@@ -116,11 +121,15 @@ def lora_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             from baton.models.lora import read_adapter
 
             adapter = await asyncio.to_thread(read_adapter, files[0].parent)
+            if req.digests is not None:  # what the trainer wrote, byte for byte, or refused
+                await asyncio.to_thread(check_digests, adapter[1].items(), req.digests)
             async with srv.weight_update():
                 nbytes = await srv.runner.call(engine.load_lora_adapter, req.lora_name, adapter,
                                                label="load_lora_adapter")
         except HTTPException as exc:
             return _fail(exc.status_code, f"load_lora_adapter failed: {exc.detail}")
+        except WeightDigestError as exc:
+            return _fail(409, f"load_lora_adapter refused: {exc}; still serving the adapter loaded before, if any")
         except (KeyError, ValueError, FileNotFoundError, AttributeError) as exc:
             return _fail(400, f"load_lora_adapter failed: {exc}")
         srv.lora_paths[req.lora_name] = req.lora_path

@@ -34,12 +34,15 @@ Admin endpoints (off with --no-admin: 403):
                                     trainer's group (this server is rank `rank_offset`);
                                     409 while it has a trainer (a group, set up or joining)
   POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "version"?,
-                                     "group_name"?, "bucket_bytes"?}: receive a broadcast
+                                     "group_name"?, "bucket_bytes"?, "digests"?}: receive a
+                                    broadcast (digests: every tensor checked before any is
+                                    installed; a mismatch is a 409 naming it, old version kept)
   POST /destroy_weights_update_group, /release_memory_occupation (sleep),
        /resume_memory_occupation (wake)
   POST /load_lora_adapter           {"lora_name", "lora_path": a PEFT adapter dir inside a
-       (/v1/load_lora_adapter)       --weights-dir}: serve it by name (vLLM / SGLang shape;
-                                    every tensor checked first; replaces a same-named one)
+       (/v1/load_lora_adapter)       --weights-dir, "digests"?}: serve it by name (vLLM / SGLang
+                                    shape; every tensor checked first, against the digests
+                                    when given: 409 naming it; replaces a same-named one)
   POST /unload_lora_adapter         {"lora_name"}
        (/v1/unload_lora_adapter)
 LoRA adapters are selected per request as vLLM does (`"model": lora_name` in

@@ -197,6 +197,10 @@ class UpdateWeightsFromDiskRequest(_Lenient):
     # baton: {tensor name: digest} of what the trainer sent (baton.sync.digest); checked before
     # the weights are installed: a mismatch is refused naming the tensor, the old version kept
     digests: dict[str, str] | None = None
+    # baton: the identity of the whole set of weights after this push (baton.sync.delta), and the
+    # one a delta is built on: refused (409) unless the server holds exactly that
+    weights_id: str | None = Field(None, max_length=64)
+    base_weights: str | None = Field(None, max_length=64)
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):
@@ -219,6 +223,9 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     # baton extension: tensors arrive packed in flat buckets of this many bytes (see
     # baton.sync.group.plan_buckets); absent -> one broadcast per tensor, as SGLang does.
     bucket_bytes: int | None = Field(None, ge=0, le=2**40)
+    digests: dict[str, str] | None = None  # baton: as UpdateWeightsFromDiskRequest's, checked before installing
+    weights_id: str | None = Field(None, max_length=64)  # baton: as UpdateWeightsFromDiskRequest's
+    base_weights: str | None = Field(None, max_length=64)
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
@@ -234,6 +241,7 @@ class LoadLoraAdapterRequest(_Lenient):
     lora_path: str
     load_inplace: bool = False  # vLLM: replace a loaded adapter of that name (baton always does)
     pinned: bool = False  # SGLang: keep it resident (baton keeps every adapter resident)
+    digests: dict[str, str] | None = None  # baton: {PEFT key: digest} sent, checked before it is served
 
 
 class UnloadLoraAdapterRequest(_Lenient):
