@@ -7,7 +7,7 @@
     baton config RECIPE.yaml [dotted.key=value ...]  print the resolved config (every key)
     baton eval MODEL_DIR [--task arithmetic] [--data F] held-out accuracy of a checkpoint (LoRA too)
     baton serve MODEL_DIR [--port 8000 ...]          OpenAI-compatible + /generate server
-    baton tinker MODEL_DIR [--port 8000 ...]         the Tinker API (the `tinker` SDK's service)
+    baton tinker MODEL_DIR|.gguf [--port 8000 ...]   the Tinker API (the `tinker` SDK's service)
     baton api [--port 8000 --db FILE ...]            the trajectory API (Atropos-compatible)
     baton env NAME --api URL --server URL [...]      an environment service feeding the API
     baton launch RECIPE [dotted.key=value ...]       API + servers + environments + trainer

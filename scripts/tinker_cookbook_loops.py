@@ -1,8 +1,16 @@
-"""tinker-cookbook's `recipes/sl_loop.py` and `recipes/rl_loop.py`, unchanged, against `baton tinker`
-on this machine's CPU: SL, then RL from the SL result.
+"""tinker-cookbook's `recipes/sl_loop.py` and `recipes/rl_loop.py` (and with --basic its
+`sl_basic.py` and `rl_basic.py`), unchanged, against `baton tinker` on this machine's CPU: SL,
+then RL from the SL result.
 
-    python scripts/tinker_cookbook_loops.py [--sl-steps 120] [--rl-steps 15] [--work DIR]
-    python scripts/tinker_cookbook_loops.py --smoke          # 2 steps each (CI's tinker job)
+    python scripts/tinker_cookbook_loops.py [--sl-steps 120] [--rl-steps 15] [--work DIR] [--basic]
+    python scripts/tinker_cookbook_loops.py --smoke --basic  # 2 steps each (CI's tinker job)
+
+sl_basic and rl_basic are the cookbook's chz recipes (`supervised.train`, `rl.train` with the
+Gsm8k environment): built by their own `build_config_blueprint(model_name)`, the dataset
+builder replaced by the same class with CPU-sized batches (SL 16; RL 8 questions x 8 samples),
+then given command-line arguments as `python -m tinker_cookbook.recipes.sl_basic key=value`
+would (base URL, lr, LoRA rank, max_tokens, max_steps); rl_basic's steps follow from its rows
+(--rl-steps x 8 questions).
 
 Needs the `tinker` extra and tinker-cookbook 0.6.1 (`pip install --no-deps tinker-cookbook==0.6.1`
 plus chz, datasets, blobfile, termcolor, sympy, pylatexenc, math-verify: its `tml-renderers`
@@ -42,6 +50,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "baton/tiny"
 KEY = "tml-baton-local"
+LOOPS = ("sl", "rl", "sl_basic", "rl_basic")
+FIGURE = {"sl": "train_mean_nll", "sl_basic": "train_mean_nll", "rl": "reward/total", "rl_basic": "env/all/reward/total"}
 
 
 def free_port() -> int:
@@ -58,14 +68,18 @@ SHOT = [  # rl_loop.py's own one-shot prefix, so that SL teaches the prompt RL w
 ]
 
 
-def write_data(work: Path, n: int, seed: int) -> tuple[Path, Path]:
+def write_data(work: Path, n: int, seed: int, max_term: int = 4, sl_random: bool = False) -> tuple[Path, Path]:
+    """SL conversations and GSM8K-shaped RL rows on single-digit sums a+b, a, b <= max_term.
+    `sl_random`: the SL answers are random digits, so SL teaches the format only and RL has to
+    find the sums (a reward that starts near chance and has room to rise)."""
     rng = random.Random(seed)
-    sums = [(rng.randint(0, 4), rng.randint(0, 4)) for _ in range(n)]
+    sums = [(rng.randint(0, max_term), rng.randint(0, max_term)) for _ in range(n)]
     sl, rl = work / "sl.jsonl", work / "gsm8k_like.jsonl"
     with sl.open("w") as f:
         for a, b in sums:
+            shown = rng.randint(0, 2 * max_term) if sl_random else a + b
             f.write(json.dumps({"messages": [*SHOT, {"role": "user", "content": f"What is {a}+{b}?" + QUESTION_SUFFIX},
-                                             {"role": "assistant", "content": f"\\boxed{{{a + b}}}"}]}) + "\n")
+                                             {"role": "assistant", "content": f"\\boxed{{{shown}}}"}]}) + "\n")
     with rl.open("w") as f:
         for a, b in sums:
             f.write(json.dumps({"question": f"What is {a}+{b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n")
@@ -100,17 +114,21 @@ class Server:
         self.log.close()
 
 
-def local_data(sl: Path, rl: Path) -> None:
-    """The loops' `datasets.load_dataset` calls answered from the local files."""
+def local_data(sl: Path, rl: Path, rl_rows: int | None = None) -> None:
+    """The loops' `datasets.load_dataset` calls answered from the local files (their "test"
+    splits: the same rows; the GSM8K ones cut to `rl_rows`, which sets rl_basic's steps)."""
     import datasets
 
     real = datasets.load_dataset
     files = {"HuggingFaceH4/no_robots": sl, "openai/gsm8k": rl}
 
-    def load_dataset(name, *args, **kwargs):
-        if name in files:
-            return datasets.DatasetDict({"train": real("json", data_files=str(files[name]), split="train")})
-        return real(name, *args, **kwargs)
+    def load_dataset(path, *args, split=None, **kwargs):  # name= is the dataset's config ("main")
+        if path in files:
+            rows = real("json", data_files=str(files[path]), split="train")
+            if path == "openai/gsm8k" and rl_rows:
+                rows = rows.select(range(rl_rows))
+            return rows if split else datasets.DatasetDict({"train": rows, "test": rows})
+        return real(path, *args, split=split, **kwargs)
 
     datasets.load_dataset = load_dataset
 
@@ -150,6 +168,36 @@ def run_rl(url: str, log_path: Path, steps: int, batch: int, group: int, lr: flo
     return metrics(log_path)
 
 
+def run_basic(recipe: str, url: str, log_path: Path, steps: int, lr: float) -> list[dict]:
+    """sl_basic / rl_basic as their `__main__` runs them: their own blueprint, its dataset
+    builder swapped for the same class with CPU-sized batches (an instance in the blueprint,
+    so not reachable by `key=value`), then command-line arguments."""
+    import importlib
+
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    module = importlib.import_module(f"tinker_cookbook.recipes.{recipe}")
+    if recipe == "sl_basic":
+        from tinker_cookbook.recipes.chat_sl.chat_datasets import NoRobotsBuilder
+        from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+        builder = NoRobotsBuilder(common_config=ChatDatasetBuilderCommonConfig(
+            model_name_for_tokenizer=NAME, renderer_name="role_colon", max_length=1024, batch_size=16,
+            train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))  # the answer, not the shot
+        argv = ["eval_every=0", f"max_steps={steps}"]
+    else:
+        from tinker_cookbook.recipes.math_rl.math_env import Gsm8kDatasetBuilder
+
+        builder = Gsm8kDatasetBuilder(batch_size=8, group_size=8, renderer_name="role_colon",
+                                      model_name_for_tokenizer=NAME)
+        argv = ["max_tokens=20"]
+    blueprint = module.build_config_blueprint(NAME).apply({"dataset_builder": builder})
+    config = blueprint.make_from_argv([f"base_url={url}", f"log_path={log_path}", f"learning_rate={lr}",
+                                       "lora_rank=16", "save_every=0", *argv])
+    module.main(config)
+    return metrics(log_path)
+
+
 def sampler_dir(state_dir: Path, log_path: Path) -> Path:
     """The server-side dir of the loop's final sampler checkpoint (checkpoints.jsonl's path)."""
     records = [json.loads(x) for x in (log_path / "checkpoints.jsonl").read_text().splitlines()]
@@ -160,12 +208,14 @@ def sampler_dir(state_dir: Path, log_path: Path) -> Path:
 
 def child(loop: str, url: str, log_path: Path, steps: int, model_dir: Path, work: Path, rl_lr: float) -> int:
     """One loop in this process (a fresh one per loop: the SDK's session ends with it)."""
-    local_data(work / "sl.jsonl", work / "gsm8k_like.jsonl")
+    local_data(work / "sl.jsonl", work / "gsm8k_like.jsonl", rl_rows=8 * steps if loop == "rl_basic" else None)
     name_the_model(model_dir)
     if loop == "sl":
         run_sl(url, log_path, steps, batch=16, lr=5e-3)
-    else:
+    elif loop == "rl":
         run_rl(url, log_path, steps, batch=8, group=8, lr=rl_lr)
+    else:
+        run_basic(loop, url, log_path, steps, lr=5e-3 if loop == "sl_basic" else rl_lr)
     return 0
 
 
@@ -191,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rl-lr", type=float, default=5e-4)
     ap.add_argument("--rl-from", type=Path, help="skip SL: RL from this model dir (an earlier run's sl-merged)")
     ap.add_argument("--smoke", action="store_true", help="2 steps of each loop")
-    ap.add_argument("--child", choices=["sl", "rl"], help=argparse.SUPPRESS)
+    ap.add_argument("--basic", action="store_true", help="sl_basic and rl_basic too, as many steps as the loops")
+    ap.add_argument("--max-term", type=int, default=4, help="the sums' terms are 0..N")
+    ap.add_argument("--sl-random-answers", action="store_true",
+                    help="SL teaches the format with random answers: RL has to find the sums")
+    ap.add_argument("--child", choices=LOOPS, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
@@ -205,28 +259,34 @@ def main(argv: list[str] | None = None) -> int:
     from baton.models.make import make_tiny_checkpoint
 
     base = make_tiny_checkpoint(work / "base", preset="0.75m", seed=0, max_position=1024)
-    write_data(work, n=max(64, 16 * max(sl_steps, 1)), seed=0)
+    write_data(work, n=max(64, 16 * max(sl_steps, 1)), seed=0, max_term=args.max_term, sl_random=args.sl_random_answers)
     state = work / "state"
 
-    sl: list[dict] = []
+    done = {}
+
+    def stage(loop: str, model_dir: Path, steps: int) -> None:
+        ms, secs = run_loop(loop, model_dir, state, work, steps, args.rl_lr)
+        key = FIGURE[loop]
+        ms = [m for m in ms if key in m]  # rl.train also logs lines of its own (the final checkpoint's)
+        for m in ms:
+            print(f"{loop} step {m['step']}: {key} {m[key]:.4f}")
+        if ms:
+            print(f"{loop}: {len(ms)} steps in {secs:.0f} s, {key} {ms[0][key]:.4f} -> {ms[-1][key]:.4f}", flush=True)
+        done[loop] = len(ms) == steps
+
     merged = args.rl_from
     if merged is None:
-        sl, sl_s = run_loop("sl", base, state, work, sl_steps, args.rl_lr)
-        for m in sl:
-            print(f"sl step {m['step']}: train_mean_nll {m['train_mean_nll']:.4f}")
-        print(f"sl_loop: {len(sl)} steps in {sl_s:.0f} s, train_mean_nll {sl[0]['train_mean_nll']:.4f} -> "
-              f"{sl[-1]['train_mean_nll']:.4f}", flush=True)
+        stage("sl", base, sl_steps)
         merged = work / "sl-merged"
         subprocess.run([sys.executable, "-m", "baton.cli", "export", str(sampler_dir(state, work / "sl-log")),
                         str(merged), "--merge", "--base", str(base)], check=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
-    rl, rl_s = run_loop("rl", merged.resolve(), state, work, rl_steps, args.rl_lr)
-    for m in rl:
-        print(f"rl step {m['step']}: reward/total {m['reward/total']:.3f}")
-    print(f"rl_loop: {len(rl)} steps in {rl_s:.0f} s, reward/total {rl[0]['reward/total']:.3f} -> "
-          f"{rl[-1]['reward/total']:.3f}", flush=True)
-    return 0 if (args.rl_from or len(sl) == sl_steps) and len(rl) == rl_steps else 1
-
+        if args.basic:
+            stage("sl_basic", base, sl_steps)
+    stage("rl", merged.resolve(), rl_steps)
+    if args.basic:
+        stage("rl_basic", merged.resolve(), rl_steps)  # from the SL result, as rl_loop
+    return 0 if all(done.values()) else 1
 
 if __name__ == "__main__":
     sys.exit(main())

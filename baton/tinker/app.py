@@ -80,8 +80,10 @@ def build_app(service: TinkerService, *, api_key: str | None = None, max_body_by
 
 
 def load_service(model_dir: Path, *, model_name: str | None = None, state_dir: Path | None = None,
-                 max_models: int = 4, max_sample_tokens: int = 1024, device: str = "cpu") -> TinkerService:
-    """The served model (fp32), its tokenizer and an embedded engine over it."""
+                 max_models: int = 4, max_sample_tokens: int = 1024, device: str = "cpu",
+                 aliases: Sequence[str] = ()) -> TinkerService:
+    """The served model (fp32), its tokenizer and an embedded engine over it; `aliases`: more
+    names `base_model` may use (a .gguf's path, for the directory converted from it)."""
     import torch
 
     from baton.models.load import load_model, load_tokenizer
@@ -90,7 +92,7 @@ def load_service(model_dir: Path, *, model_name: str | None = None, state_dir: P
     model = load_model(str(model_dir), dtype=torch.float32, device=device)
     tokenizer = load_tokenizer(str(model_dir))
     engine = build_engine(DEFAULT_ENGINE, model, tokenizer)
-    names = list(dict.fromkeys([model_name or model_dir.name, str(model_dir), str(model_dir.resolve())]))
+    names = list(dict.fromkeys([model_name or model_dir.name, str(model_dir), str(model_dir.resolve()), *aliases]))
     state = state_dir or Path(tempfile.mkdtemp(prefix="baton-tinker-"))
     return TinkerService(model_dir.resolve(), names, tokenizer, engine, state, max_models=max_models,
                          context_len=context_len(engine) or 2048, max_sample_tokens=max_sample_tokens)
@@ -98,13 +100,14 @@ def load_service(model_dir: Path, *, model_name: str | None = None, state_dir: P
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="baton tinker", description=__doc__.split("\n\n")[0])
-    p.add_argument("model_dir", type=Path, help="a local HF model directory (what create_lora_training_client trains)")
+    p.add_argument("model_dir", type=Path, help="a local HF model directory or a .gguf file (what "
+                                                "create_lora_training_client trains)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("BATON_API_KEY"),
                    help="the key clients send (X-API-Key; the SDK wants it to start 'tml-'); env BATON_API_KEY")
-    p.add_argument("--model-name", help="the base_model name clients use (default: the directory's name; its "
-                                        "path is accepted too)")
+    p.add_argument("--model-name", help="the base_model name clients use (default: the directory's or the .gguf "
+                                        "file's name; its path is accepted too)")
     p.add_argument("--state-dir", type=Path, help="where checkpoints (save_state, save_weights_for_sampler) go "
                                                   "(default: a new temporary directory)")
     p.add_argument("--max-models", type=int, default=4, help="training clients held at once")
@@ -113,12 +116,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
-    if not args.model_dir.is_dir():
-        p.error(f"model directory not found: {str(args.model_dir)!r}")
     if args.max_models < 1 or args.max_sample_tokens < 1 or args.max_body_mb <= 0 or args.threads < 0:
         p.error("--max-models, --max-sample-tokens and --max-body-mb must be positive, --threads >= 0")
     if args.api_key == "":
         p.error("--api-key must not be empty")
+    from baton.models.gguf_file import is_gguf_path
+
+    args.aliases = []
+    if is_gguf_path(str(args.model_dir)):  # converted once into a cached HF directory, as `baton serve` does
+        from baton.models.resolve import local_model_path
+
+        gguf = args.model_dir
+        args.model_dir = Path(local_model_path(str(gguf), "MODEL_DIR"))
+        args.model_name = args.model_name or gguf.stem
+        args.aliases = [str(gguf), str(gguf.resolve())]
+    if not args.model_dir.is_dir():
+        p.error(f"model directory not found: {str(args.model_dir)!r}")
     return args
 
 
@@ -129,7 +142,8 @@ def tinker_main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     service = load_service(args.model_dir, model_name=args.model_name, state_dir=args.state_dir,
-                           max_models=args.max_models, max_sample_tokens=args.max_sample_tokens)
+                           max_models=args.max_models, max_sample_tokens=args.max_sample_tokens,
+                           aliases=args.aliases)
     app = build_app(service, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20))
     sock = socket.create_server((args.host, args.port))
     print(f"baton tinker: {service.name} on http://{args.host}:{sock.getsockname()[1]} (checkpoints in "

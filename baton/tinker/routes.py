@@ -86,6 +86,11 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
         session(body.session_id)
         return {"type": "session_heartbeat"}
 
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, body: S.FinishSession):
+        session(session_id)  # the SDK's close() (the cookbook's train loops end with it); its models stay
+        return {"type": "finish_session"}
+
     @app.post("/api/v1/telemetry")
     async def telemetry():
         return {"status": "accepted"}  # the SDK's usage events: not kept

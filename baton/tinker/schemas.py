@@ -36,6 +36,11 @@ class CreateModel(Body):
     optimizer_config: OptimizerConfig = OptimizerConfig()
 
 
+class FinishSession(Body):
+    reason: dict[str, Any]  # {"type": "success" | "errored" | "interrupted"}
+    detail: Optional[str] = None
+
+
 class ModelRef(Body):
     model_id: str
 

@@ -137,3 +137,14 @@ def test_cli_refuses_bad_options(tmp_path, capsys):
             main(["tinker", *argv])
         assert exit_.value.code == 2
         assert "baton tinker: error:" in capsys.readouterr().err
+
+
+def test_finish_session_ends_the_sdks_close(server):
+    """`ServiceClient.close(status)` (the cookbook's sl_basic / rl_basic end with it) posts
+    /sessions/{id}/finish: a known session is acknowledged, an unknown one is a 404."""
+    session = post(server, "create_session", {}).json()["session_id"]
+    body = {"reason": {"type": "success"}, "detail": None}
+    assert post(server, f"sessions/{session}/finish", body).status_code == 200
+    unknown = post(server, "sessions/session-nope/finish", body)
+    assert unknown.status_code == 404 and "unknown session_id" in unknown.json()["detail"]
+    assert post(server, f"sessions/{session}/finish", {"detail": "x"}).status_code == 422  # no reason

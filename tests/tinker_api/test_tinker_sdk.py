@@ -91,3 +91,15 @@ def test_sdk_errors_name_the_problem(service):
         service.create_lora_training_client(base_model=NAME, rank=4).result().forward([bad], "cross_entropy").result()
     with pytest.raises(tinker.NotFoundError, match="is not served here"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+
+
+def test_sdk_error_shapes_for_a_wrong_key_and_a_failed_call(server, service):
+    """A 401 is the SDK's AuthenticationError with the server's reason; a call accepted and
+    then failed on what it asked (a checkpoint that is not there) is its RequestFailedError,
+    in the user category (not retried)."""
+    with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
+        tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_lora_training_client(NAME, rank=4)
+    tc = service.create_lora_training_client(base_model=NAME, rank=4).result()
+    with pytest.raises(tinker.RequestFailedError, match="no checkpoint at") as failed:
+        tc.load_state(f"tinker://{tc.model_id}/weights/missing").result()
+    assert failed.value.category == tinker.types.RequestErrorCategory.User
