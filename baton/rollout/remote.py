@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 import torch
 
-from baton.rollout.protocol import GRAMMAR_ERROR, Completion, SamplingParams
+from baton.rollout.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
 from baton.sync.backend import End
 
 DIALECTS = ("baton", "sglang", "vllm")
@@ -71,14 +71,14 @@ def _retry_after(value: str | None) -> float:
         return 1.0
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     def __init__(self, base_url: str, dialect: str = "baton", *, model: str | None = None, timeout: float = 600.0,
                  weights_dir: str | None = None, version: int = 0, api_key: str | None = None):
         if dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
         self.base_url = base_url.rstrip("/")
         self.dialect = dialect
-        self.model = model
+        self.model_name = model  # the served model's name (vLLM's /v1/models id); None: asked for
         self.timeout = timeout
         self.weights_dir = weights_dir
         self.version = version
@@ -210,9 +210,9 @@ class RemoteEngine:
             return self.version
 
     def _model_name(self) -> str:
-        if self.model is None:
-            self.model = self._get("/v1/models")["data"][0]["id"]
-        return self.model
+        if self.model_name is None:
+            self.model_name = self._get("/v1/models")["data"][0]["id"]
+        return self.model_name
 
     def _vllm_weight_version(self) -> int | None:
         """A vLLM server's weight version (/weight_info; None where there is none: remembered)."""

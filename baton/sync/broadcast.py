@@ -59,9 +59,13 @@ class WeightReceiver:
         self._trainer: tuple[str, str, float] | None = None  # (group, master host:port, since) set up or joining
         self._lock = threading.Lock()
 
+    @property
+    def base_url(self) -> str | None:
+        return self.engine.base_url  # None: an engine in this process
+
     def weights_end(self) -> End:
         """Where the engine's weights live (the trainer picks the backend from it)."""
-        return end_of(getattr(self.engine, "device", None))
+        return end_of(self.engine.device)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
@@ -83,7 +87,7 @@ class WeightReceiver:
         try:
             self.groups[group_name] = WeightUpdateGroup(
                 master_address, master_port, rank_offset + self.rank_in_engine, world_size, backend=backend,
-                group_name=group_name, timeout_s=timeout_s, device=getattr(self.engine, "device", None))
+                group_name=group_name, timeout_s=timeout_s, device=self.engine.device)
         except BaseException:
             self._trainer = None
             raise
@@ -98,7 +102,7 @@ class WeightReceiver:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
         specs = validate_specs(names, dtypes, shapes)
         plan = plan_buckets(specs, bucket_bytes)
-        device = getattr(self.engine, "device", None)
+        device = self.engine.device
         it = receive_buckets(group, specs, plan, device=device)
         try:
             self.engine.update_weights(it, version)
@@ -147,7 +151,7 @@ class BroadcastSync:
             raise TypeError(f"BroadcastSync takes engine objects, not URLs ({urls[0]!r}): "
                             f"wrap it as baton.rollout.remote.RemoteEngine(url)")
         self.engines = engines
-        receivers = [e.weights_end() if hasattr(e, "weights_end") else End("unknown") for e in engines]
+        receivers = [e.weights_end() for e in engines]
         self.backend = choose_backend(end_of(device), receivers, backend)
         self.bucket_bytes = int(bucket_mb * 2**20) or None
         self.group_name = group_name
@@ -232,7 +236,7 @@ class BroadcastSync:
 
 
 def _engine_name(engine) -> str:
-    return getattr(engine, "base_url", None) or type(engine).__name__
+    return engine.base_url or type(engine).__name__
 
 
 def _refusal(exc: BaseException) -> tuple[int | None, str]:

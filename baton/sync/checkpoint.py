@@ -81,7 +81,7 @@ class CheckpointSync:
         path = save_safetensors_atomic(tensors, self.directory / f"weights-v{version}.safetensors")
         del tensors
         for engine in self.engines:
-            if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
+            if engine.update_weights_from_disk is not None:  # a server: it checks before it installs
                 engine.update_weights_from_disk(str(path), version, digests=sent)
             else:
                 check_digests(iter_safetensors(path), sent)  # in process: checked here, then installed

@@ -55,7 +55,7 @@ class LoraSync:
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         path = None
         for engine in self.engines:
-            if hasattr(engine, "base_url"):  # a server: through a PEFT dir it can read
+            if engine.base_url is not None:  # a server: through a PEFT dir it can read
                 path = path or self._write(tensors, version)
                 if self.loaded:
                     engine.unload_lora_adapter(self.name)
