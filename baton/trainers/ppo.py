@@ -270,7 +270,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 for key, value in total_reward(cfg, roles, batch).items():
                     batch[key] = value
                 if cfg.remax:
-                    batch["baseline_scores"] = baseline_scores(cfg, roles, batch)
+                    batch[F.BASELINE_SCORES] = baseline_scores(cfg, roles, batch)
             mask = batch[F.RESPONSE_MASK]  # [B, R]
             # the source's per-token rewards (agents' turns) where it placed them, else the reward
             # on the last token (baton.rows)
@@ -287,7 +287,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
             batch[F.ADVANTAGES], batch[F.RETURNS] = compute_advantages(
                 algo.advantage, scores=batch[F.REWARDS], response_mask=mask, token_rewards=token_rewards,
                 group_index=groups, values=batch[F.VALUES] if critic is not None else None,
-                baseline_scores=batch["baseline_scores"] if cfg.remax else None, old_logprobs=batch[F.OLD_LOGPROBS],
+                baseline_scores=batch[F.BASELINE_SCORES] if cfg.remax else None, old_logprobs=batch[F.OLD_LOGPROBS],
                 teacher_logprobs=batch[F.TEACHER_LOGPROBS] if teacher is not None else None, **hyper)
             if teacher is not None:  # how far the student is from the teacher, on its own samples
                 metrics.update(distill_metrics(batch[F.OLD_LOGPROBS], batch[F.TEACHER_LOGPROBS], mask))
