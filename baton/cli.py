@@ -218,13 +218,10 @@ def _config(args: argparse.Namespace) -> int:
     import yaml
 
     from baton.config import to_dict
-    from baton.trainers.algorithms import load_recipe
-    from baton.trainers.run_recipe import recipe_algorithm
+    from baton.trainers.run_recipe import build_recipe
 
-    name = recipe_algorithm(args.recipe, args.overrides)
-    cfg = load_recipe(name, args.recipe,  # as `baton train` resolves it: placement.auto applied (its line on stderr)
-                      [*(o for o in args.overrides if o.split("=", 1)[0].strip() != "algorithm"), f"algorithm={name}"],
-                      say=sys.stderr)
+    # as `baton train` resolves it (one path): placement.auto applied, its line on stderr
+    _, cfg = build_recipe(args.recipe, args.overrides, command="config", say=sys.stderr)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
 

@@ -23,6 +23,7 @@ ROUTING = "routing"  # [B, R, L, K] long: the experts the engine's MoE layers ch
 ENTROPY = "entropy"  # [B, R] per-token entropy of the policy
 VALUES = "values"  # [B, R] critic values
 REWARDS = "rewards"  # [B] scalar sequence reward (sum of weighted reward functions)
+BASELINE_SCORES = "baseline_scores"  # [B] the score of a greedy response to the row's prompt (ReMax's baseline)
 TOKEN_REWARDS = "token_rewards"  # [B, R] reward placed on tokens (PPO/GAE)
 HAS_TOKEN_REWARDS = "has_token_rewards"  # [B] bool: the row's token_rewards are its source's (agents'
                                          # turns, an environment's); else the driver places `rewards`

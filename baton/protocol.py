@@ -10,6 +10,12 @@ weights through it, `baton.envs` evaluates through it), so none of those import 
     sleep() / wake(): release and restore memory (KV cache; weights when colocated)
     version: the policy version of the weights now loaded
 
+The optional members (what some engines offer: an in-process module, a server's address, LoRA
+adapters, a KV budget, loading a checkpoint directory) are declared on `Engine` with the value
+an engine that lacks them has (None, empty, False). An engine class subclasses `Engine` to
+inherit them and overrides what it offers, so callers read `engine.device` or test
+`engine.update_weights_from_disk is not None` instead of probing with getattr / hasattr.
+
 Logprob convention: `Completion.logprobs[t]` is log_softmax(logits / temperature) of the
 chosen token (temperature 0 -> greedy, logprobs at temperature 1), taken *before*
 top-k / top-p / min-p filtering (but after a `grammar`'s mask: baton.rollout.constrained). The trainer computes its logprobs the same way, so the PPO
@@ -19,7 +25,8 @@ ratio of an unchanged policy is exactly 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: tasks and reward worker processes import this without torch
     import torch
@@ -76,6 +83,27 @@ class Completion:
 @runtime_checkable
 class Engine(Protocol):
     version: int
+
+    # --- optional: the value an engine that does not offer the member has ---------------
+    model: Any = None  # the torch module it runs in this process (None: its weights live elsewhere)
+    device: Any = None  # the torch.device its weights live on (None: not in this process)
+    base_url: str | None = None  # an HTTP engine's server (None: in process)
+    max_model_len: int | None = None  # a cap of its own on prompt + generated tokens
+    eos_token_ids: Sequence[int] = ()  # the ids that end a completion (empty: the tokenizer's EOS)
+    structured_outputs: bool = False  # enforces SamplingParams.grammar
+    adapters: Mapping[str, Any] = MappingProxyType({})  # the LoRA adapters it serves, by name
+    # (KV tokens, a row's sampling memory in tokens) a call may hold now
+    batch_budget: Callable[[], tuple[int, int]] | None = None
+    # a server: loads a safetensors file (path, version, digests=...) after checking it
+    update_weights_from_disk: Callable[..., None] | None = None
+    dialect: str | None = None  # an HTTP engine's server kind: "baton", "vllm" or "sglang" (None: in process)
+    # installs a subset of the tensors (a delta sync, `baton.sync.delta`); vLLM and SGLang take whole sets
+    partial_weight_updates: bool = True
+    weights_id: str | None = None  # the identity of the whole set of weights last installed (baton.sync.delta)
+
+    def served_version(self) -> int | None:
+        """The weight version it serves now (a server is asked)."""
+        return self.version
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
 

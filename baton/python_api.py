@@ -64,7 +64,7 @@ def _check_ray_can_send(cfg: Any) -> None:
     (cloudpickle): one line, before the run starts."""
     placement = getattr(cfg, "placement", None)
     reward = getattr(cfg, "reward", None)
-    if placement is None or reward is None or getattr(placement, "backend", "local") != "ray":
+    if placement is None or reward is None or placement.backend != "ray":
         return
     from baton.controller.ray_backend import check_serializable
     from baton.rewards.python import shipped

@@ -115,6 +115,13 @@ def test_unknown_keys_suggest_the_close_one(capsys):
                      "did you mean 'model.lora.alpha'?")
 
 
+def test_config_resolves_the_algorithm_as_train_does(capsys):
+    """`baton config` takes `baton train`'s path (`build_recipe`): an unknown algorithm is one
+    line and exit 2 (it was a ValueError's traceback, exit 1)."""
+    _one_line_exit_2(["config", "recipes/grpo_arithmetic.yaml", "algorithm=nope"], capsys,
+                     "algorithm='nope' is not one of")
+
+
 def test_make_tiny_unknown_preset_lists_the_presets(tmp_path, capsys):
     _one_line_exit_2(["make-tiny", str(tmp_path / "m"), "--preset", "7b"], capsys, "'7b'", "0.75m, 2m, 5m, 25m")
     assert not (tmp_path / "m").exists()

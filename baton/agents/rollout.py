@@ -229,7 +229,7 @@ def _run_all(rows: list[dict], indices: list[int], cfg: AgentConfig, tokenizer: 
     (results, trajectories abandoned with their code still running)."""
     batcher = TurnBatcher(engine, params, live=len(rows))
     ctx = context_len(engine)
-    eos = set(getattr(engine, "eos_token_ids", []) or [tokenizer.eos_token_id])
+    eos = set(engine.eos_token_ids or [tokenizer.eos_token_id])
 
     def job(row: dict, i: int, key: int):
         async def run(watch: Watch) -> Result:

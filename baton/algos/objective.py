@@ -1,12 +1,12 @@
-"""A convenience composition of the primitives: the actor's scalar loss for one micro-batch.
+"""The actor's scalar loss for one micro-batch, composed of the primitives: the PPO family's
+policy loss as the actor worker computes it (`baton.workers.actor` calls `actor_loss`).
 
-per_token = w * policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy
+per_token = policy_loss + kl_coef * KL(policy || ref) - entropy_coef * entropy
 (+ distill: a distillation divergence per token, `baton.algos.distill`), then one
 aggregation for the sum (aggregation is linear, so aggregating the terms separately with
-the same normalisers gives the same number). w = optional truncated-IS weights against
-the engine's behaviour logprobs (`baton.algos.off_policy`); off (w = 1) by default.
-Trainers needing something else should call the primitives directly; nothing here is
-required by them.
+the same normalisers gives the same number). Off-policy corrections (truncated-IS weights
+against the engine's behaviour logprobs, `baton.algos.off_policy`) are not an argument: the
+driver scales the advantages by them before the loss (w * loss(A) = loss(w * A)).
 """
 
 from __future__ import annotations

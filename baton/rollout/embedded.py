@@ -50,8 +50,8 @@ from torch import nn
 from baton.padding import pad_left
 from baton.rollout import _llama
 from baton.rollout._hf import HFRunner
-from baton.rollout._llama import LlamaRunner
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout._llama import LlamaRunner, fuse_storage
+from baton.rollout.protocol import Completion, Engine, SamplingParams
 from baton.rollout.sampling import draw, sample
 from baton.rollout.generation import Generation
 from baton.rollout.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
@@ -83,14 +83,17 @@ def _per_layer(log: list[torch.Tensor], layers: int) -> torch.Tensor:
     return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Engine):
     """Rollout engine that runs inside the calling process.
 
     sleep_mode: what `sleep()` frees. "cache": only the KV cache (the default, and the only
     sensible one for a colocated trainer module, whose weights the trainer still needs);
     "offload": also moves the weights to CPU (back on `wake()`); "discard": also frees the
     weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
-    must refill every parameter before `generate`.
+    must refill every parameter before `generate`. A "discard" engine owns its module (a copy
+    the trainer pushes weights into): on the fast path it lays each layer's Q, K, V (gate, up)
+    back to back (`_llama.fuse_storage`) when built and again on each `wake()` (which brings the
+    storage back one parameter at a time), so each group is one matmul with no packed copy.
 
     max_batch_tokens: a fixed KV-cache budget (tokens) per group; memory_fraction: the share
     of the free memory a call's KV cache and sampling may take (`baton.rollout.kv_budget`).
@@ -172,6 +175,7 @@ class EmbeddedEngine:
         self._discarded: list[tuple[torch.Tensor, torch.Size]] = []  # (param, shape) while discarded
         self._missing: dict[int, str] = {}  # id(param) -> name: still to refill after a discard
         self._in_flight: weakref.WeakSet[Generation] = weakref.WeakSet()  # started, not ended
+        self._lay_out()
 
     # --- properties --------------------------------------------------------------------
     @property
@@ -503,6 +507,10 @@ class EmbeddedEngine:
         yet refilled): a delta sync may build on it (`baton.sync.delta`)."""
         return not self._missing and not (self._asleep and self.sleep_mode == "discard")
 
+    def served_version(self) -> int | None:
+        """Its version; None while its weights are discarded (a delta has nothing to build on)."""
+        return self.version if self.holds_weights else None
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy (name, tensor) pairs into the model's parameters in place."""
         table = self._param_table()
@@ -557,4 +565,10 @@ class EmbeddedEngine:
                 p.data = torch.empty(shape, dtype=p.dtype, device=self._device)
             self._missing = {id(p): name for name, p in self.model.named_parameters()}
             self._discarded = []
+            self._lay_out()
         self._asleep = False
+
+    def _lay_out(self) -> None:
+        """An own module on the fast path (sleep_mode "discard"): Q|K|V and gate|up back to back."""
+        if self.sleep_mode == "discard" and isinstance(self.runner, LlamaRunner):
+            fuse_storage(self.model)

@@ -28,11 +28,11 @@ ENGINES.lazy("vllm", "baton.rollout.vllm_engine:VLLMEngine")
 DEFAULT_ENGINE = "embedded"  # what eval, serve, SFT and agent evaluation build (rollout.engine's default)
 
 
-def context_len(engine: Any, max_model_len: int | None = None) -> int | None:
+def context_len(engine: Engine, max_model_len: int | None = None) -> int | None:
     """The longest sequence (prompt + generated) the engine takes, if it says: its model's
     `max_position_embeddings` and a `max_model_len` (given, else the engine's own), the smaller."""
-    cfg = getattr(getattr(engine, "model", None), "config", None)
-    limit = max_model_len if max_model_len is not None else getattr(engine, "max_model_len", None)
+    cfg = getattr(engine.model, "config", None)
+    limit = max_model_len if max_model_len is not None else engine.max_model_len
     found = [x for x in (getattr(cfg, "max_position_embeddings", None), limit) if isinstance(x, int)]
     return min(found) if found else None
 

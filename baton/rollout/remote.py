@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 import torch
 
-from baton.rollout.protocol import GRAMMAR_ERROR, Completion, SamplingParams
+from baton.rollout.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
 from baton.sync.backend import End
 
 DIALECTS = ("baton", "sglang", "vllm")
@@ -71,14 +71,14 @@ def _retry_after(value: str | None) -> float:
         return 1.0
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     def __init__(self, base_url: str, dialect: str = "baton", *, model: str | None = None, timeout: float = 600.0,
                  weights_dir: str | None = None, version: int = 0, api_key: str | None = None):
         if dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
         self.base_url = base_url.rstrip("/")
         self.dialect = dialect
-        self.model = model
+        self.model_name = model  # the served model's name (vLLM's /v1/models id); None: asked for
         self.timeout = timeout
         self.weights_dir = weights_dir
         self.version = version
@@ -140,6 +140,11 @@ class RemoteEngine:
         except (RemoteEngineError, httpx.HTTPError, ValueError):
             return End("unknown")
         return End(str(info.get("device", "unknown")), info.get("gpu"))
+
+    @property
+    def partial_weight_updates(self) -> bool:
+        """baton's server installs a subset of the tensors (a delta); vLLM's and SGLang's take whole sets."""
+        return self.dialect == "baton"
 
     def served_version(self) -> int | None:
         """The weight version the server serves now (None: it does not say)."""
@@ -210,9 +215,9 @@ class RemoteEngine:
             return self.version
 
     def _model_name(self) -> str:
-        if self.model is None:
-            self.model = self._get("/v1/models")["data"][0]["id"]
-        return self.model
+        if self.model_name is None:
+            self.model_name = self._get("/v1/models")["data"][0]["id"]
+        return self.model_name
 
     def _vllm_weight_version(self) -> int | None:
         """A vLLM server's weight version (/weight_info; None where there is none: remembered)."""

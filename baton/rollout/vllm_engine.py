@@ -55,17 +55,18 @@ from typing import Any, Iterable
 
 import torch
 
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout.protocol import Completion, Engine, SamplingParams
 
 
 def _request_seed(seed: int, prompt: int, sample: int) -> int:
     return zlib.crc32(f"{seed}:{prompt}:{sample}".encode()) & 0x7FFFFFFF
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """`VLLMEngine(model_path, tokenizer=None, *, dtype="float32", seed=0, version=0, ...)`."""
 
     shares_module = False  # its own copy of the weights: the colocated sync is `copy`
+    partial_weight_updates = False  # its packed (qkv, gate_up) weights take whole sets (baton.sync.delta)
 
     @classmethod
     def build(cls, module: Any, tokenizer: Any, *, model_path: str | None = None, sleep_mode: str = "cache",

@@ -127,7 +127,7 @@ class EnvRunner:
                 group = self.env.collect(item, engine)
                 if outage is not None:
                     log.warning("env %s: server %s answers again after %.1f s", self.env.name,
-                                getattr(engine, "base_url", i), time.monotonic() - outage)
+                                engine.base_url or i, time.monotonic() - outage)
                 return group
             except (httpx.HTTPError, OSError, RuntimeError) as exc:
                 if isinstance(exc, Stopped):
@@ -139,7 +139,7 @@ class EnvRunner:
                 if outage is None:
                     outage = time.monotonic()
                     log.warning("env %s: server %s failed (%s: %s); retrying with backoff", self.env.name,
-                                getattr(engine, "base_url", i), type(exc).__name__, text[:300])
+                                engine.base_url or i, type(exc).__name__, text[:300])
                 with self._lock:
                     self.counts["generate_retries"] += 1
                 if self.stop.wait(backoff):

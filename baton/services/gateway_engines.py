@@ -37,7 +37,7 @@ class InProcessEngine:
 
     def __init__(self, engine: Any, max_batch_wait_ms: float = 2.0, max_batch_seqs: int = 256):
         self.engine = engine
-        self.structured_outputs = bool(getattr(engine, "structured_outputs", False))  # SamplingParams.grammar
+        self.structured_outputs = engine.structured_outputs  # SamplingParams.grammar
         self._args = (max_batch_wait_ms, max_batch_seqs)
         self._batcher: Batcher | None = None
 

@@ -23,6 +23,14 @@ from baton.sources.base import REDRAW, Prompts
 from baton.sources.episodes import EpisodeGeneratorSource, EpisodeSource
 
 
+def step_unique(rows: Batch, step: int, prompts_per_step: int) -> Batch:
+    """`rows` with the groups the gateway numbered per call (0, 1, ...) made step-unique, as
+    `baton.sources.base.number_groups` numbers a step's prompts: step * prompts_per_step + group."""
+    if len(rows):
+        rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * prompts_per_step
+    return rows
+
+
 class SessionSource(EpisodeSource):
     """`data.source: gateway`: rows are sessions of an OpenAI-speaking agent through a gateway
     on the rollout role's engine (`RolloutWorker.generate_sessions`, baton.agents.gateway_run);
@@ -34,9 +42,7 @@ class SessionSource(EpisodeSource):
         def draw(k: int) -> Batch:
             rows = self.rollout.generate_sessions(self.state.next_prompts(self.prompts_per_step), step + REDRAW * k,
                                                   asdict(self.cfg))
-            if len(rows):  # groups numbered by the gateway per call: step-unique here
-                rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
-            return rows
+            return step_unique(rows, step, self.prompts_per_step)
         return draw
 
 
@@ -50,10 +56,7 @@ class SessionGeneratorSource(EpisodeGeneratorSource):
         return self.rollout.submit("generate_sessions", prompts, step, asdict(self.cfg))
 
     def rows(self, step: int) -> Batch:
-        rows = super().rows(step)
-        if len(rows):  # groups numbered by the gateway per call: step-unique here
-            rows[F.GROUP_INDEX] = rows[F.GROUP_INDEX] + step * self.prompts_per_step
-        return rows
+        return step_unique(super().rows(step), step, self.prompts_per_step)
 
 
 def evaluate_sessions(rollout: Any, cfg: GatewayAgentConfig, eval_rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -62,9 +62,20 @@ class WeightReceiver:
         self._trainer: tuple[str, str, float] | None = None  # (group, master host:port, since) set up or joining
         self._lock = threading.Lock()
 
+    @property
+    def base_url(self) -> str | None:
+        return self.engine.base_url  # None: an engine in this process
+
+    @property
+    def partial_weight_updates(self) -> bool:
+        return self.engine.partial_weight_updates
+
+    def served_version(self) -> int | None:
+        return self.engine.served_version()
+
     def weights_end(self) -> End:
         """Where the engine's weights live (the trainer picks the backend from it)."""
-        return end_of(getattr(self.engine, "device", None))
+        return end_of(self.engine.device)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
@@ -86,7 +97,7 @@ class WeightReceiver:
         try:
             self.groups[group_name] = WeightUpdateGroup(
                 master_address, master_port, rank_offset + self.rank_in_engine, world_size, backend=backend,
-                group_name=group_name, timeout_s=timeout_s, device=getattr(self.engine, "device", None))
+                group_name=group_name, timeout_s=timeout_s, device=self.engine.device)
         except BaseException:
             self._trainer = None
             raise
@@ -109,7 +120,7 @@ class WeightReceiver:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
         specs = validate_specs(names, dtypes, shapes)
         plan = plan_buckets(specs, bucket_bytes)
-        device = getattr(self.engine, "device", None)
+        device = self.engine.device
         it = receive_buckets(group, specs, plan, device=device)
         try:
             tensors = it if digests is None else staged(it, digests)
@@ -132,7 +143,7 @@ class WeightReceiver:
             raise ValueError(f"no weight update group {group_name!r}: call init_weights_update_group first")
         specs = validate_specs(names, dtypes, shapes)
         received = list(receive_buckets(group, specs, plan_buckets(specs, bucket_bytes),
-                                        device=getattr(self.engine, "device", None)))
+                                        device=self.engine.device))
         check_digests(received, receive_digests(group, specs))
         self.engine.update_weights(received, version)
         installed_as(self.engine, None)
@@ -179,7 +190,7 @@ class BroadcastSync:
             raise TypeError(f"BroadcastSync takes engine objects, not URLs ({urls[0]!r}): "
                             f"wrap it as baton.rollout.remote.RemoteEngine(url)")
         self.engines = engines
-        receivers = [e.weights_end() if hasattr(e, "weights_end") else End("unknown") for e in engines]
+        receivers = [e.weights_end() for e in engines]
         self.backend = choose_backend(end_of(device), receivers, backend)
         self.bucket_bytes = int(bucket_mb * 2**20) or None
         self.group_name = group_name
@@ -300,7 +311,7 @@ class BroadcastSync:
 
 
 def _engine_name(engine) -> str:
-    return getattr(engine, "base_url", None) or type(engine).__name__
+    return engine.base_url or type(engine).__name__
 
 
 def _refused_whole(exc: BaseException) -> bool:

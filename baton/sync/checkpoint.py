@@ -119,7 +119,7 @@ class CheckpointSync:
         while len(self._written) > self.keep_last:
             self._written.pop(0).unlink(missing_ok=True)
         for engine in self.engines:
-            if hasattr(engine, "update_weights_from_disk"):  # a server: it checks before it installs
+            if engine.update_weights_from_disk is not None:  # a server: it checks before it installs
                 engine.update_weights_from_disk(str(path), version, digests=sent, weights=weights_id(every),
                                                 **({} if base is None else {"base_weights": base}))
             else:

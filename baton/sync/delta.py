@@ -47,11 +47,11 @@ def weights_id(digests: dict[str, str]) -> str:
 
 def check_base(engine: Any, base_weights: str | None) -> None:
     """Receiver side: refuse a delta unless `engine` holds the weights it was built on."""
-    held = getattr(engine, "weights_id", None)
+    held = engine.weights_id
     if base_weights is not None and held != base_weights:
         raise StaleBase(f"a delta on weights {base_weights} cannot be applied: this engine holds "
                         f"{held or 'weights no digest-carrying push installed'} (version "
-                        f"{getattr(engine, 'version', None)}); the trainer sends the whole model next")
+                        f"{engine.version}); the trainer sends the whole model next")
 
 
 def installed_as(engine: Any, weights: str | None) -> None:
@@ -62,20 +62,13 @@ def installed_as(engine: Any, weights: str | None) -> None:
 def receiver_version(receiver: Any) -> int | None:
     """The version a receiver serves now: a server is asked (`served_version`), an engine in
     this process (or a `WeightReceiver`'s) is read."""
-    if hasattr(receiver, "served_version"):
-        return receiver.served_version()
-    engine = getattr(receiver, "engine", receiver)
-    if not getattr(engine, "holds_weights", True):  # its weights discarded while asleep: nothing to build on
-        return None
-    return getattr(engine, "version", None)
+    return receiver.served_version()
 
 
 def takes_delta(receiver: Any) -> bool:
     """Whether a receiver installs a subset of the tensors: baton's engines and servers do; a
     vLLM engine (`partial_weight_updates = False`) or server, or SGLang, takes a full set."""
-    if getattr(receiver, "dialect", "baton") != "baton":
-        return False
-    return getattr(getattr(receiver, "engine", receiver), "partial_weight_updates", True)
+    return receiver.partial_weight_updates
 
 
 class Held:

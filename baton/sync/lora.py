@@ -58,9 +58,9 @@ class LoraSync:
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         path, sent = None, digests(tensors.items())
         for engine in self.engines:
-            if hasattr(engine, "base_url"):  # a server: through a PEFT dir it can read, checked there
+            if engine.base_url is not None:  # a server: through a PEFT dir it can read, checked there
                 path = path or self._write(tensors, version)
-                if self.loaded and getattr(engine, "dialect", None) != "baton":  # baton's replaces it
+                if self.loaded and engine.dialect != "baton":  # baton's replaces it
                     engine.unload_lora_adapter(self.name)  # (so a refused load keeps the old one serving)
                 engine.load_lora_adapter(self.name, str(path), digests=sent)
             else:

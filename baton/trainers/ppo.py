@@ -270,7 +270,7 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 for key, value in total_reward(cfg, roles, batch).items():
                     batch[key] = value
                 if cfg.remax:
-                    batch["baseline_scores"] = baseline_scores(cfg, roles, batch)
+                    batch[F.BASELINE_SCORES] = baseline_scores(cfg, roles, batch)
             mask = batch[F.RESPONSE_MASK]  # [B, R]
             # the source's per-token rewards (agents' turns) where it placed them, else the reward
             # on the last token (baton.rows)

@@ -36,7 +36,7 @@ from baton.trainers.report.samples import SampleLog
 from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.session.run import RunSession
 from baton.trainers.session.state import RunState
-from baton.workers.optim import build_optimizer
+from baton.workers.optim import OptimConfig, Schedule
 from baton.workers.reward_model import encode_pair, load_reward_model, pad_right, sequence_scores
 
 
@@ -66,14 +66,12 @@ class RMDataConfig:
 
 
 @dataclass
-class RMOptimConfig:
+class RMOptimConfig(OptimConfig):
+    """`optim:`: the shared optimizer settings (`OptimConfig`) with the reward model's defaults."""
     lr: float = 1e-4
     lr_warmup_steps: int = 10
-    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    lr_schedule: Schedule = "cosine"
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    grad_clip: float = 1.0
 
 
 @dataclass
@@ -88,8 +86,7 @@ class RMConfig:
     def __post_init__(self) -> None:
         self.data.check()
         self.trainer.check()
-        if self.optim.lr <= 0 or self.optim.grad_clip <= 0 or self.optim.lr_warmup_steps < 0:
-            raise ValueError("optim.lr and optim.grad_clip must be > 0")
+        self.optim.check_optim("optim")
 
 
 def wrong_answer(answer: str, rng: random.Random) -> str:
@@ -164,9 +161,7 @@ def run_rm(cfg: RMConfig) -> dict[str, Any]:
         train_pairs, eval_pairs = pairs[:len(pairs) - n_eval], pairs[len(pairs) - n_eval:]
         model = place(load_reward_model(cfg.model.path, seed=cfg.model.seed).train(), t)  # trainer.device
         tokenizer = load_tokenizer(cfg.model.path)
-        optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
-                                       warmup_steps=o.lr_warmup_steps, total_steps=t.steps, schedule=o.lr_schedule,
-                                       min_ratio=o.min_lr_ratio)
+        optim, sched = o.build(model, t.steps)
         state = RunState(sampler=PromptSampler(train_pairs, seed=cfg.data.seed), eval_rows=[])
         print(f"rm: {len(train_pairs)} training pairs, {len(eval_pairs)} held out, {t.steps} steps x {t.batch_size}")
 

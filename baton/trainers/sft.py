@@ -43,7 +43,7 @@ from baton.trainers.session.in_process import InProcessTrainerConfig, fit, place
 from baton.trainers.session.run import RunSession
 from baton.trainers.session.config import DataConfig, check_task
 from baton.trainers.session.state import RunState, task_rows
-from baton.workers.optim import build_optimizer
+from baton.workers.optim import OptimConfig, Schedule
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
 
@@ -90,13 +90,13 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTOptimConfig:
+class SFTOptimConfig(OptimConfig):
+    """`optim:`: the shared optimizer settings (`OptimConfig`) with SFT's defaults."""
     lr: float = 3e-3
     lr_warmup_steps: int = 50
-    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    grad_clip: float = 1.0
+    lr_schedule: Schedule = "cosine"
+    min_lr_ratio: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     # PyTorch's default AdamW, not the fused kernel the actor uses: their last bits differ, and
     # over 180 steps that changes the weights.
     fused: bool = False
@@ -115,8 +115,7 @@ class SFTConfig:
         self.model.check_family()
         self.data.check()
         self.trainer.check()
-        if self.optim.lr <= 0 or self.optim.grad_clip <= 0 or self.optim.lr_warmup_steps < 0:
-            raise ValueError("optim.lr and optim.grad_clip must be > 0, optim.lr_warmup_steps >= 0")
+        self.optim.check_optim("optim")
 
 
 def build_model_and_tokenizer(cfg: SFTModelConfig):
@@ -203,9 +202,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, Any]:
         train_rows, eval_rows = sft_rows(cfg.data)
         examples = encode_examples(tokenizer, task, train_rows)
         state = RunState(sampler=PromptSampler(examples, seed=cfg.data.seed), eval_rows=[])
-        optim, sched = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
-                                       warmup_steps=o.lr_warmup_steps, total_steps=t.steps, schedule="cosine",
-                                       min_ratio=o.min_lr_ratio, no_decay_1d=True, fused=o.fused)
+        optim, sched = o.build(model, t.steps, no_decay_1d=True, fused=o.fused)
         print(f"sft: {count_params(model) / 1e6:.2f}M params, {len(examples)} examples, "
               f"{t.steps} steps x {t.batch_size}")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,7 +44,7 @@ from baton.models.parallel import wrap
 from baton.models.precision import (autocast, compute_dtype, memory_metrics, memory_phase, resolve_bf16,
                                    weights_dtype)
 from baton.runs.checkpoints import atomic_dir
-from baton.workers.optim import build_optimizer
+from baton.workers.optim import OptimConfig
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.policy import Policy
 from baton.workers.sequences import batched_logprobs, prompt_groups, response_logprobs, response_topk
@@ -53,18 +53,12 @@ TRAINER_STATE = "trainer_state.pt"
 
 
 @dataclass
-class ActorConfig:
-    """The recipe's `actor:` section. Batch sizes count rows across all data-parallel ranks."""
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    min_lr_ratio: float = 0.0
+class ActorConfig(OptimConfig):
+    """The recipe's `actor:` section: its optimizer (`OptimConfig`, the keys flat here) and its
+    updates. Batch sizes count rows across all data-parallel ranks."""
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation)
     epochs: int = 1  # passes over each rollout batch
-    grad_clip: float = 1.0
     # bf16 autocast for forward/backward, fp32 master weights (fsdp2 on CUDA: bf16 params in
     # compute); None: on CUDA yes, on the CPU no (baton.models.precision)
     bf16: bool | None = None
@@ -80,12 +74,11 @@ class ActorConfig:
     router_aux_loss_coef: float = 0.0
 
     def check(self) -> None:
-        if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
-            raise ValueError("actor: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
-                             f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
+        self.check_optim("actor")
+        if self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
+            raise ValueError("actor: micro_batch_size must be >= 1, epochs >= 1, mini_batch_size >= 0 "
+                             f"(got micro_batch_size={self.micro_batch_size}, "
                              f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
-        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError("actor: grad_clip must be > 0, lr_warmup_steps >= 0, min_lr_ratio in [0, 1]")
         if self.router_aux_loss_coef < 0:
             raise ValueError(f"actor.router_aux_loss_coef must be >= 0 (got {self.router_aux_loss_coef})")
 
@@ -112,10 +105,7 @@ class ActorWorker(Worker):
         # in place: self.model is the wrapped module (sharded parameters are DTensors)
         self.par = wrap(self.model, self.mesh, a.strategy, mixed_precision=self.bf16,
                         activation_checkpointing=a.activation_checkpointing, cpu_offload=a.offload)
-        self.optim, self.sched = build_optimizer(
-            self.model, lr=a.lr, weight_decay=a.weight_decay, betas=tuple(a.betas),
-            warmup_steps=a.lr_warmup_steps, total_steps=total_steps, schedule=a.lr_schedule,
-            min_ratio=a.min_lr_ratio)
+        self.optim, self.sched = a.build(self.model, total_steps)
         # what a colocated engine reads: the module itself, or (sharded) gathered full tensors
         self.policy = Policy(self.model, self.tokenizer, in_place=not self.par.sharded,
                              full_weights=self.par.full_state_dict_iter, compute_dtype=compute_dtype(self.bf16))

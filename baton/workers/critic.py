@@ -27,7 +27,7 @@ the model's own forward (no shared-prompt pass, which calls the backbone around 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -45,7 +45,7 @@ from baton.models.config import ModelConfig
 from baton.models.load import load_tokenizer, save_pretrained
 from baton.models.parallel import wrap
 from baton.models.precision import autocast, master_dtype, resolve_bf16
-from baton.workers.optim import build_optimizer
+from baton.workers.optim import OptimConfig
 from baton.workers.optimizer_steps import OptimizerSteps
 from baton.workers.sequences import _pieces_shared_prompt, model_inputs, prompt_groups
 
@@ -53,21 +53,16 @@ CRITIC_STATE = "critic_state.pt"
 
 
 @dataclass
-class CriticConfig:
-    """The recipe's `critic:` section (its presence turns the critic on). Batch sizes count
-    rows across all data-parallel ranks, as the actor's do."""
-    path: str = ""  # a local HF dir (causal LM or reward model); "" = the actor's model.path
+class CriticConfig(OptimConfig):
+    """The recipe's `critic:` section (its presence turns the critic on): its optimizer
+    (`OptimConfig`, the keys flat here) and its updates. Batch sizes count rows across all
+    data-parallel ranks, as the actor's do."""
     lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    min_lr_ratio: float = 0.0
+    path: str = ""  # a local HF dir (causal LM or reward model); "" = the actor's model.path
     pretrain_steps: int = 0  # trainer steps in which the critic trains alone (the actor waits)
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole step's batch
     micro_batch_size: int = 32  # rows per forward/backward
     epochs: int = 1  # passes over each rollout batch
-    grad_clip: float = 1.0
     value_clip: float | None = 0.2  # c in clip(V, V_old +- c); None = unclipped 0.5 (V - G)^2
     loss_agg: str = "token-mean"  # a name in baton.algos.LOSS_AGG
     bf16: bool | None = None  # as actor.bf16: None = on CUDA yes, on the CPU no
@@ -75,14 +70,11 @@ class CriticConfig:
     offload: bool = False  # as actor.offload: optimizer state on the CPU between updates
 
     def check(self) -> None:
-        if self.lr <= 0 or self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0:
-            raise ValueError("critic: lr must be > 0, micro_batch_size >= 1, epochs >= 1, mini_batch_size >= 0 "
-                             f"(got lr={self.lr}, micro_batch_size={self.micro_batch_size}, "
-                             f"epochs={self.epochs}, mini_batch_size={self.mini_batch_size})")
-        if self.grad_clip <= 0 or self.lr_warmup_steps < 0 or self.pretrain_steps < 0:
-            raise ValueError("critic: grad_clip must be > 0, lr_warmup_steps and pretrain_steps >= 0")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"critic.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        self.check_optim("critic")
+        if self.micro_batch_size < 1 or self.epochs < 1 or self.mini_batch_size < 0 or self.pretrain_steps < 0:
+            raise ValueError("critic: micro_batch_size must be >= 1, epochs >= 1, mini_batch_size and pretrain_steps "
+                             f">= 0 (got micro_batch_size={self.micro_batch_size}, epochs={self.epochs}, "
+                             f"mini_batch_size={self.mini_batch_size}, pretrain_steps={self.pretrain_steps})")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"critic.value_clip must be > 0 or null, got {self.value_clip}")
         if self.loss_agg not in LOSS_AGG:
@@ -170,10 +162,7 @@ class CriticWorker(Worker):
         self.par = wrap(self.model, self.mesh, c.strategy, mixed_precision=self.bf16, cpu_offload=c.offload)
         # fsdp2: the shared-prompt pass calls the backbone and the head around the sharded root
         self.share_prompts = self.par.share_prompts and c.strategy != "fsdp2"
-        self.optim, self.sched = build_optimizer(
-            self.model, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(c.betas),
-            warmup_steps=c.lr_warmup_steps, total_steps=total_steps, schedule=c.lr_schedule,
-            min_ratio=c.min_lr_ratio)
+        self.optim, self.sched = c.build(self.model, total_steps)
         self.steps = OptimizerSteps(self.optim, self.sched, self.par, self.device, c.grad_clip,
                                     offload=c.offload, prefix="critic", loss_key="vf_loss")
         self.updates = 0

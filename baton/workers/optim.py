@@ -1,10 +1,47 @@
-"""Optimizer and learning-rate schedule for the trainable roles (actor, critic, SFT)."""
+"""Optimizer and learning-rate schedule for the trained roles (actor, critic, SFT, reward model).
+
+`OptimConfig` is their one declaration of the optimizer settings (AdamW and its LR schedule):
+the actor's and the critic's sections are `OptimConfig`s (the keys sit flat in `actor:` /
+`critic:`), SFT's and the reward model's `optim:` sections are too. A role whose defaults
+differ subclasses it and restates only those defaults (the config loader builds a section
+from its class, so the defaults live on the class).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
+
+Schedule = Literal["constant", "cosine", "linear"]
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its LR schedule for one trained role (defaults: the actor's)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    lr_warmup_steps: int = 0  # linear LR warm-up over this many updates
+    lr_schedule: Schedule = "constant"  # after the warm-up: constant, or cosine / linear decay
+    min_lr_ratio: float = 0.0  # the decay's floor, as a fraction of lr
+    grad_clip: float = 1.0
+
+    def check_optim(self, section: str) -> None:
+        if self.lr <= 0 or self.grad_clip <= 0 or self.lr_warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"{section}: lr must be > 0, grad_clip > 0, lr_warmup_steps >= 0, min_lr_ratio in "
+                             f"[0, 1] (got lr={self.lr}, grad_clip={self.grad_clip}, "
+                             f"lr_warmup_steps={self.lr_warmup_steps}, min_lr_ratio={self.min_lr_ratio})")
+
+    def build(self, model: torch.nn.Module, total_steps: int, **options: Any
+              ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """`build_optimizer` with these settings; `options`: its `no_decay_1d` / `fused`."""
+        return build_optimizer(model, lr=self.lr, weight_decay=self.weight_decay, betas=tuple(self.betas),
+                               warmup_steps=self.lr_warmup_steps, total_steps=total_steps,
+                               schedule=self.lr_schedule, min_ratio=self.min_lr_ratio, **options)
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str,

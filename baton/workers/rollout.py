@@ -47,7 +47,6 @@ from baton.models.load import build_like
 from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
 from baton.protocol import Completion, SamplingParams
-from baton.rollout._llama import LlamaRunner, fuse_storage
 from baton.rollout.grammars import response_format_grammar
 from baton.rollout.kv_budget import check_budget_options
 from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
@@ -181,8 +180,7 @@ class RolloutWorker(Worker):
         # (measured: no slower for the demo model, bench/engine_throughput.py has the rest).
         self.engine = build_engine(rollout.engine, module, self.tokenizer, fuse_weights=False,
                                    sleep_mode="discard" if self.own_weights else "cache", **rollout.engine_budget())
-        self.engine.version = self.policy.version
-        self._engine_wake()  # an own copy: Q|K|V and gate|up laid out for one matmul each
+        self.engine.version = self.policy.version  # an own copy ("discard") lays itself out for fewer matmuls
         self.sync = build_transport(sync, "colocated", [self.engine])
         self._weights_of: int | None = None  # the policy version of the engine's own copy (None: not held)
         if self.own_weights:  # fill the engine's copy (sharded actor: a collective)
@@ -215,19 +213,11 @@ class RolloutWorker(Worker):
         version (the actor moved on without a sync) is refilled here, its label kept: the
         weights are the policy's, the version is the last sync's. `collective=False` (a call
         on rank 0 only): a sharded actor cannot gather, so only an unsharded one refills."""
-        self._engine_wake()
+        self.engine.wake()
         if not self.own_weights or self._weights_of == self.policy.version:
             return
         if collective or self.policy.in_place:
             self._fill(self.engine.version)
-
-    def _engine_wake(self) -> None:
-        """engine.wake(), then an own copy on the fast path laid out with each layer's Q, K, V
-        (gate, up) back to back (`fuse_storage`; a discarded copy comes back one parameter
-        at a time): one matmul each with no packed copy (12 kernels a layer, not 17)."""
-        self.engine.wake()
-        if self.own_weights and isinstance(getattr(self.engine, "runner", None), LlamaRunner):
-            fuse_storage(self.engine.model)
 
     def _rest(self, generated: bool = True) -> None:
         """After the engine ran (its KV cache is released by then): sleep, which gives the
@@ -238,6 +228,11 @@ class RolloutWorker(Worker):
             self.engine.sleep()
             if self.own_weights:
                 self._weights_of = None  # discarded (sleep_mode="discard")
+
+    def sampling_seed(self, step: int) -> int:
+        """The sampling seed of trainer step `step` on this rank: (seed, step, dp rank), so a
+        resumed run samples exactly what the uninterrupted run would have."""
+        return self.seed * 1_000_003 + step * 1009 + self.dp_rank
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         r = self.cfg
@@ -254,7 +249,7 @@ class RolloutWorker(Worker):
         put its text on each of the prompt's rows as `baseline_completion`; the driver scores
         it like any completion."""
         t0 = time.perf_counter()
-        seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
+        seed = self.sampling_seed(step)
         ids = [prompt_ids(self.tokenizer, p) for p in prompts[F.PROMPT_TEXT]]  # text, or chat messages
         params = self.sampling_params(seed=seed)
         self._wake()
@@ -282,7 +277,7 @@ class RolloutWorker(Worker):
         from baton.agents.rollout import run_episodes
 
         t0 = time.perf_counter()
-        seed = self.seed * 1_000_003 + step * 1009 + self.dp_rank
+        seed = self.sampling_seed(step)
         params = SamplingParams(n=1, temperature=0.0) if greedy else self.sampling_params(seed=seed)
         self._wake()
         with memory_phase("rollout", self.device):
@@ -315,7 +310,7 @@ class RolloutWorker(Worker):
 
         With check=True, returns max |engine - trainer| logprob on the probe prompt (the
         runtime check that the engine samples from the policy being trained)."""
-        self._engine_wake()  # a no-op unless generate() discarded the engine's own copy
+        self.engine.wake()  # a no-op unless generate() discarded the engine's own copy
         self._fill(version)
         if not check:
             return None

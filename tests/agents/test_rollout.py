@@ -20,10 +20,10 @@ from baton.agents.envs import CalculatorEnv, register_env
 from baton.agents.rollout import run_episodes
 from baton.algos import actor_loss, compute_advantages
 from baton.batch import collate
-from baton.protocol import Completion, SamplingParams
+from baton.protocol import Completion, Engine, SamplingParams
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Calls calc on "a*b=" prompts, then answers with the tool's result; logs batch sizes."""
 
     def __init__(self, tokenizer, wrong_first: bool = False):

@@ -17,7 +17,7 @@ from baton.envs import ArithmeticTask, make_environment, verify
 from baton.envs.gsm8k import GSM8KTask, MathScorer
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
-from baton.protocol import Completion
+from baton.protocol import Completion, Engine
 from baton.rewards.math import extract_answer, gsm8k_gold, math_correct, normalize_number
 from baton.rollout.embedded import EmbeddedEngine
 
@@ -92,7 +92,7 @@ def test_arithmetic_environment_collects_a_scored_group():
                                          "eval/timeouts", "eval/errors"}
 
 
-class FixedEngine:
+class FixedEngine(Engine):
     """Answers every prompt with the given texts (n of them), as a server would."""
 
     def __init__(self, tok, texts):

@@ -8,10 +8,10 @@ import pytest
 from baton.envs import ArithmeticTask
 from baton.envs.evaluate import TaskScorer, evaluate, evaluate_modes
 from baton.models import build_char_tokenizer
-from baton.rollout.protocol import Completion
+from baton.rollout.protocol import Completion, Engine
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Answers the first `right` prompts correctly, the rest wrongly; records the params."""
 
     version = 0

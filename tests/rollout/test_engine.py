@@ -214,6 +214,43 @@ def test_sleep_wake_round_trip(mode):
     assert not engine.runner.cache  # the KV cache lives only for the duration of a generate
 
 
+def qkv_back_to_back(model) -> bool:
+    attn = model.model.layers[0].self_attn
+    return attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes
+
+
+@pytest.mark.parametrize("mode", ["cache", "discard"])
+def test_an_own_copy_lays_itself_out_when_built_and_on_wake(mode):
+    """A "discard" engine owns its module: it lays Q|K|V back to back (`fuse_storage`) when built
+    and again on wake (which reallocates the storage one parameter at a time), with no worker
+    reaching into it; a "cache" engine reads a module it does not own and leaves it as it is."""
+    model = tiny("qwen2")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = EmbeddedEngine(model, sleep_mode=mode, fuse_weights=False)
+    assert qkv_back_to_back(model) == (mode == "discard")
+    engine.sleep()
+    engine.wake()
+    engine.update_weights(saved.items(), version=1)
+    assert qkv_back_to_back(model) == (mode == "discard")
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+
+
+def test_engines_declare_their_optional_members():
+    """`Engine`'s optional members have a value on every engine (none probed with getattr):
+    the embedded engine offers its module, device, adapters and KV budget; a bare subclass
+    has the protocol's 'not offered' values."""
+    engine = EmbeddedEngine(tiny("qwen2"))
+    assert engine.device.type == "cpu" and engine.batch_budget is not None and engine.adapters == {}
+    assert engine.base_url is None and engine.update_weights_from_disk is None and engine.structured_outputs
+
+    class Bare(Engine):
+        version = 0
+
+    bare = Bare()
+    assert (bare.model, bare.device, bare.base_url, bare.max_model_len, bare.batch_budget) == (None,) * 5
+    assert not bare.structured_outputs and not bare.eos_token_ids and not bare.adapters
+
+
 def test_generic_path_for_other_architectures():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)

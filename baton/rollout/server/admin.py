@@ -63,7 +63,7 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             return _fail(400, f"rank_offset ({req.rank_offset}) must be below world_size ({req.world_size})")
         backend = req.backend
         if backend == "auto":
-            device = getattr(engine, "device", None)
+            device = engine.device
             backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         try:
             # Not on the engine thread: joining waits for the trainer, generation goes on.

@@ -249,7 +249,7 @@ def info_routes(srv: _Server, model_path: str | None, instance: str | None, auth
     async def models() -> dict:
         data = [{"id": model_name, "object": "model", "created": 0, "owned_by": "baton"}]
         data += [{"id": name, "object": "model", "created": 0, "owned_by": "baton", "parent": model_name,
-                  "root": srv.lora_paths.get(name)} for name in sorted(getattr(engine, "adapters", {}))]
+                  "root": srv.lora_paths.get(name)} for name in sorted(engine.adapters)]
         data[0]["aliases"] = srv.aliases
         return {"object": "list", "data": data}
 
@@ -261,7 +261,7 @@ def info_routes(srv: _Server, model_path: str | None, instance: str | None, auth
 
     @router.get("/get_model_info", responses=errors(*auth))
     async def model_info() -> dict:
-        end = end_of(getattr(engine, "device", None))  # where a weight broadcast lands (baton.sync.backend)
+        end = end_of(engine.device)  # where a weight broadcast lands (baton.sync.backend)
         return {"model_path": model_path or model_name, "tokenizer_path": model_path, "is_generation": True,
                 "device": end.kind, "gpu": end.gpu}
 

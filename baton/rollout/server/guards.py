@@ -109,7 +109,7 @@ def iter_handles(handles: Sequence[Any]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def param_shapes(engine) -> dict[str, tuple[int, ...]] | None:
     """name -> shape of what `engine.update_weights` accepts (None: not an nn.Module engine)."""
-    model = getattr(engine, "model", None)
+    model = engine.model
     if not isinstance(model, torch.nn.Module):
         return None
     table = {n: tuple(p.shape) for n, p in model.named_parameters()}

@@ -23,7 +23,7 @@ import torch
 
 def can_score(engine: Any, lora: str | None) -> str | None:
     """None when `engine` can give top-k logprobs for a request, else why not."""
-    if not isinstance(getattr(engine, "model", None), torch.nn.Module):
+    if not isinstance(engine.model, torch.nn.Module):
         return "this engine reports the chosen token's logprob only"
     if lora is not None:
         return "not on a LoRA adapter (the chosen token's logprob only)"

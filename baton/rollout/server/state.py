@@ -54,11 +54,11 @@ class _Server:
         self.updating = 0  # weight updates in progress
         self.weights_lock = asyncio.Lock()
         self.lora_paths: dict[str, str] = {}  # served LoRA adapters: name -> the path it came from
-        cfg = getattr(getattr(engine, "model", None), "config", None)
+        cfg = getattr(engine.model, "config", None)
         self.vocab_size = getattr(cfg, "vocab_size", None) or (len(tokenizer) if tokenizer is not None else None)
         self.context_len = context_len(engine, max_model_len)
         # the engine's KV budget (sized from free memory now, the weights loaded, if not fixed)
-        self.kv_budget = engine.batch_budget()[0] if hasattr(engine, "batch_budget") else None
+        self.kv_budget = None if engine.batch_budget is None else engine.batch_budget()[0]
         # the names a request's `model` may give: the served name, the model's path and dir name
         self.aliases = [model_name] + sorted({x for x in (model_path, model_path and Path(model_path).name)
                                               if x and x != model_name})
@@ -84,7 +84,7 @@ class _Server:
 
     def check_model(self, name: Any) -> None:
         """404 for a `model` that is neither the served model (or an alias) nor a LoRA adapter."""
-        adapters = getattr(self.engine, "adapters", {})
+        adapters = self.engine.adapters
         if name is None or name in self.aliases or name in adapters:  # the common case: no list built
             return
         check_model(name, self.aliases + sorted(adapters))
@@ -129,7 +129,7 @@ class _Server:
             if len(names) > 1:
                 raise HTTPException(400, "lora_path: one adapter per request (got several)")
             name = names.pop() if names else None
-        return name if isinstance(name, str) and name in getattr(self.engine, "adapters", {}) else None
+        return name if isinstance(name, str) and name in self.engine.adapters else None
 
     def token_str(self, tid: int, as_ids: bool) -> str:
         if as_ids or self.tokenizer is None:

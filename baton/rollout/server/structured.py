@@ -24,7 +24,7 @@ from baton.rollout.grammars import regex_grammar, response_format_grammar, tool_
 
 def constrains(engine: Any) -> bool:
     """Whether `engine` enforces `SamplingParams.grammar`."""
-    return bool(getattr(engine, "structured_outputs", False))
+    return engine.structured_outputs
 
 
 def check(grammar: str | None) -> str | None:

@@ -23,7 +23,7 @@ def placed_pools(cfg: Any) -> tuple[dict[str, int], dict[str, str]] | None:
     nothing to place: the row source runs no generator ahead (`SourceSpec.generator`), the
     mode is sync, or the recipe places the rollout itself."""
     p = cfg.placement
-    if not cfg.source.generator or getattr(cfg.trainer, "mode", "sync") == "sync" or "rollout" in p.roles:
+    if not cfg.source.generator or cfg.trainer.mode == "sync" or "rollout" in p.roles:
         return None
     pools, roles = dict(p.pools), dict(p.roles)
     pools.setdefault(GEN_POOL, 1)
