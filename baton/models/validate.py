@@ -138,7 +138,6 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
     """The file's tensors against the architecture config.json names, built on the meta
     device (no memory, no time): none missing (tied ones excepted), none unexpected, same
     shapes."""
-    import torch
     import transformers
 
     arch = (config.get("architectures") or [None])[0]
@@ -146,21 +145,38 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
     if arch and cls is None or config.get("quantization_config"):
         return  # an architecture transformers does not name, quantized weights: left to its loader
     tensors, fused = _as_module_names(config, tensors)
+    model = _meta_model(path, config, cls, arch)
+    arch = arch or type(model).__name__
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    _check_names(path, arch, model, cls, tensors, expected)
+    _check_shapes(path, arch, tensors, expected, fused)
+
+
+def _meta_model(path: Path, config: dict[str, Any], cls: Any, arch: str | None) -> Any:
+    """The model config.json describes, on the meta device; ModelLoadError naming config.json
+    when transformers cannot read it or build the model."""
+    import torch
+    import transformers
+
     try:
         hf_config = transformers.AutoConfig.for_model(**config)
     except Exception as e:  # noqa: BLE001 - any library error is one line here
         raise _error(f"{path / 'config.json'}: not a config transformers reads ({str(e).splitlines()[0]})") from None
     try:
         with torch.device("meta"):  # no `architectures`: the causal LM of its model_type, as load_model builds
-            model = cls(hf_config) if cls else transformers.AutoModelForCausalLM.from_config(hf_config)
+            return cls(hf_config) if cls else transformers.AutoModelForCausalLM.from_config(hf_config)
     except Exception as e:  # noqa: BLE001
         raise _error(f"{path / 'config.json'}: cannot build {arch or 'a causal LM'} from it "
                      f"({str(e).splitlines()[0]})") from None
-    arch = arch or type(model).__name__
+
+
+def _check_names(path: Path, arch: str, model: Any, cls: Any, tensors: dict[str, Any],
+                 expected: dict[str, tuple]) -> None:
+    """None of the model's tensors missing from the file (one of a tied group is enough), none
+    in the file that the model lacks (recomputed buffers and the class's ignored keys aside)."""
     groups: dict[int, list[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(t), []).append(name)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing = [names[0] for names in groups.values() if not any(n in tensors for n in names)]
     # buffers the model recomputes, which older files hold (per layer: `...rotary_emb.inv_freq`)
     buffers = {name.rsplit(".", 1)[-1] for name, _ in model.named_buffers()}
@@ -173,6 +189,11 @@ def _check_tensors(path: Path, config: dict[str, Any], tensors: dict[str, Any]) 
     if unexpected:
         raise _error(f"{path}: the weights hold {len(unexpected)} tensor(s) that {arch} (config.json) does not "
                      f"have, e.g. {unexpected[0]!r}: weights of another architecture?")
+
+
+def _check_shapes(path: Path, arch: str, tensors: dict[str, Any], expected: dict[str, tuple],
+                  fused: dict[str, tuple]) -> None:
+    """Every fused tensor whole (all its per-expert pieces), every other tensor the model's shape."""
     for name, (count, want) in fused.items():
         if count != want:
             raise _error(f"{path}: the weights hold {count} of the {want} per-expert tensors that make {name!r}: "

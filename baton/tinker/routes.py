@@ -41,19 +41,35 @@ def bad(message: str, status: int = 400) -> HTTPException:
     return HTTPException(status, message)
 
 
-def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
-    counters = itertools.count()
+class Guard:
+    """What the route groups share: the service, the futures, the sampler counter, and the
+    checks that a session or a model exists (a 404 naming it otherwise)."""
 
-    def session(session_id: str) -> None:
-        if session_id not in svc.sessions:
+    def __init__(self, svc: TinkerService, futures: Futures):
+        self.svc, self.futures, self.counters = svc, futures, itertools.count()
+
+    def session(self, session_id: str) -> None:
+        if session_id not in self.svc.sessions:
             raise bad(f"unknown session_id {session_id!r} (create_session first)", 404)
 
-    def trainee(model_id: str) -> None:
-        if model_id not in svc.trainees:
+    def trainee(self, model_id: str) -> None:
+        if model_id not in self.svc.trainees:
             raise bad(f"unknown model_id {model_id!r}", 404)
 
-    def future(kind: str, fn, seq: tuple[str, int] | None = None, **extra: Any) -> dict:
-        return {"request_id": futures.submit(kind, fn, seq), **extra}
+    def future(self, kind: str, fn, seq: tuple[str, int] | None = None, **extra: Any) -> dict:
+        return {"request_id": self.futures.submit(kind, fn, seq), **extra}
+
+
+def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
+    g = Guard(svc, futures)
+    for group in (client_routes, model_routes, training_routes, checkpoint_routes, sampling_routes,
+                  future_routes):  # future_routes last: its catch-all answers what no other route does
+        group(app, g)
+
+
+def client_routes(app: FastAPI, g: Guard) -> None:
+    """Health, capabilities, the SDK's client config, sessions and telemetry."""
+    svc = g.svc
 
     @app.get("/api/v1/healthz")
     async def healthz():
@@ -83,128 +99,113 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(body: S.Session):
-        session(body.session_id)
+        g.session(body.session_id)
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish_session(session_id: str, body: S.FinishSession):
-        session(session_id)  # the SDK's close() (the cookbook's train loops end with it); its models stay
+        g.session(session_id)  # the SDK's close() (the cookbook's train loops end with it); its models stay
         return {"type": "finish_session"}
 
     @app.post("/api/v1/telemetry")
     async def telemetry():
         return {"status": "accepted"}  # the SDK's usage events: not kept
 
+
+def model_routes(app: FastAPI, g: Guard) -> None:
+    """Creating a LoRA model, and its info."""
+
     @app.post("/api/v1/create_model")
     async def create_model(body: S.CreateModel):
-        session(body.session_id)
-        if body.base_model not in svc.names:
-            raise bad(f"base_model {body.base_model!r} is not served here; this server serves "
-                      f"{', '.join(map(repr, svc.names))}", 404)
-        if body.lora_config is None:
-            raise bad("full fine-tuning is not served by baton tinker: give a lora_config "
-                      "(create_lora_training_client)")
-        if body.optimizer_config.type != "adamw":
-            raise bad(f"optimizer {body.optimizer_config.type!r} is not served (adamw only)")
+        g.session(body.session_id)
+        targets = model_targets(body, g.svc)
         lc = body.lora_config
-        try:
-            from baton.tinker.trainee import lora_targets
-
-            targets = lora_targets(lc.train_attn, lc.train_mlp, lc.train_unembed)
-        except ValueError as e:
-            raise bad(str(e)) from e
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
-        return future("create_model", lambda: svc.create_model(model_id, lc.rank, lc.seed, targets),
-                      model_id=model_id)
+        return g.future("create_model", lambda: g.svc.create_model(model_id, lc.rank, lc.seed, targets),
+                        model_id=model_id)
 
     @app.post("/api/v1/get_info")
     async def get_info(body: S.ModelRef):
-        trainee(body.model_id)
-        return svc.info(body.model_id)
+        g.trainee(body.model_id)
+        return g.svc.info(body.model_id)
+
+
+def training_routes(app: FastAPI, g: Guard) -> None:
+    """forward(_backward) and optim_step."""
+    svc = g.svc
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request):
-        if request.headers.get("content-encoding"):
-            raise bad(f"Content-Encoding {request.headers['content-encoding']!r} is not served (send the body "
-                      "uncompressed)", 415)
-        raw = await request.body()
-        try:
-            if PROTO in request.headers.get("content-type", ""):
-                req = wire.forward_backward_request(raw)
-            else:
-                req = json_forward_backward(await request.json())
-        except (wire.WireError, ValueError, KeyError, TypeError) as e:
-            raise bad(f"malformed forward_backward request: {e}") from e
-        trainee(req.model_id)
-        if not req.data:
-            raise bad("forward_backward: no data")
-        too_long = [i for i, d in enumerate(req.data) if len(d.tokens) > svc.context_len]
-        if too_long:
-            raise bad(f"data[{too_long[0]}] has {len(req.data[too_long[0]].tokens)} tokens; the model takes "
-                      f"at most {svc.context_len}")
-        try:
-            cfg = svc.trainees[req.model_id].check(req.data, req.loss_fn, req.config)
-        except ValueError as e:
-            raise bad(str(e)) from e
+        req = await read_forward_backward(request)
+        g.trainee(req.model_id)
+        cfg = check_forward_backward(req, svc)
         kind = "forward" if req.forward_only else "forward_backward"
         seq = (req.model_id, req.seq_id) if req.seq_id else None  # the SDK numbers its requests from 1
-        return future(kind, lambda: svc.forward_backward(req, cfg), seq, model_id=req.model_id)
+        return g.future(kind, lambda: svc.forward_backward(req, cfg), seq, model_id=req.model_id)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(body: S.OptimStep):
-        trainee(body.model_id)
+        g.trainee(body.model_id)
         if body.optimizer_params is not None:
             raise bad(f"optimizer params of type {body.optimizer_params.get('type')!r} are not served "
                       "(AdamParams only)")
         adam = (body.adam_params or S.AdamParams()).model_dump()
-        seq = (body.model_id, body.seq_id) if body.seq_id is not None else None
-        return future("optim_step", lambda: svc.optim_step(body.model_id, adam), seq, model_id=body.model_id)
+        return g.future("optim_step", lambda: svc.optim_step(body.model_id, adam), in_order(body),
+                        model_id=body.model_id)
+
+
+def checkpoint_routes(app: FastAPI, g: Guard) -> None:
+    """Saving weights (for a sampler, or a checkpoint) and loading them."""
+    svc = g.svc
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(body: S.SaveForSampler):
-        trainee(body.model_id)
+        g.trainee(body.model_id)
         if body.kind != "snapshot":
             raise bad(f"sampling client kind {body.kind!r} is not served (snapshot only)")
         sampler_id = path = None
         if body.path is not None:
             path = checked(lambda: svc.checkpoint_path(body.model_id, "sampler_weights", body.path))
         else:
-            sampler_id = f"{body.model_id.split(':')[0]}:sample:{next(counters)}"
-        seq = (body.model_id, body.seq_id) if body.seq_id is not None else None
-        return future("save_weights_for_sampler", lambda: svc.save_for_sampler(body.model_id, path, sampler_id),
-                      seq, model_id=body.model_id)
+            sampler_id = f"{body.model_id.split(':')[0]}:sample:{next(g.counters)}"
+        return g.future("save_weights_for_sampler", lambda: svc.save_for_sampler(body.model_id, path, sampler_id),
+                        in_order(body), model_id=body.model_id)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(body: S.SaveWeights):
-        trainee(body.model_id)
+        g.trainee(body.model_id)
         path = checked(lambda: svc.checkpoint_path(body.model_id, "weights", body.path))
-        seq = (body.model_id, body.seq_id) if body.seq_id is not None else None
-        return future("save_weights", lambda: svc.save_state(body.model_id, path), seq, model_id=body.model_id)
+        return g.future("save_weights", lambda: svc.save_state(body.model_id, path), in_order(body),
+                        model_id=body.model_id)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(body: S.LoadWeights):
         checked(lambda: svc.checkpoint_dir(body.path))
         if body.session_id is not None:  # create_training_client_from_state: a new model from the checkpoint
-            session(body.session_id)
+            g.session(body.session_id)
             model_id, create = f"{body.session_id}:train:{body.model_seq_id or 0}", True
         else:
-            trainee(body.model_id or "")
+            g.trainee(body.model_id or "")
             model_id, create = body.model_id, False
-        return future("load_weights", lambda: svc.load_state(model_id, body.path, body.optimizer, create),
-                      model_id=model_id)
+        return g.future("load_weights", lambda: svc.load_state(model_id, body.path, body.optimizer, create),
+                        model_id=model_id)
+
+
+def sampling_routes(app: FastAPI, g: Guard) -> None:
+    """Sampling sessions, samplers, and asample."""
+    svc = g.svc
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(body: S.CreateSamplingSession):
-        session(body.session_id)
-        if body.model_path is None and body.base_model not in svc.names:
-            raise bad(f"base_model {body.base_model!r} is not served here; this server serves "
-                      f"{', '.join(map(repr, svc.names))}", 404)
-        if body.model_path is not None:
+        g.session(body.session_id)
+        if body.model_path is None:
+            served_base(body.base_model, svc)
+        else:
             checked(lambda: svc.checkpoint_dir(body.model_path))
-        sampler_id = f"{body.session_id}:sample:{next(counters)}"
+        sampler_id = f"{body.session_id}:sample:{next(g.counters)}"
         # loading an adapter touches the engine: on the worker, in order with the training calls
         try:
-            await futures.calls[futures.submit("open", lambda: svc.open_sampler(sampler_id, body.model_path))]
+            await g.futures.calls[g.futures.submit("open", lambda: svc.open_sampler(sampler_id, body.model_path))]
         except (UserError, ValueError) as e:
             raise bad(str(e)) from e
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
@@ -221,14 +222,7 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
         if sampler_id is None or sampler_id not in svc.sampler_sources:
             raise bad("asample needs the sampling_session_id of a sampler created here "
                       "(create_sampling_client / save_weights_and_get_sampling_client)", 404)
-        for name, value in (("topk_prompt_logprobs", body.topk_prompt_logprobs),
-                            ("topk_sample_logprobs", body.topk_sample_logprobs),
-                            ("prompt_alt_tokens_k", body.prompt_alt_tokens_k),
-                            ("target_prompt_logprobs", body.target_prompt_logprobs),
-                            ("prompt_logprobs_last_n", body.prompt_logprobs_last_n),
-                            ("record_stability_info", body.record_stability_info)):
-            if value:
-                raise bad(f"{name} is not served by baton tinker")
+        refuse_sample_options(body)
         prompt = prompt_tokens(body.prompt)
         params = sampling_params(body.sampling_params, len(prompt), svc)
         n = body.num_samples
@@ -236,8 +230,13 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
             raise bad(f"num_samples x max_tokens = {n * params.max_new_tokens} exceeds this server's bound of "
                       f"{64 * svc.max_sample_tokens} tokens per request")
         want_prompt = bool(body.prompt_logprobs)
-        request_id = futures.submit("sample", lambda: svc.sample(sampler_id, prompt, n, params, want_prompt))
+        request_id = g.futures.submit("sample", lambda: svc.sample(sampler_id, prompt, n, params, want_prompt))
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}
+
+
+def future_routes(app: FastAPI, g: Guard) -> None:
+    """retrieve_future, and the catch-all: a 404 for every endpoint not served (registered last)."""
+    futures = g.futures
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(body: S.Retrieve, request: Request):
@@ -248,22 +247,8 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
             return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
         if status == "error":
             return {"error": value[0], "category": value[1]}
-        proto = PROTO in request.headers.get("accept", "")
-        kind = futures.kinds.get(body.request_id)
-        if kind in ("forward", "forward_backward"):
-            outputs, metrics = value
-            if proto:
-                return Response(wire.forward_backward_output(outputs, metrics), media_type=PROTO)
-            return {"loss_fn_output_type": "ArrayRecord", "metrics": metrics,
-                    "loss_fn_outputs": [{k: tensor_json(v) for k, v in o.items()} for o in outputs]}
-        if kind == "sample":
-            sequences, prompt_lp = value
-            if proto:
-                return Response(wire.sample_response(sequences, prompt_lp), media_type=PROTO)
-            return {"sequences": [{"stop_reason": r, "tokens": t, "logprobs": lp} for r, t, lp in sequences],
-                    "prompt_logprobs": None if prompt_lp is None else [None if x != x else x for x in prompt_lp],
-                    "type": "sample"}
-        return value
+        result = RESULTS.get(futures.kinds.get(body.request_id))
+        return value if result is None else result(value, PROTO in request.headers.get("accept", ""))
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def refused(rest: str):
@@ -271,6 +256,96 @@ def add_routes(app: FastAPI, svc: TinkerService, futures: Futures) -> None:
         if feature is not None:
             raise bad(f"baton tinker does not serve /api/v1/{rest}: {feature}", 404)
         raise bad(f"baton tinker has no endpoint /api/v1/{rest}", 404)
+
+
+def in_order(body: Any) -> tuple[str, int] | None:
+    """The (model_id, seq_id) a call runs in order by, when the SDK numbered it."""
+    return (body.model_id, body.seq_id) if body.seq_id is not None else None
+
+
+def served_base(base_model: str, svc: TinkerService) -> None:
+    if base_model not in svc.names:
+        raise bad(f"base_model {base_model!r} is not served here; this server serves "
+                  f"{', '.join(map(repr, svc.names))}", 404)
+
+
+def model_targets(body: S.CreateModel, svc: TinkerService) -> Any:
+    """The LoRA target modules of a create_model request, after checking it asks for what is served."""
+    served_base(body.base_model, svc)
+    if body.lora_config is None:
+        raise bad("full fine-tuning is not served by baton tinker: give a lora_config "
+                  "(create_lora_training_client)")
+    if body.optimizer_config.type != "adamw":
+        raise bad(f"optimizer {body.optimizer_config.type!r} is not served (adamw only)")
+    lc = body.lora_config
+    try:
+        from baton.tinker.trainee import lora_targets
+
+        return lora_targets(lc.train_attn, lc.train_mlp, lc.train_unembed)
+    except ValueError as e:
+        raise bad(str(e)) from e
+
+
+async def read_forward_backward(request: Request) -> wire.ForwardBackward:
+    """A forward_backward request from its body: protobuf or JSON, uncompressed."""
+    if request.headers.get("content-encoding"):
+        raise bad(f"Content-Encoding {request.headers['content-encoding']!r} is not served (send the body "
+                  "uncompressed)", 415)
+    raw = await request.body()
+    try:
+        if PROTO in request.headers.get("content-type", ""):
+            return wire.forward_backward_request(raw)
+        return json_forward_backward(await request.json())
+    except (wire.WireError, ValueError, KeyError, TypeError) as e:
+        raise bad(f"malformed forward_backward request: {e}") from e
+
+
+def check_forward_backward(req: wire.ForwardBackward, svc: TinkerService) -> Any:
+    """The loss config of a forward_backward request, after checking its data fits the model."""
+    if not req.data:
+        raise bad("forward_backward: no data")
+    too_long = [i for i, d in enumerate(req.data) if len(d.tokens) > svc.context_len]
+    if too_long:
+        raise bad(f"data[{too_long[0]}] has {len(req.data[too_long[0]].tokens)} tokens; the model takes "
+                  f"at most {svc.context_len}")
+    try:
+        return svc.trainees[req.model_id].check(req.data, req.loss_fn, req.config)
+    except ValueError as e:
+        raise bad(str(e)) from e
+
+
+NOT_SAMPLED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k", "target_prompt_logprobs",
+               "prompt_logprobs_last_n", "record_stability_info")  # asample options of the hosted service only
+
+
+def refuse_sample_options(body: S.Sample) -> None:
+    for name in NOT_SAMPLED:
+        if getattr(body, name):
+            raise bad(f"{name} is not served by baton tinker")
+
+
+def forward_backward_result(value: Any, proto: bool) -> Any:
+    outputs, metrics = value
+    if proto:
+        return Response(wire.forward_backward_output(outputs, metrics), media_type=PROTO)
+    return {"loss_fn_output_type": "ArrayRecord", "metrics": metrics,
+            "loss_fn_outputs": [{k: tensor_json(v) for k, v in o.items()} for o in outputs]}
+
+
+def sample_result(value: Any, proto: bool) -> Any:
+    sequences, prompt_lp = value
+    if proto:
+        return Response(wire.sample_response(sequences, prompt_lp), media_type=PROTO)
+    return {"sequences": [{"stop_reason": r, "tokens": t, "logprobs": lp} for r, t, lp in sequences],
+            "prompt_logprobs": None if prompt_lp is None else [None if x != x else x for x in prompt_lp],
+            "type": "sample"}
+
+
+RESULTS = {  # a future's kind -> its result as the SDK reads it (protobuf when it accepts it); else the value itself
+    "forward": forward_backward_result,
+    "forward_backward": forward_backward_result,
+    "sample": sample_result,
+}
 
 
 def checked(fn):

@@ -60,14 +60,21 @@ def check_row_files(data: Any, model_path: str | None, budget: int, split: bool 
     the task scores against, within `model_path`'s context with `budget` new tokens, and
     (`split`: a training run) split leaving rows to train on, and to evaluate on when
     `data.eval_size` asks for some."""
-    from baton.trainers.session.config import DataConfig
-    from baton.trainers.session.state import HOLD_EVERY, is_file_task, task_rows
-
-    task, target = get_task(data.task), getattr(data, "TARGET_FIELD", "")  # SFT: a row's own target
-    need = row_fields(task)
-    fit = _fit(model_path, budget, "rollout.max_new_tokens") if model_path else None
+    need, target = row_fields(get_task(data.task)), getattr(data, "TARGET_FIELD", "")  # SFT: a row's own target
     eval_size = max(getattr(data, "eval_size", 1), 1)
-    counts, held_rows = {}, []  # held_rows: data.path's held-out rows (task_rows' split), when it splits
+    counts, held_rows = _read_rows(data, model_path, budget, need, target, eval_size)
+    if split and getattr(data, "path", ""):
+        _check_split(data, counts, held_rows, need, target, eval_size)
+
+
+def _read_rows(data: Any, model_path: str | None, budget: int, need: tuple, target: str,
+               eval_size: int) -> tuple[dict[str, int], list[dict]]:
+    """Every row of the files parsed and fit to the context; ({key: rows}, data.path's held-out
+    rows (task_rows' split, when it splits))."""
+    from baton.trainers.session.state import HOLD_EVERY
+
+    fit = _fit(model_path, budget, "rollout.max_new_tokens") if model_path else None
+    counts, held_rows = {}, []
     for key, path in _files(data).items():  # streamed: no list of the rows (a 2M-row file is checked in place)
         require = tuple(f"{f}|{target}" for f in need) if target and key == "path" else need
         counts[key] = 0
@@ -80,8 +87,15 @@ def check_row_files(data: Any, model_path: str | None, budget: int, split: bool 
                 fit(where, row["prompt"])
     if fit is not None:
         fit.finish()
-    if not split or not getattr(data, "path", ""):
-        return
+    return counts, held_rows
+
+
+def _check_split(data: Any, counts: dict[str, int], held_rows: list[dict], need: tuple, target: str,
+                 eval_size: int) -> None:
+    """Rows left to train on, and held-out rows (scorable) to evaluate on when data.eval_size asks."""
+    from baton.trainers.session.config import DataConfig
+    from baton.trainers.session.state import HOLD_EVERY, is_file_task, task_rows
+
     rows = counts.get("path", 0)
     if is_file_task(data.task):  # a loader of its own (gsm8k): its split
         train, held = task_rows(DataConfig(task=data.task, path=data.path, eval_path=data.eval_path,
