@@ -45,6 +45,7 @@ import torch
 
 from baton.rollout.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
 from baton.sync.backend import End
+from baton.sync.digest import WeightDigestError
 
 DIALECTS = ("baton", "sglang", "vllm")
 
@@ -299,7 +300,11 @@ class RemoteEngine(Engine):
             # paused for the load: requests in flight finish on the old weights, new ones wait
             self._post("/pause?mode=wait")
             try:
-                self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path, digests]})
+                out = self._post("/collective_rpc", {"method": "baton_load_weights_from_disk", "args": [path, digests]})
+                refused = [r["refused"] for r in (out or {}).get("results", []) if isinstance(r, dict) and "refused" in r]
+                if refused:  # every worker checked before it loaded: none installed anything
+                    raise WeightDigestError(f"update_weights_from_disk refused by the vLLM server: {refused[0]}; "
+                                            f"still serving version {self.version}")
                 self._post("/reset_prefix_cache")
                 self._post("/update_weight_version", {"new_version": str(version)})
             finally:

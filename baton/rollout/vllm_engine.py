@@ -274,15 +274,19 @@ class BatonWorkerExtension:
     loads a safetensors file of HF-named tensors the way `VLLMEngine.update_weights` does
     (vLLM's own `reload_weights` leaves vLLM-CPU's packed copies stale)."""
 
-    def baton_load_weights_from_disk(self, path: str, digests: dict[str, str] | None = None) -> int:
+    def baton_load_weights_from_disk(self, path: str, digests: dict[str, str] | None = None) -> int | dict:
         """`digests` ({name: digest} the trainer sent): every tensor of the file is checked
-        first; a mismatch raises WeightDigestError naming it, the old weights kept. (Not run
-        here: no vLLM build on this machine's CPUs; the check is `check_digests`, tested.)"""
+        first; a mismatch is returned as `{"refused": "tensor ...: digest ..."}` (an exception
+        here would take the server's engine core down), the old weights kept; the client
+        (`RemoteEngine.update_weights_from_disk`) raises it (tests/rollout/test_vllm_server.py)."""
         from baton.sync.checkpoint import iter_safetensors
-        from baton.sync.digest import check_digests
+        from baton.sync.digest import WeightDigestError, check_digests
 
         if digests is not None:
-            check_digests(iter_safetensors(path), digests)
+            try:
+                check_digests(iter_safetensors(path), digests)
+            except WeightDigestError as exc:
+                return {"refused": str(exc)}
         load_weights_packed(self.model_runner.model, iter_safetensors(path))
         return 0
 

@@ -158,3 +158,27 @@ def test_lora_sync_to_a_vllm_server(server, tmp_path):
     finally:
         sync.close()
 
+
+
+def test_a_corrupted_push_is_refused_by_the_vllm_server_and_the_old_version_serves(server, tmp_path):
+    """Issue 49: a weights file with one flipped byte reaches vLLM's worker extension, which
+    checks it against the digests the trainer sent before it loads: refused naming the tensor,
+    the served version and weights unchanged."""
+    from baton.sync.checkpoint import save_safetensors_atomic
+    from baton.sync.digest import digests
+    from tests.rollout.test_weight_digests import flip_a_byte
+
+    engine = RemoteEngine(server, dialect="vllm")
+    before = tiny(7)
+    sync = build_transport("checkpoint", "servers", [engine])
+    sync.push(before.named_parameters(), 11)
+    sync.close()
+    assert check_logprob_parity(engine, before, PROBE) < TOL
+    named = [(n, t.detach().contiguous()) for n, t in tiny(8).named_parameters()]
+    name = "model.layers.0.mlp.down_proj.weight"
+    path = save_safetensors_atomic(named, tmp_path / "w.safetensors")
+    flip_a_byte(path, name)
+    with pytest.raises(Exception, match=f"{name}"):
+        engine.update_weights_from_disk(str(path), 12, digests=digests(named))
+    assert engine.served_version() == 11
+    assert check_logprob_parity(engine, before, PROBE) < TOL  # the old weights still serve
