@@ -381,7 +381,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     for one whose traceback helps. The classes are imported here, when one is raised, so that
     `baton --help` imports nothing heavy."""
     from baton.controller import WorkerError
-    from baton.data.rows import DataError
+    from baton.data.records import DataError
     from baton.models.load import ModelLoadError
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.fsutil import YAMLFileError

@@ -168,7 +168,7 @@ class TrainResult:
         """The trained model's completion of each prompt (a string, or chat messages rendered
         with the tokenizer's template); greedy unless `temperature` > 0. `max_new_tokens`:
         the run's rollout.max_new_tokens by default."""
-        from baton.data.rows import prompt_ids
+        from baton.data.records import prompt_ids
         from baton.protocol import SamplingParams
 
         loaded = self._load()

@@ -123,7 +123,7 @@ def child_paths(script: str, paths: tuple[str, ...], tmp: str, args: list[str]) 
 def module_at(ref: str, path: str, name: str) -> Any:
     """The module `path` (a file of this repository) as it is at git revision `ref`, imported
     under `name`: an old version of one module side by side with today's in one process
-    (e.g. `module_at("main", "baton/rollout/_llama.py", "llama_main").LlamaRunner`)."""
+    (e.g. `module_at("main", "baton/rollout/embedded/llama.py", "llama_main").LlamaRunner`)."""
     import importlib.util
 
     source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:{path}"], check=True,

@@ -8,7 +8,7 @@ Qwen2-shaped models (seeds 0..2, hidden --hidden, init std --init: larger = peak
 the regime where rounding shows), the weight-sync parity check itself
 (`baton.sync.check_logprob_parity`: 8 greedy tokens after a 24-token prompt), max over seeds.
 
-With --ref REV, a second column: the engine with the fast runner (`_llama.py`) as it is at
+With --ref REV, a second column: the engine with the fast runner (`llama.py`) as it is at
 git revision REV, on the same models (before / after a change to the runner's arithmetic).
 
     .venv/bin/python bench/bf16_parity_depth.py [--hidden 128] [--init 0.1] [--layers 2,4,8,16,24,32] [--ref main]
@@ -23,7 +23,7 @@ import torch
 from _common import add_smoke, module_at
 from baton.models.load import build_like
 from baton.models.tiny import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.sync.base import check_logprob_parity
 from baton.trainers.report.step_metrics import bf16_sync_tolerance
 
@@ -47,14 +47,14 @@ def main() -> None:
     ap.add_argument("--layers", default="2,4,8,16,24,32")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--ref", default=None, help="also measure the engine with _llama.py at this git revision")
+    ap.add_argument("--ref", default=None, help="also measure the engine with llama.py at this git revision")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
         args.layers, args.seeds, args.hidden = "2", 1, 32
     torch.set_num_threads(1)
     print(f"hidden {args.hidden}, init std {args.init}, {args.seeds} seeds, {args.device}")
-    old = module_at(args.ref, "baton/rollout/_llama.py", "llama_at_ref").LlamaRunner if args.ref else None
+    old = module_at(args.ref, "baton/rollout/embedded/llama.py", "llama_at_ref").LlamaRunner if args.ref else None
     ref_col = f" {'at ' + args.ref:>12}" if old else ""
     print(f"{'layers':>6} {'max |engine - trainer|':>24}{ref_col} {'tolerance':>10}")
     for layers in (int(x) for x in args.layers.split(",")):

@@ -1,10 +1,10 @@
 """Kernels a decode token: the fast runner's decode step today vs at a git ref, side by side.
 
-Counts, with `baton.rollout.op_count` (a dispatch recorder; views left out; RMSNorm counted
+Counts, with `baton.rollout.embedded.op_count` (a dispatch recorder; views left out; RMSNorm counted
 as the one CUDA kernel it is on a GPU), the aten ops of one static decode step (the step a
 CUDA graph captures) at the Qwen2.5-0.5B shape (24 layers, hidden 896, 14 heads, 2 KV
 heads, intermediate 4864; vocab 1024, as the count does not depend on it), per family, for
-this tree's `_llama.py` and for --ref's (a family that --ref's runner does not take: HF's
+this tree's `llama.py` and for --ref's (a family that --ref's runner does not take: HF's
 forward of one cached token, which that ref ran every token). Then, in fp32 on a tiny
 model of each family --ref supports, whether the two give the same tokens for the same seed
 and the largest logprob difference.
@@ -19,11 +19,11 @@ import argparse
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
 
-from baton.rollout._llama import LlamaRunner, fuse_storage, supports
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.op_count import count_kernels
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import StaticDecoder
+from baton.rollout.embedded.llama import LlamaRunner, fuse_storage, supports
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.rollout.embedded.op_count import count_kernels
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.static_decode import StaticDecoder
 from _common import add_smoke, module_at
 
 SHAPE_05B = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864)
@@ -89,7 +89,7 @@ def main() -> None:
         args.ref = "HEAD"  # a CI clone may have no `main`
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
-    old = module_at(args.ref, "baton/rollout/_llama.py", "llama_at_ref")
+    old = module_at(args.ref, "baton/rollout/embedded/llama.py", "llama_at_ref")
     print(f"kernels per decode token, static decode step, {args.layers} layers, {args.dtype}, 4 rows")
     print(f"{'family':>8} | {args.ref + ' (ops)':>16} {'per layer':>9} | {'this tree':>9} {'per layer':>9}")
     for family in args.families.split(","):

@@ -33,7 +33,7 @@ import torch
 
 from baton.models.lora import LoraAdapterConfig, apply_lora, merged_weights
 from baton.models.tiny import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.sync import BroadcastSync, CheckpointSync, WeightReceiver
 from baton.sync.verify import held_exactly
 from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)

@@ -95,11 +95,11 @@ def teacher_samples(out: Path, n_rows: int, eval_size: int, seed: int = 0) -> tu
     (the RL arms' evaluation set) as the eval file."""
     import torch
 
-    from baton.data.rows import render_prompt
+    from baton.data.records import render_prompt
     from baton.envs import get_task
     from baton.models import load_model, load_tokenizer
     from baton.protocol import SamplingParams
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     torch.set_num_threads(1)
     task = get_task("arithmetic")

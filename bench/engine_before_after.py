@@ -42,9 +42,9 @@ import json, sys, time
 import torch
 sys.path.insert(1, {bench!r})
 from engine_throughput import SIZES, build, make_prompts
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
-from baton.rollout import static_decode
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
+from baton.rollout.embedded import static_decode
 from tests.device_fault_mode import WORKER, DeviceFaultMode
 
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ per op per token). Then the speedups over HF, and how far the engine is from its
     with the peak figures of GPU_PEAKS for the card the name matches (H100 SXM: 3.35 TB/s,
     989 TFLOP/s dense bf16; H200: 4.8 TB/s, 989 TFLOP/s; fp32 without TF32: 67 TFLOP/s).
 
-With --ref REV, one more method: the engine with the fast runner (`_llama.py`) as it is at
+With --ref REV, one more method: the engine with the fast runner (`llama.py`) as it is at
 git revision REV ("engine@REV"), taking turns with the others: before / after in one run.
 
     .venv/bin/python bench/engine_throughput.py [--threads 1] [--repeats 3] [--sizes 0.75m,5m,25m] [--ref main]
@@ -36,8 +36,8 @@ import torch
 from transformers import GenerationConfig
 
 from baton.models import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from _common import add_smoke, module_at  # bench/_common.py (scripts run from bench/ on sys.path)
 
 # name -> tiny_config overrides (Qwen2 family, tied embeddings as in the presets)
@@ -48,7 +48,7 @@ SIZES = {
     # the public Qwen2.5 configs' shapes (random weights)
     "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
     "1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab_size=151936),
-    # a mixture of experts (issue 54): Qwen3-MoE, 8 experts of 256, top-2 (the fast path's `_moe.py`)
+    # a mixture of experts (issue 54): Qwen3-MoE, 8 experts of 256, top-2 (the fast path's `moe.py`)
     "moe-5m": dict(family="qwen3_moe", hidden=256, layers=4, heads=8, kv_heads=4, intermediate=256, experts=8,
                    top_k=2, vocab_size=4096),
 }
@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--no-hf-runner", action="store_true", help="skip the engine's generic HF path")
-    ap.add_argument("--ref", default=None, help="also time the engine with _llama.py at this git revision")
+    ap.add_argument("--ref", default=None, help="also time the engine with llama.py at this git revision")
     ap.add_argument("--hf-once", action="store_true",
                     help="time HF generate in one run (warmed up by a short call), not --repeats")
     add_smoke(ap)
@@ -223,7 +223,7 @@ def main() -> None:
                "other": partial(run_engine, other, prompts, new)}
         if args.ref:
             at_ref = EmbeddedEngine(model)
-            at_ref.runner = module_at(args.ref, "baton/rollout/_llama.py", "llama_at_ref").LlamaRunner(model)
+            at_ref.runner = module_at(args.ref, "baton/rollout/embedded/llama.py", "llama_at_ref").LlamaRunner(model)
             fns["ref"] = partial(run_engine, at_ref, prompts, new)
         if not args.no_hf_runner:
             fns["slow"] = partial(run_engine, EmbeddedEngine(model, fast=False), prompts, new)
@@ -251,7 +251,7 @@ def main() -> None:
         summaries.append(f"{name} {args.dtype} on {args.device}: engine {rate['engine']:.0f} tokens/s, HF generate "
                          f"{rate['hf']:.0f} tokens/s{fraction}: {rate['engine'] / rate['hf']:.2f}x")
         if "ref" in rate:
-            summaries.append(f"{name}: engine with _llama.py at {args.ref} {rate['ref']:.0f} tokens/s; this tree's "
+            summaries.append(f"{name}: engine with llama.py at {args.ref} {rate['ref']:.0f} tokens/s; this tree's "
                              f"{rate['engine']:.0f} tokens/s: {rate['engine'] / rate['ref']:.2f}x")
         del model, engine, other, fns
     if gpu:

@@ -31,8 +31,8 @@ import torch
 
 from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora
 from baton.models.tiny import build_tiny_model, count_params
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.sync import CheckpointSync, check_logprob_parity

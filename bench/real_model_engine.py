@@ -23,10 +23,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from _common import add_smoke, tiny_model  # bench/_common.py
 from engine_throughput import engine_flops, matmul_gflops, run_hf, timed
-from baton.data.rows import render_prompt
+from baton.data.records import render_prompt
 from baton.envs import TASKS
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 
 
 def greedy_hf(model, prompts: list[list[int]], new: int, eos: int) -> list[list[int]]:

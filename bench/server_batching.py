@@ -33,8 +33,8 @@ import torch
 
 from baton.models.tiny import build_tiny_model, count_params
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from baton.rollout.server import ServerThread, build_app
 from _common import add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 

@@ -31,8 +31,8 @@ import httpx
 import torch
 
 from baton.models.load import load_model, load_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from _common import REPO, add_smoke  # bench/_common.py (scripts run from bench/ on sys.path)
 
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]

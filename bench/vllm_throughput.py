@@ -55,7 +55,7 @@ def main() -> None:
     import engine_throughput as et  # the shapes and prompts of the embedded-engine bench
 
     from baton.protocol import SamplingParams
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.vllm_engine import VLLMEngine
 
     n_prompts, new_tokens, repeats = (8, 8, 1) if args.smoke else (64, 64, args.repeats)

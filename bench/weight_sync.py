@@ -33,7 +33,7 @@ import torch
 
 from baton.models.tiny import build_tiny_model, count_params
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.sync import BroadcastSync, CheckpointSync, InplaceSync, check_logprob_parity

@@ -117,7 +117,7 @@ missing = [m for m in ("fastapi", "uvicorn", "pydantic", "openai", "math_verify"
 print(f"missing modules: {missing}" if missing else "every module the checks import is there")
 if torch.cuda.is_available():
     from baton.algos.linear_logprobs import _mixed_addmm_ok
-    from baton.rollout.cuda_graphs import HAS_LIVENESS_CHECK
+    from baton.rollout.embedded.cuda_graphs import HAS_LIVENESS_CHECK
     ok = _mixed_addmm_ok(torch.device("cuda"), torch.bfloat16, torch.float32)
     print(f"addmm bf16 -> fp32 in place: {ok} (no: training upcasts each chunk); graph liveness check: {HAS_LIVENESS_CHECK}")
 raise SystemExit(1 if missing or not torch.cuda.is_available() else 0)'

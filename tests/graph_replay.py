@@ -1,5 +1,5 @@
 """A CUDA graph's replay checked on the CPU: `ReplayChecker` stands in for
-`baton.rollout.cuda_graphs.GraphedStep` (and turns static decode's "graph" step on for CPU
+`baton.rollout.embedded.cuda_graphs.GraphedStep` (and turns static decode's "graph" step on for CPU
 devices), so that what a replay would read wrongly on a GPU fails a CPU run.
 
 A captured graph replays its kernels on the addresses it recorded. So at capture the stand-in
@@ -155,7 +155,7 @@ class ReplayChecker:
         self.bad: list[str] = []
 
     def install(self, monkeypatch) -> "ReplayChecker":
-        from baton.rollout import static_decode
+        from baton.rollout.embedded import static_decode
 
         monkeypatch.setattr(static_decode, "GRAPH_DEVICES", (*static_decode.GRAPH_DEVICES, "cpu"))
         monkeypatch.setattr(static_decode, "GraphedStep", lambda fn, device: ReplayCheckedStep(fn, device, self))

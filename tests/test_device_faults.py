@@ -52,8 +52,8 @@ def mode(monkeypatch):
     import baton.workers.actor as actor
     import baton.workers.reference as reference
     from baton.models.precision import weights_dtype
-    from baton.rollout.embedded import EmbeddedEngine
-    from baton.rollout.generation import Generation
+    from baton.rollout.embedded.engine import EmbeddedEngine
+    from baton.rollout.embedded.generation import Generation
     from baton.workers.actor import ActorWorker
 
     monkeypatch.chdir(REPO)

@@ -84,7 +84,7 @@ def test_a_missing_user_module_is_one_line(user_dir, model_dir, capsys):
 def test_a_user_environment_collects_a_group(user_dir, model_dir, monkeypatch):
     from baton.envs import make_environment
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.services.env_runner import parse_env_args
     from baton.user_modules import add_user_path
 

@@ -130,7 +130,7 @@ def _engine_rows(model: torch.nn.Module) -> tuple[list, Batch]:
     """The engine's completions (recording their experts) and their training rows."""
     from baton.models.tokenizer import build_char_tokenizer
     from baton.protocol import SamplingParams
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.workers.rollout import completions_to_batch
 
     engine = EmbeddedEngine(model, record_routing=True, pad_token_id=0, eos_token_ids=[2])

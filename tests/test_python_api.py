@@ -16,7 +16,7 @@ import baton
 import baton.envs  # noqa: F401  (registers arithmetic/format)
 from baton.config import ConfigError
 from baton.data.inline import rows_file
-from baton.data.rows import DataError
+from baton.data.records import DataError
 from baton.metrics import read_metrics
 from baton.rewards.python import PYTHON_REWARDS, register_callables
 from baton.rewards.runner import RewardRunner

@@ -75,7 +75,7 @@ def test_readme_tools_example_runs(capsys):
     import torch
 
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.server import ServerThread, build_app
 
     pytest.importorskip("llguidance")  # tool_choice="required": constrained decoding

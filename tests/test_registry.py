@@ -26,14 +26,15 @@ def test_lazy_entries_import_on_first_lookup(tmp_path, monkeypatch):
 
 
 def test_every_family_is_one_registry():
+    from baton.agents.envs import AGENT_ENVS
     from baton.algos import ADVANTAGES
-    from baton.envs import TASKS
+    from baton.envs import ENVIRONMENTS, TASKS
     from baton.rollout.engines import ENGINES
     from baton.sources import SOURCES
     from baton.sync.registry import TRANSPORTS
     from baton.trainers.algorithms import ALGORITHMS
 
-    for family in (ADVANTAGES, TASKS, ENGINES, SOURCES, TRANSPORTS, ALGORITHMS):
+    for family in (AGENT_ENVS, ENVIRONMENTS, ADVANTAGES, TASKS, ENGINES, SOURCES, TRANSPORTS, ALGORITHMS):
         assert isinstance(family, Registry), family
 
 

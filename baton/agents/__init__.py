@@ -3,9 +3,9 @@ batched through the engine, and the `data.source: agent` / `gateway` row sources
 
     tools.py     tool schemas from functions / per-trajectory objects; <tool_call> parsing
     episode.py   the async episode protocol (start / step / close), ToolEpisode
-    tokens.py    Trajectory: sampled ids (mask 1) + template deltas (mask 0); re-render check
-    envs.py      AGENT_ENVS: calculator (tool use), guess (per-turn feedback), openenv
-    openenv_env.py  OpenEnvEpisode: an OpenEnv server (reset / step, MCP tools) as an agent env
+    tokens.py    Conversation: sampled ids (mask 1) + template deltas (mask 0); re-render check
+    envs/        AGENT_ENVS (a Registry): calculator (tool use), guess (per-turn feedback), and
+                 envs/openenv.py's OpenEnvEpisode (an OpenEnv server: reset / step, MCP tools)
     rollout.py   run_episodes: all trajectories' turns batched; faults dropped and counted
     watchdog.py  run_watched: each agent on a thread and loop of its own; deadlines that hold
     config.py    AgentConfig (the recipe's `agent:` section), GatewayAgentConfig (`gateway:`)

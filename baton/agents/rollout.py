@@ -37,7 +37,7 @@ from baton import fields as F
 from baton.agents.config import AgentConfig
 from baton.agents.episode import AssistantTurn, Observation
 from baton.agents.envs import AGENT_ENVS
-from baton.agents.tokens import OBS, Trajectory
+from baton.agents.tokens import OBS, Conversation
 from baton.agents.tools import AgentFault, note_fault, parse_tool_calls
 from baton.agents.watchdog import Watch, run_watched
 from baton.batch import Batch
@@ -50,7 +50,7 @@ from baton.rows import Trajectory as Row
 @dataclass
 class Result:
     prompt_index: int
-    traj: Trajectory | None = None
+    traj: Conversation | None = None
     final_reward: float = 0.0
     finish_reason: str = "stop"
     version: int = 0
@@ -182,7 +182,7 @@ async def _episode(row: dict, res: Result, cfg: AgentConfig, tokenizer: Any, tem
     out_of = "budget"
     try:
         start = await env_call(ep.start())
-        traj = res.traj = Trajectory(tokenizer, list(start.messages), start.tools, template)
+        traj = res.traj = Conversation(tokenizer, list(start.messages), start.tools, template)
         res.version = None
         for _ in range(cfg.max_turns):
             ids = traj.prompt_ids + traj.response()[0]

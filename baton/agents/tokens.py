@@ -54,7 +54,7 @@ class Mismatch:
 
 
 @dataclass
-class Trajectory:
+class Conversation:
     """One conversation as tokens. `messages` mirrors the segments (for re-rendering)."""
     tokenizer: Any
     messages: list[dict]

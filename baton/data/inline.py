@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from baton.data.rows import DataError, normalize_row
+from baton.data.records import DataError, normalize_row
 from baton.runs.fsutil import atomic_write_text
 
 CACHE_ENV = "BATON_ROWS_CACHE"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable
 
-from baton.data.rows import DataError
+from baton.data.records import DataError
 
 SPECIALS_BOUND = 8  # special tokens a tokenizer adds around a text (BOS, EOS, a prefix space), at most
 

@@ -3,7 +3,7 @@
     data: {task: chat_arithmetic}            recipes/grpo_smollm2.yaml
 
 A row is one user message ("What is 7 + 15?") rendered with the tokenizer's chat template
-(`baton.data.rows.render_prompt`), and its answer. An instruct model answers in prose
+(`baton.data.records.render_prompt`), and its answer. An instruct model answers in prose
 ("7 + 15 = 22.", "The sum of 7 and 15 is 22"), so the verifier reads the last integer of the
 completion, and evaluation (`baton.envs.evaluate`) still counts a completion cut off by
 `max_new_tokens` as wrong: the model must answer and stop. The operands are drawn as the

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from baton.data.prompts import PromptSampler
-from baton.data.rows import prompt_ids, render_prompt
+from baton.data.records import prompt_ids, render_prompt
 from baton.envs.base import Row, Task
 from baton.envs.evaluate import evaluate as evaluate_task
 from baton.protocol import Engine, SamplingParams

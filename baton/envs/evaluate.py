@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton.data.rows import render_prompt
+from baton.data.records import render_prompt
 from baton.envs.base import Row, Task
 from baton.protocol import Engine, SamplingParams
 from baton.rewards.runner import RewardRunner

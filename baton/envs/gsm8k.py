@@ -5,7 +5,7 @@
 
 Rows come from a local file in GSM8K's format (`question`, `answer` ending `#### N`) or
 verl's preprocessed parquet (`prompt` as chat messages, `reward_model.ground_truth`), as
-jsonl or parquet (`baton.data.rows`). String prompts get verl's instruction appended
+jsonl or parquet (`baton.data.records`). String prompts get verl's instruction appended
 ("Let's think step by step and output the final answer after \"####\"."); chat prompts are
 used as they are (verl's already carry it) and rendered with the tokenizer's chat template.
 
@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.data.rows import load_rows
+from baton.data.records import load_rows
 from baton.envs.base import Row
 from baton.envs.environment import TaskEnvironment, register_environment
 from baton.rewards.math import extract_answer, gsm8k_gold, math_correct, math_equal  # noqa: F401 (registers math/correct)

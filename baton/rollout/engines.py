@@ -1,6 +1,6 @@
 """Rollout engines by name (`rollout.engine`): the registry every place that builds an engine uses.
 
-    embedded  baton's own pure-PyTorch engine (`baton.rollout.embedded.EmbeddedEngine`): reads
+    embedded  baton's own pure-PyTorch engine (`baton.rollout.embedded.engine.EmbeddedEngine`): reads
               the trainer's module in place; no dependency beyond torch (the default)
     vllm      vLLM in the calling process (`baton.rollout.vllm_engine.VLLMEngine`): its own
               copy of the weights, loaded from the model's directory, kept in sync by `copy`
@@ -23,7 +23,7 @@ from baton.protocol import Engine, EngineClass
 from baton.registry import Registry
 
 ENGINES = Registry("rollout engine")
-ENGINES.lazy("embedded", "baton.rollout.embedded:EmbeddedEngine")
+ENGINES.lazy("embedded", "baton.rollout.embedded.engine:EmbeddedEngine")
 ENGINES.lazy("vllm", "baton.rollout.vllm_engine:VLLMEngine")
 DEFAULT_ENGINE = "embedded"  # what eval, serve, SFT and agent evaluation build (rollout.engine's default)
 

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 import httpx
 import torch
 
-from baton.rollout.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
+from baton.protocol import GRAMMAR_ERROR, Completion, Engine, SamplingParams
 from baton.sync.backend import End
 from baton.sync.digest import WeightDigestError
 

@@ -55,7 +55,7 @@ from typing import Any, Iterable
 
 import torch
 
-from baton.rollout.protocol import Completion, Engine, SamplingParams
+from baton.protocol import Completion, Engine, SamplingParams
 
 
 def _request_seed(seed: int, prompt: int, sample: int) -> int:

@@ -77,7 +77,7 @@ from baton.rollout.server.schemas import ChatCompletionRequest, stop_list, unsup
 from baton.rollout.server.stream import ChatStream, include_usage, stream_response
 from baton.rollout.server.structured import chat_grammar, constrains
 from baton.rollout.server.tools import assistant_message, check_tools, message_dicts, render, template_message
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 from baton.services.gateway_engines import HttpEngine
 
 

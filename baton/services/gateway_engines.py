@@ -19,7 +19,7 @@ import httpx
 from fastapi import HTTPException
 
 from baton.rollout.server.batcher import Batcher, EngineRunner
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 
 
 @dataclass

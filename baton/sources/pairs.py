@@ -1,7 +1,7 @@
 """`PairFileSource`: offline DPO's rows, preference pairs from a jsonl file (registered as
 "pairs" in `baton.sources.SOURCES`, read by the `dpo` driver, baton/trainers/offline_dpo.py).
 
-    pairs = load_pairs("pairs.jsonl")            # baton.data.rows: [{"prompt", "chosen", "rejected"}, ...]
+    pairs = load_pairs("pairs.jsonl")            # baton.data.records: [{"prompt", "chosen", "rejected"}, ...]
     rows = encode_pairs(tokenizer, collate(pairs), multiple=world_size)   # pair-major rows
 
 Data: one JSON object per line, {"prompt": str, "chosen": str, "rejected": str}. The prompt

@@ -20,7 +20,7 @@ from torch.func import functional_call
 
 from baton.algos.logprobs import logprobs_from_logits
 from baton.protocol import SamplingParams
-from baton.rollout.embedded import PEFT_PREFIX
+from baton.rollout.embedded.engine import PEFT_PREFIX
 
 
 class Samplers:

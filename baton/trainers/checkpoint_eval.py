@@ -61,7 +61,7 @@ def recipe_plan(recipe: str, overrides: list[str], n: int | None) -> EvalPlan:
 def flags_plan(task: str, data: str, eval_data: str, n: int) -> EvalPlan:
     """What `--task` / `--data` / `--eval-data` evaluate."""
     from baton.envs import get_task
-    from baton.data.rows import DataError
+    from baton.data.records import DataError
     from baton.trainers.session.config import DataConfig
     from baton.trainers.session.state import task_rows
 

@@ -27,7 +27,7 @@ from baton.data.prompts import PromptSampler
 from baton.envs import get_task
 from baton.sources import row_source
 from baton.sources.colocated import evaluate_rollout
-from baton.data.rows import identical_pairs, load_pairs
+from baton.data.records import identical_pairs, load_pairs
 from baton.sources.pairs import encode_pairs
 from baton.trainers.dpo_config import OfflineDPOConfig
 from baton.trainers.dpo_roles import (build_dpo_roles, maybe_refresh_reference, reference_state,

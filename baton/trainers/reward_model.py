@@ -29,7 +29,7 @@ import torch
 from torch.nn import functional
 
 from baton.data.prompts import PromptSampler
-from baton.data.rows import load_pairs as read_pairs
+from baton.data.records import load_pairs as read_pairs
 from baton.envs import TASKS, get_task
 from baton.models import load_tokenizer
 from baton.trainers.report.samples import SampleLog
@@ -107,7 +107,7 @@ def task_pairs(task_name: str, n: int, seed: int) -> list[dict[str, str]]:
 def load_pairs(data: RMDataConfig) -> list[dict[str, str]]:
     if not data.path:
         return task_pairs(data.task, data.num_pairs, data.seed)
-    return read_pairs(data.path)  # checked rows (baton.data.rows): one line naming the line and field
+    return read_pairs(data.path)  # checked rows (baton.data.records): one line naming the line and field
 
 
 def pair_scores(model, tokenizer, pairs: list[dict[str, str]], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:

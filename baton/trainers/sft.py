@@ -33,7 +33,7 @@ from torch.nn import functional
 
 from baton.models.presets import PRESETS
 from baton.data.prompts import PromptSampler
-from baton.data.rows import render_prompt
+from baton.data.records import render_prompt
 from baton.envs import configured_task, get_task
 from baton.envs.evaluate import evaluate_modes
 from baton.models import build_char_tokenizer, build_tiny_model, count_params, load_model, load_tokenizer
@@ -145,7 +145,7 @@ def target_of(task, row: dict) -> str:
 
 def encode_examples(tokenizer, task, rows: list[dict]) -> list[tuple[list[int], int]]:
     """(prompt + target + EOS ids, prompt length) per row (chat-message prompts rendered
-    with the tokenizer's template, `baton.data.rows.render_prompt`)."""
+    with the tokenizer's template, `baton.data.records.render_prompt`)."""
     prompts = tokenizer([render_prompt(tokenizer, r["prompt"]) for r in rows], add_special_tokens=False)["input_ids"]
     targets = tokenizer([target_of(task, r) for r in rows], add_special_tokens=False)["input_ids"]
     return [(p + t + [tokenizer.eos_token_id], len(p)) for p, t in zip(prompts, targets)]

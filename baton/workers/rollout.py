@@ -40,7 +40,7 @@ from baton import fields as F
 from baton.agents.dispatch import EPISODES
 from baton.batch import Batch
 from baton.controller import Dispatch, Execute, Worker, register
-from baton.data.rows import prompt_ids
+from baton.data.records import prompt_ids
 from baton.envs import get_task
 from baton.envs.evaluate import TaskScorer, evaluate
 from baton.models.load import build_like
@@ -48,7 +48,7 @@ from baton.models.lora import is_peft
 from baton.models.precision import autocast, memory_phase
 from baton.protocol import Completion, SamplingParams
 from baton.rollout.grammars import response_format_grammar
-from baton.rollout.kv_budget import check_budget_options
+from baton.rollout.embedded.kv_budget import check_budget_options
 from baton.rollout.engines import DEFAULT_ENGINE, build_engine, check_engine_name, engine_class
 from baton.rows import Trajectory, group_ids, to_batch
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync

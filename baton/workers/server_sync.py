@@ -36,7 +36,7 @@ from typing import Any, Iterator
 import torch
 
 from baton.controller import Dispatch, Worker, register
-from baton.data.rows import prompt_ids
+from baton.data.records import prompt_ids
 from baton.rollout.remote import RemoteEngine, detect_dialect
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
 

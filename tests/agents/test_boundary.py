@@ -1,7 +1,7 @@
 """The turn boundary: whatever ended a turn (the model's end-of-turn token, a stop string that
 ends inside a token, max_tokens), the tokens after the sampled ones are exactly what the real
 Qwen2.5 / Llama-3 chat templates write after an assistant message, mask 0; the sampled ids
-keep their logprobs. Through the gateway (how it closes a session's turn) and `Trajectory`.
+keep their logprobs. Through the gateway (how it closes a session's turn) and `Conversation`.
 
 `StopEngine` stands in for a trained policy (a random tiny model cannot be made to write a
 given text): it "samples" a fixed text and applies stop strings, EOS and max_tokens as the
@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from baton.agents.tokens import Trajectory, encode
+from baton.agents.tokens import Conversation, encode
 from baton.data.turns import assistant_close
 from baton.rollout.server.schemas import ChatCompletionRequest
 from baton.services.gateway import Gateway
@@ -87,7 +87,7 @@ def test_the_gateway_closes_every_turn_as_the_template_does(tok, how):
 
 
 def test_a_trajectory_closes_a_cut_turn_as_the_template_does(tok):
-    traj = Trajectory(tok, [{"role": "user", "content": "help"}])
+    traj = Conversation(tok, [{"role": "user", "content": "help"}])
     ids = encode(tok, "I can")
     traj.add_turn(ids, [-0.5] * len(ids), "I can")  # cut by max_tokens: no end-of-turn token
     assert tok.decode(traj.segments[1].ids) == CLOSE[tok.eos_token] and traj.check() == []

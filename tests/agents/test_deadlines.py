@@ -20,13 +20,13 @@ from baton import fields as F
 from baton.agents.config import AgentConfig
 from baton.agents.envs import CalculatorEnv, calc, register_env
 from baton.agents.rollout import run_episodes
-from baton.agents.tokens import Trajectory
+from baton.agents.tokens import Conversation
 from baton.agents.tools import ToolSet
 from baton.batch import collate
 from baton.protocol import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))  # this directory's helpers (import mode importlib)
-from test_rollout import ScriptedEngine  # noqa: E402
+from tests.agents.scripted_engine import ScriptedEngine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = {"prompt": "12*34=", "answer": "408"}
@@ -100,7 +100,7 @@ def test_a_gateway_agent_blocking_its_loop_is_dropped_at_the_session_deadline(mo
     from baton.agents.gateway_run import run_sessions
     from baton.models.tiny import build_tiny_model
     from baton.models.tokenizer import build_char_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     tok = build_char_tokenizer()
@@ -167,7 +167,7 @@ class SmallContext(ScriptedEngine):
 
     def __init__(self, tok):
         super().__init__(tok)
-        self.asked, self.max_model_len = [], len(Trajectory(tok, [{"role": "user", "content": ROW["prompt"]}],
+        self.asked, self.max_model_len = [], len(Conversation(tok, [{"role": "user", "content": ROW["prompt"]}],
                                                             ToolSet.build([calc]).schemas()).prompt_ids) + 100
 
     def generate(self, prompts, params):
@@ -262,7 +262,7 @@ def test_an_envs_slow_import_runs_once_before_the_deadlines(qwen_tok):
 def test_openenv_imports_openenv_in_prepare(monkeypatch):
     """The OpenEnv env's import is its `prepare` (what `prepare_env` runs before the
     trajectories); its own tests need the openenv extra (tests/envs/test_openenv.py)."""
-    from baton.agents.openenv_env import OpenEnvEpisode
+    from baton.agents.envs.openenv import OpenEnvEpisode
 
     monkeypatch.setitem(sys.modules, "openenv", None)  # as if not installed: prepare() is what imports it
     with pytest.raises(ImportError):

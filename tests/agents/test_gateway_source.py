@@ -58,7 +58,7 @@ def test_session_rows_are_the_recorded_tokens(tmp_path):
     from baton.batch import collate
     from baton.envs import get_task
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     tok = load_tokenizer("checkpoints/arith-sft")
     engine = EmbeddedEngine(load_model("checkpoints/arith-sft"), tok)

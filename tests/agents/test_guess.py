@@ -30,7 +30,7 @@ def test_guess_prompts_vary_and_split():
 
 def test_per_turn_rewards_reach_the_loss():
     from baton.models.load import load_model, load_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     model, tok = load_model(MODEL).eval(), load_tokenizer(MODEL)
     torch.manual_seed(0)

@@ -8,7 +8,6 @@ embedded engine is. `test_embedded_engine_rows` runs the real EmbeddedEngine.
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 
 import pytest
@@ -20,35 +19,8 @@ from baton.agents.envs import CalculatorEnv, register_env
 from baton.agents.rollout import run_episodes
 from baton.algos import actor_loss, compute_advantages
 from baton.batch import collate
-from baton.protocol import Completion, Engine, SamplingParams
-
-
-class ScriptedEngine(Engine):
-    """Calls calc on "a*b=" prompts, then answers with the tool's result; logs batch sizes."""
-
-    def __init__(self, tokenizer, wrong_first: bool = False):
-        self.tok, self.version, self.calls = tokenizer, 3, []
-        self.eos_token_ids = [tokenizer.eos_token_id]
-
-    def _reply(self, text: str) -> str:
-        if "guess" in text:
-            return "10"
-        results = re.findall(r"<tool_response>\n(\d+)", text)
-        if results:
-            return results[-1]
-        expr = re.findall(r"(\d+\*\d+)=", text)[-1]
-        return '<tool_call>{"name": "calc", "arguments": {"expr": "%s"}}</tool_call>' % expr
-
-    def generate(self, prompts, params):
-        self.calls.append(len(prompts))
-        out = []
-        for i, ids in enumerate(prompts):
-            t = self.tok(self._reply(self.tok.decode(ids)), add_special_tokens=False)["input_ids"]
-            t = t[:params.max_new_tokens]
-            stop = len(t) < params.max_new_tokens
-            t = t + [self.tok.eos_token_id] if stop else t
-            out.append(Completion(i, t, [-0.25] * len(t), "stop" if stop else "length", self.version))
-        return out
+from baton.protocol import SamplingParams
+from tests.agents.scripted_engine import ScriptedEngine
 
 
 def _prompts(rows):
@@ -177,7 +149,7 @@ def test_config_check():
 def test_embedded_engine_rows():
     from baton.models.tiny import build_tiny_model
     from baton.models.tokenizer import build_char_tokenizer
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     tok = build_char_tokenizer()
     eng = EmbeddedEngine(build_tiny_model("0.75m"), tok)

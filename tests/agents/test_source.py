@@ -71,7 +71,7 @@ def test_trainer_logprobs_match_the_engine_across_observations(tmp_path):
     from baton.envs import get_task
     from baton.models.load import load_model, load_tokenizer
     from baton.protocol import SamplingParams
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.workers.sequences import response_logprobs
 
     model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=3))

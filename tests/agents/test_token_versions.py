@@ -19,7 +19,7 @@ from baton.agents.rollout import run_episodes
 from baton.algos.off_policy import tis_weights
 from baton.batch import collate
 from baton.protocol import SamplingParams
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.server import ServerThread
 from baton.rows import Trajectory, spanning_versions, to_batch
 from baton.services.gateway import Gateway

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baton.agents.tokens import BOUNDARY, OBS, POLICY, Trajectory, encode
+from baton.agents.tokens import BOUNDARY, OBS, POLICY, Conversation, encode
 from baton.agents.tools import function_schema
 
 
@@ -20,7 +20,7 @@ def _turn(tok, text, end=True):
 
 def test_qwen_chatml_with_tools_two_turns(qwen_tok):
     tools = [function_schema(calc)]
-    traj = Trajectory(qwen_tok, [{"role": "user", "content": "12*34?"}], tools)
+    traj = Conversation(qwen_tok, [{"role": "user", "content": "12*34?"}], tools)
     assert qwen_tok.decode(traj.prompt_ids).endswith("<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n")
     call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "12*34"}}\n</tool_call>'
     ids, lp = _turn(qwen_tok, call)
@@ -42,7 +42,7 @@ def test_qwen_chatml_with_tools_two_turns(qwen_tok):
 
 
 def test_truncated_turn_gets_end_of_turn_as_boundary(qwen_tok):
-    traj = Trajectory(qwen_tok, [{"role": "user", "content": "hi"}])
+    traj = Conversation(qwen_tok, [{"role": "user", "content": "hi"}])
     ids, lp = _turn(qwen_tok, "hel", end=False)  # cut by length: no <|im_end|>
     traj.add_turn(ids, lp, "hel")
     assert qwen_tok.decode(traj.segments[1].ids) == "<|im_end|>\n"
@@ -50,7 +50,7 @@ def test_truncated_turn_gets_end_of_turn_as_boundary(qwen_tok):
 
 
 def test_llama3_trim_drift_is_reported_per_boundary(llama_tok):
-    traj = Trajectory(llama_tok, [{"role": "user", "content": "hi"}])
+    traj = Conversation(llama_tok, [{"role": "user", "content": "hi"}])
     ids, lp = _turn(llama_tok, "ok")
     traj.add_turn(ids, lp, "ok")
     traj.add_observation([{"role": "user", "content": "again"}])

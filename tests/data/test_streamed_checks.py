@@ -11,7 +11,7 @@ import tracemalloc
 from pathlib import Path
 
 from baton.config import load_config
-from baton.data import rows as R
+from baton.data import records as R
 from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.session import inputs
 from baton.trainers.session.inputs import check_data

@@ -1,5 +1,5 @@
 """Environments (envs/environment.py, envs/gsm8k.py), math verification (rewards/math.py)
-and data as users have it (data/rows.py: GSM8K jsonl, verl parquet, chat-message prompts)."""
+and data as users have it (data/records.py: GSM8K jsonl, verl parquet, chat-message prompts)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from baton.data.rows import load_rows, prompt_ids, render_prompt
+from baton.data.records import load_rows, prompt_ids, render_prompt
 from baton.envs import ArithmeticTask, make_environment, verify
 from baton.envs.gsm8k import GSM8KTask, MathScorer
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
 from baton.protocol import Completion, Engine
 from baton.rewards.math import extract_answer, gsm8k_gold, math_correct, normalize_number
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "recipes/data/gsm8k_sample.jsonl"

@@ -8,7 +8,7 @@ import pytest
 from baton.envs import ArithmeticTask
 from baton.envs.evaluate import TaskScorer, evaluate, evaluate_modes
 from baton.models import build_char_tokenizer
-from baton.rollout.protocol import Completion, Engine
+from baton.protocol import Completion, Engine
 
 
 class ScriptedEngine(Engine):

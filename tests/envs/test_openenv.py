@@ -1,4 +1,4 @@
-"""`agent.env: openenv` (baton/agents/openenv_env.py) against real OpenEnv servers: openenv-core's
+"""`agent.env: openenv` (baton/agents/envs/openenv.py) against real OpenEnv servers: openenv-core's
 own server (create_app, uvicorn) on loopback, serving pure-Python environments: the recipe's
 guess environment (recipes/envs/openenv_guess.py: a typed action per turn) and an MCP
 environment written here (tools listed by the server, called per tool call, a submit tool that
@@ -25,7 +25,7 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 from openenv.core.env_server.types import Observation, State  # noqa: E402
 
 from baton.agents.episode import AssistantTurn  # noqa: E402
-from baton.agents.openenv_env import OpenEnvEpisode  # noqa: E402
+from baton.agents.envs.openenv import OpenEnvEpisode  # noqa: E402
 from baton.agents.tools import NONE, OK, AgentFault, parse_tool_calls  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The engine on CUDA: decode steps replayed as CUDA graphs (`baton.rollout.cuda_graphs`) give
+"""The engine on CUDA: decode steps replayed as CUDA graphs (`baton.rollout.embedded.cuda_graphs`) give
 what the same step run eagerly gives, across bucket changes and interleaved generations; the
 host does not sync per token; bf16 logprobs equal the trainer's within a stated bound.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from baton.models import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from tests.rollout.test_static_decode import (  # noqa: F401 (a fixture)
     PROMPTS,
     STOPPING,
@@ -33,7 +33,7 @@ BF16_MAX_ABS, BF16_MEAN_ABS = 0.1, None
 @pytest.fixture(autouse=True)
 def _liveness(monkeypatch):
     """torch's own check that a graph's inputs outlive it, where this torch has it."""
-    from baton.rollout import cuda_graphs
+    from baton.rollout.embedded import cuda_graphs
 
     print(f"\ntorch {torch.__version__}: check_input_liveness {cuda_graphs.HAS_LIVENESS_CHECK}")
     monkeypatch.setattr(cuda_graphs.GraphedStep, "check_liveness", True)

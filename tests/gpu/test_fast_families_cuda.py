@@ -1,5 +1,5 @@
 """Issue 43 part A on CUDA: the families' fast path under CUDA graphs against HF's forward,
-and the CPU's kernel count (`baton.rollout.op_count`) against the kernels a GPU launches.
+and the CPU's kernel count (`baton.rollout.embedded.op_count`) against the kernels a GPU launches.
 
 Skipped without CUDA (CI); NOT YET RUN on a GPU (written without one). On a GPU machine:
     python3 -m pytest -q -s -m gpu tests/gpu/test_fast_families_cuda.py
@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from baton.rollout._llama import LlamaRunner
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.op_count import count_kernels
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import StaticDecoder
+from baton.rollout.embedded.llama import LlamaRunner
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.rollout.embedded.op_count import count_kernels
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.static_decode import StaticDecoder
 from tests.rollout.test_decode_kernels import model_of
 from tests.rollout.test_fast_families import FAMILIES, PROMPTS, build, reference_logprobs
 

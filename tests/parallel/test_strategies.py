@@ -231,7 +231,7 @@ def test_sharded_actor_broadcasts_into_a_server(model_dir):
     from par_workers import BroadcastingActor
 
     from baton.models.tiny import build_tiny_model
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.remote import RemoteEngine
     from baton.rollout.server import ServerThread, build_app
     from baton.sync import check_logprob_parity

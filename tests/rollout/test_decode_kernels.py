@@ -1,5 +1,5 @@
-"""Kernels a decode token (issue 43), counted on the CPU by `baton.rollout.op_count`, and the
-fused pieces that cut them (`baton.rollout._kernels`) against HF's arithmetic.
+"""Kernels a decode token (issue 43), counted on the CPU by `baton.rollout.embedded.op_count`, and the
+fused pieces that cut them (`baton.rollout.embedded.kernels`) against HF's arithmetic.
 
 Counts at the Qwen2.5-0.5B head layout (14 heads, 2 KV heads, 24 layers) in bf16; the hidden
 and MLP sizes are shrunk, as a count does not depend on them (bench/decode_ops.py counts
@@ -12,12 +12,12 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3Fo
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from baton.models import build_tiny_model
-from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
-from baton.rollout._llama import LlamaRunner, fuse_storage
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.op_count import count_kernels
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import StaticDecoder
+from baton.rollout.embedded.kernels import half_roll, rms_norm, rope_matrices
+from baton.rollout.embedded.llama import LlamaRunner, fuse_storage
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.rollout.embedded.op_count import count_kernels
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.static_decode import StaticDecoder
 
 torch.set_num_threads(1)
 HEADS = dict(num_attention_heads=14, num_key_value_heads=2, hidden_size=56, intermediate_size=64, vocab_size=64)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from baton.models import build_char_tokenizer, build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import Completion, Engine, SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import Completion, Engine, SamplingParams
 
 torch.set_num_threads(1)
 EOS = 2
@@ -137,7 +137,7 @@ def test_n_samples_are_prompt_major_and_seeded():
 
 
 def test_top_p_and_min_p_sample_only_from_the_kept_set():
-    from baton.rollout.sampling import filter_logits
+    from baton.rollout.embedded.sampling import filter_logits
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))  # [1, 4]
     keep = lambda p: torch.isfinite(filter_logits(logits, p))[0].tolist()  # noqa: E731
     assert keep(SamplingParams(top_p=0.75)) == [True, True, False, False]
@@ -263,7 +263,7 @@ def test_generic_path_for_other_architectures():
 
 
 def test_inverse_cdf_sampling_follows_the_probabilities():
-    from baton.rollout.sampling import sample_from_probs
+    from baton.rollout.embedded.sampling import sample_from_probs
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 2.0]]).repeat(20000, 1)  # unnormalised ok
     tokens = sample_from_probs(probs, torch.Generator().manual_seed(0)).view(-1, 2)  # [N, 2]
     freq = torch.bincount(tokens[:, 0], minlength=4) / tokens.shape[0]

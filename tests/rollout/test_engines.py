@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.registry import Lazy
 from baton.rollout.engines import ENGINES, build_engine, check_engine_name, engine_class
 from baton.workers.rollout import RolloutConfig
@@ -30,7 +30,7 @@ def test_build_embedded(make_tiny_qwen, srv_tokenizer):
 
 
 def test_a_new_engine_is_one_entry(monkeypatch, make_tiny_qwen, srv_tokenizer):
-    monkeypatch.setitem(ENGINES, "embedded_too", Lazy("baton.rollout.embedded:EmbeddedEngine"))
+    monkeypatch.setitem(ENGINES, "embedded_too", Lazy("baton.rollout.embedded.engine:EmbeddedEngine"))
     assert isinstance(build_engine("embedded_too", make_tiny_qwen(0), srv_tokenizer), EmbeddedEngine)
     monkeypatch.setitem(ENGINES, "missing", Lazy("baton.rollout.no_such_module:Engine"))
     with pytest.raises(ImportError, match="rollout.engine='missing' needs a package that is not installed"):

@@ -1,4 +1,4 @@
-"""The fast path (`baton.rollout._llama`) for the families users train: Qwen3 (per-head q/k
+"""The fast path (`baton.rollout.embedded.llama`) for the families users train: Qwen3 (per-head q/k
 RMSNorm, head_dim apart from hidden / heads), Llama-3 (rope scaling "llama3"), Mistral (a
 sliding window shorter than the sequences, and none), each a random tiny model of that
 family built here with transformers' own config class, against HF's forward in fp32.
@@ -15,9 +15,9 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from baton.rollout import _llama
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded import llama
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 
 torch.set_num_threads(1)
 EOS = 2
@@ -33,7 +33,7 @@ FAMILIES = {
     "llama3": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, rope_scaling=LLAMA3)),
     "mistral-window": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=5)),
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=None)),
-    # mixtures of experts (`baton.rollout._moe`): 8 experts, top-2; Qwen3-MoE with a dense layer
+    # mixtures of experts (`baton.rollout.embedded.moe`): 8 experts, top-2; Qwen3-MoE with a dense layer
     # (mlp_only_layers) and without renormalising its top-k, Mixtral renormalising
     "qwen3-moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, moe_intermediate_size=48, num_experts=8,
                                                             mlp_only_layers=[1], norm_topk_prob=False)),
@@ -87,12 +87,12 @@ def test_greedy_tokens_are_hf_generates(family):
 def test_the_family_features_are_exercised():
     """The tests above would pass vacuously if the tiny models lacked what they test."""
     q3 = build("qwen3")
-    assert hasattr(q3.model.layers[0].self_attn, "q_norm") and _llama.LlamaRunner(q3).qk_norm
+    assert hasattr(q3.model.layers[0].self_attn, "q_norm") and llama.LlamaRunner(q3).qk_norm
     l3 = build("llama3")
     default = LlamaForCausalLM(LlamaConfig(**SIZES)).model.rotary_emb.inv_freq
     assert not torch.equal(l3.model.rotary_emb.inv_freq, default)  # llama3 scaling moved some
-    assert _llama.LlamaRunner(build("mistral-window")).window == 5
-    assert _llama.LlamaRunner(build("mistral")).window is None
+    assert llama.LlamaRunner(build("mistral-window")).window == 5
+    assert llama.LlamaRunner(build("mistral")).window is None
 
 
 def test_other_families_and_sliding_layers_run_through_hf():
@@ -101,7 +101,7 @@ def test_other_families_and_sliding_layers_run_through_hf():
     windowed = Qwen3ForCausalLM(Qwen3Config(**SIZES, use_sliding_window=True, sliding_window=4,
                                             max_window_layers=1))  # layer 1 slides, layer 0 not
     for model in (gpt2, windowed):
-        assert not _llama.supports(model)
+        assert not llama.supports(model)
         assert type(EmbeddedEngine(model).runner).__name__ == "HFRunner"
 
 

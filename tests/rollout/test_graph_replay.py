@@ -1,14 +1,14 @@
 """The graph-replay checker (tests/graph_replay.py) finds what a CUDA graph kept across calls
 would read wrongly, and the engine's kept steps pass it: every table a step reads is its
-arena's (`baton.rollout.static_decode.Arena`), so `release()` and the next call's `start()`
+arena's (`baton.rollout.embedded.static_decode.Arena`), so `release()` and the next call's `start()`
 leave the captured storages alone. The engine's other graph tests (test_lasting_captures.py,
 test_static_decode.py) run under the same checker."""
 
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from tests.graph_replay import ReplayChecker, ReplayCheckedStep
 from tests.rollout.test_static_decode import PROMPTS, STOPPING, check_interleaving, tiny
 

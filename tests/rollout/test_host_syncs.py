@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.stop_strings import StopStringMatcher
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.stop_strings import StopStringMatcher
 from tests.device_fault_mode import WORKER, DeviceFaultMode
 from tests.rollout.test_static_decode import tiny
 

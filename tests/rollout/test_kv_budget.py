@@ -1,4 +1,4 @@
-"""The embedded engine's KV budget (`baton.rollout.kv_budget`): groups cut by a fixed budget or
+"""The embedded engine's KV budget (`baton.rollout.embedded.kv_budget`): groups cut by a fixed budget or
 by the memory free now (psutil on the CPU); a budget that cuts the prompts into several groups
 and one that holds them all give the same greedy tokens, and the default (from memory) gives
 the old fixed default's tokens and logprobs for a seed."""
@@ -7,9 +7,9 @@ import psutil
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.kv_budget import check_budget_options, group_prompts, kv_bytes_per_token, token_budget
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.rollout.embedded.kv_budget import check_budget_options, group_prompts, kv_bytes_per_token, token_budget
+from baton.protocol import SamplingParams
 from baton.workers.rollout import RolloutConfig
 from tests.rollout.conftest import tiny_qwen
 

@@ -1,15 +1,15 @@
 """Static decode's steps (CUDA graphs on a GPU) last: one per (arena, bucket) made once and
 reused across `generate` calls, weight updates in place and `baton serve`'s interleaved
-requests (`baton.rollout.static_decode.DecodeGraphs`). On a CPU the step runs eagerly, so what
+requests (`baton.rollout.embedded.static_decode.DecodeGraphs`). On a CPU the step runs eagerly, so what
 is counted is the decision to make one (`DecodeGraphs.captures`); the captures themselves run
 in tests/gpu/test_engine_cuda.py."""
 
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import DecodeGraphs, bucket_sizes
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.static_decode import DecodeGraphs, bucket_sizes
 from tests.rollout.test_static_decode import PROMPTS, SAMPLED, STOPPING, check_interleaving, tiny
 
 pytestmark = pytest.mark.usefixtures("replays")  # "graph" steps as checked replays (tests/graph_replay.py)
@@ -20,7 +20,7 @@ GREEDY = SamplingParams(n=3, temperature=0, max_new_tokens=10, stop_token_ids=li
 @pytest.fixture
 def buckets(monkeypatch):
     """Every bucket a StaticDecoder entered during the test."""
-    from baton.rollout import static_decode
+    from baton.rollout.embedded import static_decode
 
     seen: set[int] = set()
     real = static_decode.StaticDecoder._make_step

@@ -16,8 +16,8 @@ import torch
 
 from baton.models.lora import LoraAdapterConfig, adapter_config, adapter_tensors, apply_lora, save_adapter
 from baton.models.tiny import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
 from baton.sync import check_logprob_parity
 from baton.sync.lora import LoraSync

@@ -1,4 +1,4 @@
-"""The fast path's mixture-of-experts MLP (`baton.rollout._moe`): its three ways (gathered
+"""The fast path's mixture-of-experts MLP (`baton.rollout.embedded.moe`): its three ways (gathered
 experts, every expert, sorted slots) give HF's block output, and a decode step's kernels do not
 grow with the number of experts.
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from baton.rollout._moe import expert_pieces, moe_forward
-from baton.rollout.op_count import count_kernels
+from baton.rollout.embedded.moe import expert_pieces, moe_forward
+from baton.rollout.embedded.op_count import count_kernels
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, initializer_range=0.3, num_experts_per_tok=2)

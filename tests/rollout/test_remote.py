@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from baton.rollout.protocol import Completion, Engine, SamplingParams
+from baton.protocol import Completion, Engine, SamplingParams
 from baton.rollout.remote import RemoteEngine, RemoteEngineError
 from baton.sync import check_logprob_parity
 

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from baton.sync import check_logprob_parity, save_safetensors_atomic
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine, GenerationCancelled
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine, GenerationCancelled
+from baton.protocol import SamplingParams
 from baton.rollout.server import build_app, parse_serve_args
 from baton.sync import check_logprob_parity, save_safetensors_atomic
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from tests.services.gateway_fixtures import SlowTokenizer
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from baton.models.tiny import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 
 LONG = 400  # tokens of the long generation
 SHORT = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}

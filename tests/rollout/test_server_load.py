@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from baton.rollout.remote import RemoteEngine
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 from baton.rollout.server import parse_serve_args
 from tests.rollout.test_server_guards import GatedEngine
 

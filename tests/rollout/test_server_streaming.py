@@ -50,7 +50,7 @@ def test_text_deltas_hold_stop_and_tool_calls():
 
 @pytest.fixture(scope="module")
 def server():
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.server import build_app
 
     tok = tools_tokenizer()
@@ -128,7 +128,7 @@ def test_refused_stream_is_a_4xx(server):
 
 def test_gateway_streams_token_by_token():
     tok = tools_tokenizer()
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     gw = Gateway(InProcessEngine(EmbeddedEngine(tiny_model(0), tok)), tok, model_name="m")
     thread = ServerThread(gw.app())
@@ -154,7 +154,7 @@ def test_client_leaving_mid_stream_cancels_its_generation():
     import threading
     import time
 
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.server import build_app
 
     tok = tools_tokenizer()

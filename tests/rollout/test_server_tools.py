@@ -160,7 +160,7 @@ def test_tools_need_a_template_that_renders_them():
 
     from baton.models.tiny import build_tiny_model
     from baton.rollout.server.tools import renders_tools
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     assert renders_tools(templated_tokenizer("qwen2_5")) and not renders_tools(templated_tokenizer("llama3"))
     tok = templated_tokenizer("llama3")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from baton.models import build_tiny_model
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 
 torch.set_num_threads(1)
 PROMPT = [[5, 6]]

@@ -1,4 +1,4 @@
-"""Static decode (`baton.rollout.static_decode`) on the CPU: the path a GPU runs as CUDA graphs,
+"""Static decode (`baton.rollout.embedded.static_decode`) on the CPU: the path a GPU runs as CUDA graphs,
 forced on here (the step a graph captures, run eagerly). fp32: the default path's tokens,
 its logprobs to rounding; batch buckets shrink as rows finish; the host's stop checks every
 k steps; one-pass prefill.
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from baton.models import build_tiny_model
-from baton.rollout import embedded as engine_module
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.static_decode import StaticDecoder, bucket_for, bucket_sizes, length_bucket
+from baton.rollout.embedded import engine as engine_module
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.static_decode import StaticDecoder, bucket_for, bucket_sizes, length_bucket
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.usefixtures("replays")  # "graph" steps as checked replays (tests/graph_replay.py)

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.grammars import closed, regex_grammar, response_format_grammar, tool_call_grammar
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 from baton.rollout.server import ServerThread, build_app
 from baton.rollout.server.tools import parse_tool_calls
 from baton.services.gateway import Gateway

@@ -96,7 +96,7 @@ def test_an_in_process_engine_refuses_a_corrupted_file_and_keeps_its_version(mak
     """CheckpointSync into an engine in this process: the file it wrote is checked against
     what it sent before the engine installs it (the byte flipped right after the write)."""
     import baton.sync.checkpoint as checkpoint_module
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
 
     original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
     engine = EmbeddedEngine(make_tiny_qwen(0), srv_tokenizer)
@@ -140,7 +140,7 @@ def flip_in_transit(sync, name_index: int, fault: str) -> None:
 @pytest.mark.parametrize("fault", ["flip", "cut"])
 def test_a_corrupted_broadcast_is_refused_by_each_receiver_and_the_old_version_serves(fresh_served, make_tiny_qwen,
                                                                                      srv_tokenizer, fault):
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.sync import BroadcastSync, WeightReceiver
 
     s = fresh_served()
@@ -170,8 +170,8 @@ def test_a_corrupted_broadcast_is_refused_by_each_receiver_and_the_old_version_s
 
 def test_a_corrupted_adapter_is_refused_and_the_loaded_one_serves(tmp_path, monkeypatch):
     from baton.models.lora import adapter_config, adapter_tensors
-    from baton.rollout.embedded import EmbeddedEngine
-    from baton.rollout.protocol import SamplingParams
+    from baton.rollout.embedded.engine import EmbeddedEngine
+    from baton.protocol import SamplingParams
     from baton.rollout.server import ServerThread, build_app
     from baton.sync.lora import LoraSync
     from tests.rollout.test_lora_serving import tiny_llama, trained_peft
@@ -213,7 +213,7 @@ def test_a_corrupted_object_store_payload_is_refused_and_the_generator_keeps_its
     """`WeightsWorker.full_weights`' payload (`wire_weights`) as the generator gets it from the
     object store, one byte of a tensor flipped or a tensor missing: `weights_from_wire` refuses
     it before `load_weights` installs anything."""
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.workers.generator import weights_from_wire, wire_weights
 
     original, trainer = make_tiny_qwen(0), make_tiny_qwen(1)
@@ -243,7 +243,7 @@ def test_a_corrupted_generator_broadcast_is_refused_and_the_generator_keeps_its_
     receiver checks before it installs (`WeightReceiver.receive_checked`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.sync import BroadcastSync, WeightReceiver
     from baton.sync.group import dtype_name, plan_buckets, send_buckets, send_digests
 

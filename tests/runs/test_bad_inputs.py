@@ -123,7 +123,7 @@ def test_a_bad_data_file_is_one_line_and_exit_2_before_the_run_dir(case, tmp_pat
 
 
 def test_a_byte_order_mark_is_accepted(tmp_path):
-    from baton.data.rows import load_rows
+    from baton.data.records import load_rows
 
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + jsonl(ROW, ROW))
@@ -133,7 +133,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
 
 
 def test_identical_pairs_are_left_out_and_counted(tmp_path, caplog):
-    from baton.data.rows import load_pairs
+    from baton.data.records import load_pairs
 
     path = tmp_path / "p.jsonl"
     path.write_bytes(jsonl(PAIR, {**PAIR, "rejected": "3"}, PAIR))

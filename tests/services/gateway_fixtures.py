@@ -20,8 +20,8 @@ import torch
 
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import Completion, SamplingParams
 
 CHATML_TOOLS = (
     "{% if tools %}<|im_start|>system\n"

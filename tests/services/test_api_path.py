@@ -19,7 +19,7 @@ from baton.config import load_config
 from baton.envs import make_environment, verify
 from baton.metrics import read_metrics
 from baton.models.load import load_model, load_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app

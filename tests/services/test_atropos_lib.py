@@ -15,7 +15,7 @@ import pytest
 
 from baton.metrics import read_metrics
 from baton.models.load import load_model, load_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app
 from baton.trainers.ppo import train

@@ -31,7 +31,7 @@ import torch
 from baton.controller import ResourcePool, Worker, colocated_groups
 from baton.envs import make_environment
 from baton.models.load import load_model, load_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.remote import RemoteEngine
 from baton.rollout.server import ServerThread, build_app
 from baton.services.api import build_api_app

@@ -274,7 +274,7 @@ def test_gateway_main_process(tmp_path):
 
     from baton.models.load import load_model, load_tokenizer
     from baton.models.make import make_tiny_checkpoint
-    from baton.rollout.embedded import EmbeddedEngine
+    from baton.rollout.embedded.engine import EmbeddedEngine
     from baton.rollout.server import build_app
 
     model_dir = str(make_tiny_checkpoint(tmp_path / "tiny", preset="0.75m", seed=1))

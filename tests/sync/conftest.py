@@ -8,7 +8,7 @@ import torch
 
 from baton.models.tiny import build_tiny_model
 from baton.models.tokenizer import build_char_tokenizer
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.server import ServerThread, build_app
 
 torch.set_num_threads(1)

@@ -62,5 +62,5 @@ def test_broadcast_into_server_process(server_process, tiny_qwen):
 
 
 def remote_params():
-    from baton.rollout.protocol import SamplingParams
+    from baton.protocol import SamplingParams
     return SamplingParams(temperature=0, max_new_tokens=3)

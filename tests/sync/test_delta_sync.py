@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
+from baton.rollout.embedded.engine import EmbeddedEngine
 from baton.rollout.remote import RemoteEngine, RemoteEngineError
 from baton.sync import BroadcastSync, CheckpointSync, WeightReceiver
 from baton.sync.checkpoint import save_safetensors_atomic

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from baton.rollout.embedded import EmbeddedEngine
-from baton.rollout.protocol import SamplingParams
+from baton.rollout.embedded.engine import EmbeddedEngine
+from baton.protocol import SamplingParams
 from baton.rollout.remote import RemoteEngine
 from baton.sync import (BroadcastSync, CheckpointSync, InplaceSync, WeightReceiver, WeightSync, build_transport,
                         check_logprob_parity)

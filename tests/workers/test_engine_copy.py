@@ -45,7 +45,7 @@ def copy_matches_policy(rollout) -> bool:
 
 
 def qkv_back_to_back(rollout) -> bool:
-    """The copy is laid out for one Q|K|V matmul a layer (`baton.rollout._llama.fuse_storage`)."""
+    """The copy is laid out for one Q|K|V matmul a layer (`baton.rollout.embedded.llama.fuse_storage`)."""
     attn = rollout.engine.model.model.layers[0].self_attn
     return attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes > 0
 

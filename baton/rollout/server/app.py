@@ -100,7 +100,7 @@ len(prompts) * n objects, prompt-major (the n samples of prompt 0 first):
         "finish_reason": {"type": "stop", "matched": int} | {"type": "length", "length": int},
         "weight_version": int,
         "output_token_logprobs": [[logprob, token_id, null], ...]}}   # if return_logprob
-Logprobs follow `baton.rollout.protocol` (log_softmax(logits / T) of the chosen token);
+Logprobs follow `baton.protocol` (log_softmax(logits / T) of the chosen token);
 OpenAI `top_logprobs` (chat) and `logprobs` (completions) up to 20, as vLLM's server: the
 alternatives come from one teacher-forced forward pass (`logprobs.py`; engines
 without an in-process model and LoRA requests: a 400 above 1). `tool_choice` "required" or a
@@ -144,7 +144,7 @@ from baton.rollout.server.admin import add_admin_routes
 from baton.rollout.server.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission, WaitQueue
 from baton.rollout.server.batcher import DEFAULT_MAX_RUNNING, DEFAULT_SLICE_STEPS
 from baton.http import DEFAULT_MAX_BODY_BYTES, guarded_router, install_guards, run_uvicorn
-from baton.rollout.kv_budget import check_budget_options
+from baton.rollout.embedded.kv_budget import check_budget_options
 from baton.rollout.server.guards import check_admin_request
 from baton.rollout.server.log import RequestLog
 from baton.rollout.server.log import enable as enable_request_log

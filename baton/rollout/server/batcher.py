@@ -47,7 +47,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.protocol import Completion, SamplingParams
 
 DEFAULT_SLICE_STEPS = 16
 DEFAULT_MAX_RUNNING = 8

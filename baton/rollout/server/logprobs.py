@@ -4,7 +4,7 @@ The engine reports the chosen token's logprob only, so the alternatives come fro
 teacher-forced forward pass of prompt + completion through the served model, on the engine
 thread (between generation slices, never concurrently with a weight update): per position
 the k most likely tokens under log_softmax(logits / T) (T = 0: the raw logits), the same
-quantity as the chosen token's logprob (`baton.rollout.protocol`). The chosen token keeps
+quantity as the chosen token's logprob (`baton.protocol`). The chosen token keeps
 the engine's own number. Where vLLM's server takes the alternatives from the raw logits
 (its default `logprobs_mode`), baton takes them at the request's temperature, as its
 chosen-token logprobs are. Engines without an in-process torch model (vLLM, remote) and

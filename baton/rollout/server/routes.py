@@ -23,7 +23,7 @@ from baton.rollout.server.tools import (assistant_message, check_tools, forced_m
 from baton.rollout.server.structured import chat_grammar, constrains, generate_grammar
 from baton.rollout.server.schemas import (ChatCompletionRequest, CompletionRequest, GenerateRequest, stop_list,
                                           unsupported)
-from baton.rollout.protocol import GRAMMAR_ERROR, Completion, SamplingParams
+from baton.protocol import GRAMMAR_ERROR, Completion, SamplingParams
 
 
 MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T overflows: NaN tokens and logprobs

@@ -17,7 +17,7 @@ from baton.rollout.server.batcher import Batcher, EngineRunner
 from baton.http import APIError, BearerAuth, OffLoop, check_model
 from baton.rollout.engines import context_len
 from baton.rollout.server.guards import WeightsAllowList
-from baton.rollout.protocol import Completion, SamplingParams
+from baton.protocol import Completion, SamplingParams
 from baton.sync.broadcast import WeightReceiver
 
 DEFAULT_MAX_REQUEST_TOKENS = 65536

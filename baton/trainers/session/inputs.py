@@ -7,7 +7,7 @@ parsed and checked row by row before the model loads and before the run dir is w
     check_row_files(data, model_path, budget)        prompt rows (a DataConfig-like section)
     check_pair_files(data, model_path)               preference pairs (offline DPO, reward models)
 
-What is refused (a `baton.data.rows.DataError`: one line naming the file, the line or row,
+What is refused (a `baton.data.records.DataError`: one line naming the file, the line or row,
 and the field; the CLI exits 2): a missing file, a directory, an empty file, bytes that are
 not UTF-8, a line that is not JSON, a row that is not an object, a bad parquet file, a row
 without a prompt, an empty prompt, a row without a field its task scores against
@@ -16,14 +16,14 @@ rejected, a file whose every row is held out (nothing to train on) or none is (n
 evaluate on), and a row whose tokens plus the generation budget exceed the model's context
 (`baton.data.validate.LengthCheck`: a 50 MB row is refused by its length alone; rows are streamed). A UTF-8
 byte-order mark is accepted. Pairs with chosen == rejected are left out with a warning that
-counts them (`baton.data.rows.located_pairs`).
+counts them (`baton.data.records.located_pairs`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from baton.data.rows import DataError, located_pairs, normalize_row, read_records, render_prompt
+from baton.data.records import DataError, located_pairs, normalize_row, read_records, render_prompt
 from baton.data.validate import LengthCheck
 from baton.envs import get_task
 from baton.envs.base import row_fields

@@ -14,7 +14,7 @@ from typing import Any
 
 from baton.batch import Batch, collate
 from baton.data.prompts import PromptSampler
-from baton.data.rows import load_rows
+from baton.data.records import load_rows
 from baton.envs import configured_task, get_task
 from baton.envs.base import row_fields
 from baton.runs.rundir import RunDirError
@@ -66,7 +66,7 @@ def is_file_task(name: str) -> bool:
 
 def task_rows(data: DataConfig, target_field: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows) of `data.task`, or of the local file `data.path` (jsonl /
-    parquet in baton's, GSM8K's or verl's shape, `baton.data.rows`; chat-message prompts are
+    parquet in baton's, GSM8K's or verl's shape, `baton.data.records`; chat-message prompts are
     rendered with the tokenizer's template when sampled). A file-backed task (gsm8k) reads it
     with its own loader; any other task's verifier scores the file's rows. Held out:
     `data.eval_path`'s rows, else every 10th row of the file (never trained on). Each row

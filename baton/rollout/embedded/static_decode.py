@@ -29,10 +29,10 @@ The step (`LlamaRunner.decode_step` with a device-tensor slot) attends over all 
 unfilled ones masked (and zeroed here, so no 0 * NaN from memory an earlier call left): fixed
 shapes, no host value. It runs in one of two ways (STEPS):
   "fixed"   eagerly (a CPU; on a GPU for comparison);
-  "graph"   captured as a CUDA graph per bucket (`baton.rollout.cuda_graphs`, the only part
+  "graph"   captured as a CUDA graph per bucket (`baton.rollout.embedded.cuda_graphs`, the only part
             not run on a CPU; on a CPU "graph" runs as "fixed").
 Sampling (`sampling=`, no grammar) runs inside the step, on every bucket row, with the draws
-taken outside on the logical rows and put in their bucket rows (`baton.rollout.sampling.draw`):
+taken outside on the logical rows and put in their bucket rows (`baton.rollout.embedded.sampling.draw`):
 a seed draws the same numbers as the runner's own decode does, and each row's sampling is its
 own, so the tokens are the same. fp32 on a CPU gives the default path's tokens; logprobs differ
 by rounding only (measured <= 5e-6): SDPA sums over the masked slots too, and a matmul's
@@ -46,9 +46,9 @@ from collections.abc import Callable
 
 import torch
 
-from baton.rollout.cuda_graphs import GraphedStep
-from baton.rollout.protocol import SamplingParams
-from baton.rollout.sampling import needs_draw, sample_with
+from baton.rollout.embedded.cuda_graphs import GraphedStep
+from baton.protocol import SamplingParams
+from baton.rollout.embedded.sampling import needs_draw, sample_with
 
 STEPS = ("fixed", "graph")
 GRAPH_DEVICES = ("cuda",)  # device types whose "graph" step is captured (elsewhere it runs as "fixed")

@@ -1,5 +1,5 @@
 """A step function captured as a CUDA graph and replayed: the thin CUDA-only layer under
-`baton.rollout.static_decode`.
+`baton.rollout.embedded.static_decode`.
 
 The step must read and write only tensors whose shapes and addresses stay fixed between
 calls (a graph replays the recorded kernels on the recorded addresses) and must not sync

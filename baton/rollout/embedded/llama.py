@@ -1,6 +1,6 @@
 """Fast forward pass for Llama-family HF models (Llama incl. Llama-3's rope scaling, Qwen2,
 Qwen3, Mistral, and the mixtures of experts Qwen3-MoE and Mixtral, whose sparse MLPs run in
-`_moe.py`: FAMILIES), with a preallocated KV cache.
+`moe.py`: FAMILIES), with a preallocated KV cache.
 
 HF's own forward spends much of a small model's decode step in Python and in growing its
 cache (a `torch.cat` per layer per step). This runner reads the *same* weight tensors
@@ -10,9 +10,9 @@ and runs a lean forward:
     with left-padded prompts, so every row writes its next token to the same slot;
   * prefill in chunks of similar-length prompts (the engine sorts by length), each padded
     only to its own longest prompt, so short prompts do not pay for the longest one;
-  * RMSNorm (one kernel, `_kernels.rms_norm`), RoPE (the model's own inv_freq / attention
+  * RMSNorm (one kernel, `kernels.rms_norm`), RoPE (the model's own inv_freq / attention
     scaling, computed exactly as HF does; in decode one `bmm` for all q and k heads,
-    `_kernels.rope_matrices`), GQA, SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP
+    `kernels.rope_matrices`), GQA, SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP
     (Llama) biases, Qwen3's per-head q/k RMSNorm, Mistral's sliding window (a window
     shorter than the cache masks the older slots);
   * decode attention treats the query heads of one KV group as the "query length"
@@ -46,8 +46,8 @@ from torch.nn import functional
 from torch import nn
 
 from baton.padding import position_ids
-from baton.rollout._kernels import half_roll, rms_norm, rope_matrices
-from baton.rollout._moe import Experts, expert_pieces, experts_of, moe_forward
+from baton.rollout.embedded.kernels import half_roll, rms_norm, rope_matrices
+from baton.rollout.embedded.moe import Experts, expert_pieces, experts_of, moe_forward
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral")  # model_type values with a fast path
 WINDOWED = ("mistral", "mixtral", "qwen3_moe")  # one sliding window (config.sliding_window) for every layer
@@ -60,7 +60,7 @@ def supports(model: nn.Module) -> bool:
     """True when `model` is a plain (unwrapped, unquantized) causal LM of FAMILIES, with
     full attention in every layer (Mistral's one window for all layers included); anything
     else (other families, Qwen2/3 with sliding-window layers, other activations or RoPE
-    kinds, quantized linears) runs through its HF forward (`baton.rollout._hf`)."""
+    kinds, quantized linears) runs through its HF forward (`baton.rollout.embedded.hf`)."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in FAMILIES:
         return False
@@ -277,7 +277,7 @@ class LlamaRunner:
 
     # --- pieces ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.eps)  # one kernel; HF's values in fp32 (`_kernels`)
+        return rms_norm(x, w, self.eps)  # one kernel; HF's values in fp32 (`kernels`)
 
     def _qk(self, y: torch.Tensor, qk_w: torch.Tensor | None) -> torch.Tensor:
         """The q and k heads of the QKV output y [..., H + 2 Hk, D], before RoPE: Qwen3's
@@ -414,7 +414,7 @@ class LlamaRunner:
         advances the slot and positions.
 
         slot an int (the host's count, `decode`): attention over slots 0..slot.
-        slot a [1] long device tensor (`baton.rollout.static_decode`): over all S slots, those
+        slot a [1] long device tensor (`baton.rollout.embedded.static_decode`): over all S slots, those
         past `slot` masked (slots = arange(S)) - every shape and address fixed and no host
         value read, so the step can be captured as a CUDA graph. The two differ only in
         SDPA's summation order (fp32: a few 1e-6 in a logprob)."""

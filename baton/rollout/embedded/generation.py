@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from baton.rollout.protocol import Completion
+from baton.protocol import Completion
 
 
 class Generation:

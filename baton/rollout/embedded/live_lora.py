@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from baton.rollout import _llama
+from baton.rollout.embedded import llama
 
 
-def live_lora(model: nn.Module) -> _llama.Lora | None:
+def live_lora(model: nn.Module) -> llama.Lora | None:
     """{module path: (A, B, scale)} of a peft model's active adapter: the live tensors (no
     copy), so the engine samples from the adapters as trained so far. None when the
     adapters are disabled (`with model.disable_adapter()`)."""
     base = model.get_base_model()
-    out: _llama.Lora = {}
+    out: llama.Lora = {}
     for name, m in base.named_modules():
         if not hasattr(m, "lora_A") or not hasattr(m, "base_layer"):
             continue

@@ -2,7 +2,7 @@
 
 calculator  multi-digit multiplication with a `calc` tool; reward 1 for the exact product
             as the final answer (a turn without a tool call)
-openenv     an OpenEnv server's episodes (baton/agents/openenv_env.py; the openenv extra)
+openenv     an OpenEnv server's episodes (`openenv.py` here; the openenv extra)
 guess       guess a number in [lo, hi] (from a prompt "LO..HI=" as the task `guess` writes,
             else env_args lo / hi): the env answers "higher" / "lower" (+ env_args suffix);
             per-turn reward 0.1 for a guess consistent with all feedback so far, final
@@ -16,17 +16,15 @@ import random
 import re
 
 from baton.agents.episode import AssistantTurn, Observation, ToolEpisode
-from baton.agents.openenv_env import OpenEnvEpisode
+from baton.agents.envs.openenv import OpenEnvEpisode
 from baton.agents.tools import NONE
+from baton.registry import Registry
 
-AGENT_ENVS: dict[str, type] = {}
+AGENT_ENVS: Registry = Registry("agent env")
 
 
 def register_env(name: str):
-    def wrap(cls):
-        AGENT_ENVS[name] = cls
-        return cls
-    return wrap
+    return AGENT_ENVS.register(name)
 
 
 def calc(expr: str) -> str:

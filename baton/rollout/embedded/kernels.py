@@ -1,6 +1,6 @@
-"""The fast path's fused pieces (`baton.rollout._llama`): RMSNorm in one kernel and RoPE as
+"""The fast path's fused pieces (`baton.rollout.embedded.llama`): RMSNorm in one kernel and RoPE as
 one batched matmul, so a decode step launches few kernels a layer (issue 43; counted by
-`baton.rollout.op_count`).
+`baton.rollout.embedded.op_count`).
 
 RMSNorm: `aten._fused_rms_norm` (torch >= 2.8, CPU and CUDA kernels) is one kernel in every
 dtype, where `functional.rms_norm` decomposes into ~6 ops on a CPU and HF's module into 8

@@ -4,7 +4,7 @@ The cache argument is `cache` in transformers >= 5.2x (`past_key_values` is depr
 to go in 5.40) and `past_key_values` before; the runner uses whichever the forward takes.
 
 The fallback for architectures without a fast path (and for wrapped models such as PEFT
-adapters). Same interface as `baton.rollout._llama.LlamaRunner`: `pack`, `start`, `decode`,
+adapters). Same interface as `baton.rollout.embedded.llama.LlamaRunner`: `pack`, `start`, `decode`,
 `select`, `release`. Positions come from the attention mask (`baton.padding.position_ids`),
 so left padding gives every row the positions it would have unpadded.
 """
@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from baton.models.hf_cache import cache_kwarg, output_cache
 from baton.padding import position_ids
-from baton.rollout._llama import FAMILIES
+from baton.rollout.embedded.llama import FAMILIES
 
 
 class HFRunner:

@@ -1,7 +1,7 @@
 """Token sampling for the embedded engine: temperature, top-k, top-p, min-p, greedy.
 
 One call turns a batch of next-token logits into chosen tokens and their logprobs.
-The logprob follows the protocol convention (see `baton.rollout.protocol`): log_softmax of
+The logprob follows the protocol convention (see `baton.protocol`): log_softmax of
 logits / temperature (temperature 1 when greedy), taken *before* any filtering, so the
 trainer can recompute it from a plain forward pass.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.rollout.protocol import SamplingParams
+from baton.protocol import SamplingParams
 
 
 def filter_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -50,7 +50,7 @@ def needs_draw(params: SamplingParams) -> bool:
 def draw(rows: int, params: SamplingParams, generator: torch.Generator | None,
          device: torch.device) -> torch.Tensor | None:
     """The step's uniform draws [rows, 1] (None when `params` draws none): what `sample` draws,
-    taken apart so a captured step (`baton.rollout.static_decode`) can sample with them."""
+    taken apart so a captured step (`baton.rollout.embedded.static_decode`) can sample with them."""
     if not needs_draw(params):
         return None
     return torch.rand(rows, 1, device=device, generator=generator)

@@ -1,4 +1,4 @@
-"""The fast path's mixture-of-experts MLP (`_llama.LlamaRunner` on Qwen3-MoE / Mixtral layers).
+"""The fast path's mixture-of-experts MLP (`llama.LlamaRunner` on Qwen3-MoE / Mixtral layers).
 
 A sparse block's weights are read as transformers stacks them (`experts.gate_up_proj`
 [E, 2I, H], `experts.down_proj` [E, H, I]), transposed to [E, H, 2I] / [E, I, H] (a

@@ -1,6 +1,6 @@
 """`EmbeddedEngine`: an in-process rollout engine over an HF causal LM (pure PyTorch).
 
-It implements `baton.rollout.protocol.Engine`. Colocated training hands it the trainer's
+It implements `baton.protocol.Engine`. Colocated training hands it the trainer's
 own `nn.Module`: the engine reads its parameters afresh at the start of every `generate`
 (the fast path's fused weights are rebuilt then; nothing is cached across calls), so after
 an optimizer step the next `generate` already samples from the new policy. Generations in
@@ -27,9 +27,10 @@ How a `generate` call runs:
 (`advance(k)`), its KV cache put aside in between: `baton serve` interleaves a long
 request with short ones this way, each getting the tokens it would get alone.
 Llama, Qwen2, Qwen3, Mistral and the Qwen3-MoE / Mixtral mixtures of experts (their expert
-layers: `_moe.py`) use the fast runner in `_llama.py` (`_llama.FAMILIES`);
-every other model runs through its own HF forward (`_hf.py`). `SamplingParams.grammar`
-(structured outputs) masks the logits before each sample (`constrained.py`, llguidance); the host then looks every step.
+layers: `moe.py`) use the fast runner in `llama.py` (`llama.FAMILIES`);
+every other model runs through its own HF forward (`hf.py`). `SamplingParams.grammar`
+(structured outputs) masks the logits before each sample (`baton.rollout.constrained`,
+llguidance); the host then looks every step.
 
 LoRA: a peft model (a colocated LoRA policy) runs on the fast path over its base weights
 with its *live* adapter tensors applied at each `generate` (nothing merged, nothing copied,
@@ -48,17 +49,17 @@ import torch
 from torch import nn
 
 from baton.padding import pad_left
-from baton.rollout import _llama
-from baton.rollout._hf import HFRunner
-from baton.rollout._llama import LlamaRunner, fuse_storage
-from baton.rollout.protocol import Completion, Engine, SamplingParams
-from baton.rollout.sampling import draw, sample
-from baton.rollout.generation import Generation
-from baton.rollout.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
+from baton.rollout.embedded import llama
+from baton.rollout.embedded.hf import HFRunner
+from baton.rollout.embedded.llama import LlamaRunner, fuse_storage
+from baton.protocol import Completion, Engine, SamplingParams
+from baton.rollout.embedded.sampling import draw, sample
+from baton.rollout.embedded.generation import Generation
+from baton.rollout.embedded.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
                                      kv_bytes_per_token, token_budget)
-from baton.rollout.live_lora import live_lora
-from baton.rollout.static_decode import STEPS, DecodeGraphs, StaticDecoder
-from baton.rollout.stop_strings import StopStringMatcher
+from baton.rollout.embedded.live_lora import live_lora
+from baton.rollout.embedded.static_decode import STEPS, DecodeGraphs, StaticDecoder
+from baton.rollout.embedded.stop_strings import StopStringMatcher
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
@@ -92,14 +93,14 @@ class EmbeddedEngine(Engine):
     weight storage - `wake()` re-allocates it uninitialised and the next `update_weights`
     must refill every parameter before `generate`. A "discard" engine owns its module (a copy
     the trainer pushes weights into): on the fast path it lays each layer's Q, K, V (gate, up)
-    back to back (`_llama.fuse_storage`) when built and again on each `wake()` (which brings the
+    back to back (`llama.fuse_storage`) when built and again on each `wake()` (which brings the
     storage back one parameter at a time), so each group is one matmul with no packed copy.
 
     max_batch_tokens: a fixed KV-cache budget (tokens) per group; memory_fraction: the share
-    of the free memory a call's KV cache and sampling may take (`baton.rollout.kv_budget`).
+    of the free memory a call's KV cache and sampling may take (`baton.rollout.embedded.kv_budget`).
     At most one; neither: memory_fraction MEMORY_FRACTION.
 
-    static_decode: decode through `baton.rollout.static_decode` (bucket-sized static buffers,
+    static_decode: decode through `baton.rollout.embedded.static_decode` (bucket-sized static buffers,
     each bucket's step a CUDA graph on a GPU; on a GPU, prompts prefilled in one pass).
     None (the default): on a GPU with the fast path, off on a CPU; True: on, its step
     "graph" (run eagerly as "fixed" on a CPU); "fixed": eagerly on a GPU too. False: off.
@@ -156,20 +157,20 @@ class EmbeddedEngine(Engine):
         self.pad_token_id = pad_token_id if pad_token_id is not None else (self.eos_token_ids or [0])[0]
         self._peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
         base = model.get_base_model() if self._peft else model
-        self.runner = (LlamaRunner(base, fuse=fuse_weights) if fast and _llama.supports(base)
+        self.runner = (LlamaRunner(base, fuse=fuse_weights) if fast and llama.supports(base)
                        else HFRunner(model))
         if static_decode not in (None, True, False, *STEPS):
             raise ValueError(f"static_decode must be None, a bool or one of {STEPS}, got {static_decode!r}")
         if static_decode and not isinstance(self.runner, LlamaRunner):
             raise ValueError("static_decode needs the fast decoder path (fast=True and a plain "
-                             f"{' / '.join(_llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
+                             f"{' / '.join(llama.FAMILIES)} model); {type(base).__name__} runs through its HF forward")
         self.static_decode, self.sync_every = static_decode, sync_every
         if record_routing and not getattr(self.runner, "moe_layers", 0):
             raise ValueError("recording the experts of each token (rollout.routing_replay) needs a mixture of experts "
-                             f"on the fast path ({', '.join(_llama.FAMILIES)}); {type(base).__name__} is not one")
+                             f"on the fast path ({', '.join(llama.FAMILIES)}); {type(base).__name__} is not one")
         self.record_routing = record_routing  # each Completion's `routing` (decoded by the runner's own step)
         self.graphs = DecodeGraphs()  # static decode's buffers and CUDA graphs, kept across calls
-        self.adapters: dict[str, _llama.Lora] = {}  # served LoRA adapters by name
+        self.adapters: dict[str, llama.Lora] = {}  # served LoRA adapters by name
         self._asleep = False
         self._device = None  # the weights' device while offloaded
         self._discarded: list[tuple[torch.Tensor, torch.Size]] = []  # (param, shape) while discarded
@@ -432,7 +433,7 @@ class EmbeddedEngine(Engine):
         return self.static_decode or None
 
     # --- LoRA ---------------------------------------------------------------------------
-    def _lora_for(self, params: SamplingParams) -> _llama.Lora | None:
+    def _lora_for(self, params: SamplingParams) -> llama.Lora | None:
         """The adapter a call runs with: a served one by name, else a peft model's live one
         (the HF runner applies a peft model's adapters in its own forward)."""
         if params.lora is not None:
@@ -454,7 +455,7 @@ class EmbeddedEngine(Engine):
         config, tensors = source
         if not isinstance(self.runner, LlamaRunner):
             raise ValueError("LoRA adapters are served on the fast decoder path only (model_type one of "
-                             f"{', '.join(_llama.FAMILIES)}); this model runs through its HF forward")
+                             f"{', '.join(llama.FAMILIES)}); this model runs through its HF forward")
         if config.get("rank_pattern") or config.get("alpha_pattern"):
             raise ValueError("per-module LoRA ranks / alphas (rank_pattern, alpha_pattern) are not supported")
         r, alpha = int(config["r"]), float(config["lora_alpha"])
@@ -466,7 +467,7 @@ class EmbeddedEngine(Engine):
                 raise ValueError(f"unexpected adapter tensor {key!r}")
             pairs.setdefault(path, {})[kind[0]] = t
         known = self._linear_shapes()
-        adapter: _llama.Lora = {}
+        adapter: llama.Lora = {}
         for path, ab in pairs.items():
             if path not in known or set(ab) != {"A", "B"}:
                 raise ValueError(f"adapter tensor for {path!r}: not a linear of this model, or A/B missing")
@@ -490,8 +491,8 @@ class EmbeddedEngine(Engine):
 
     def _linear_shapes(self) -> dict[str, tuple[int, int]]:
         base = self.model.get_base_model() if self._peft else self.model
-        return {name: tuple(_llama._base(m).weight.shape) for name, m in base.named_modules()
-                if isinstance(_llama._base(m), nn.Linear)}
+        return {name: tuple(llama._base(m).weight.shape) for name, m in base.named_modules()
+                if isinstance(llama._base(m), nn.Linear)}
 
     # --- weights -----------------------------------------------------------------------
     def _param_table(self) -> dict[str, torch.Tensor]:
