@@ -367,11 +367,20 @@ def check_resume_changes(run_path: str | os.PathLike, new_config_dict: dict[str,
                for k in sorted(set(a) | set(b), key=lambda k: (k not in b, k))
                if k not in RESUMABLE_CHANGES and not _same_value(a.get(k, "(absent)"), b.get(k, "(absent)"))]
     if changes and not allow:
+        # a copied or moved run dir's config.yaml still names the dir it was made in: the hint
+        # names this one, or following it would resume (or start) the run over there
+        here = "" if _same_dir(a.get("trainer.run_dir"), run_path) else f" trainer.run_dir={Path(run_path)}"
         raise RunDirError(f"resuming {Path(run_path)} with a config that differs from its {CONFIG_FILE}: "
                           f"{'; '.join(changes)}. Set trainer.resume_changes=allow to resume with these "
                           f"changes, or put them back: `baton train {Path(run_path) / CONFIG_FILE} "
-                          f"trainer.resume=auto` resumes with the run's own config, overrides included")
+                          f"trainer.resume=auto{here}` resumes with the run's own config, overrides included")
     return changes
+
+
+def _same_dir(saved: Any, run_path: str | os.PathLike) -> bool:
+    """Whether a config.yaml's trainer.run_dir (relative to the working directory, as a run
+    reads it) is `run_path`."""
+    return isinstance(saved, str) and Path(saved).resolve() == Path(run_path).resolve()
 
 
 def file_fingerprint(path: str | os.PathLike) -> dict[str, Any]:

@@ -185,6 +185,24 @@ def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path, m
     assert rundir.check_resume_changes(tmp_path, {"model": {"path": str(tmp_path)}}, allow=False) == []
 
 
+def test_the_resume_hint_names_a_copied_run_dir_not_the_one_its_config_was_made_in(tmp_path, monkeypatch):
+    """Following the refusal's hint must resume the dir the user named: a copied run dir's
+    config.yaml still says trainer.run_dir=<the original>, and `baton train COPY/config.yaml
+    trainer.resume=auto` went on training the original (a session's re-check of issue 51)."""
+    monkeypatch.chdir(tmp_path)
+    for run in ("orig", "copy"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "config.yaml").write_text("actor:\n  lr: 0.001\ntrainer:\n  run_dir: orig\n# end of config\n")
+    changed = {"actor": {"lr": 0.01}, "trainer": {"run_dir": "ignored"}}
+    hints = {}
+    for run in ("orig", "copy"):
+        with pytest.raises(RunDirError) as err:
+            rundir.check_resume_changes(run, changed, allow=False)
+        hints[run] = str(err.value).split("put them back: ")[1]
+    assert hints["orig"].startswith("`baton train orig/config.yaml trainer.resume=auto` resumes")
+    assert hints["copy"].startswith("`baton train copy/config.yaml trainer.resume=auto trainer.run_dir=copy` resumes")
+
+
 def test_other_files_and_an_empty_checkpoints_dir_do_not_count(tmp_path):
     (tmp_path / "slurm-123.out").write_text("log")
     (tmp_path / "checkpoints").mkdir()
