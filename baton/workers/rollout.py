@@ -328,7 +328,7 @@ class RolloutWorker(Worker):
         from baton.sync.verify import held_exactly
 
         moved = dict(getattr(self.sync, "last", {}))
-        model = getattr(self.engine, "model", None)
+        model = self.engine.model  # a declared member (None: its weights live elsewhere)
         if not isinstance(model, torch.nn.Module):
             return {**moved, "sync/verified": float("nan")}
         held = dict(model.named_parameters())
