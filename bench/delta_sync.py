@@ -81,17 +81,18 @@ def run(kind: str, transport: str, delta: bool, args, tmp: Path) -> tuple[float,
     return statistics.median(b for b, _ in got[1:]), statistics.median(s for _, s in got[1:]), whole
 
 
+OPTIONS = {"size": "25m", "vocab": 32000, "reps": 4, "rank": 8, "threads": 1}  # --NAME, its default
+SMOKE = {"size": "0.75m", "vocab": 260, "reps": 1}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="25m")
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
+    for name, default in OPTIONS.items():
+        ap.add_argument(f"--{name}", type=type(default), default=default)
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
-        args.size, args.vocab, args.reps = "0.75m", 260, 1
+        vars(args).update(SMOKE)
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
     print(f"model {args.size}, vocabulary {args.vocab}; medians over {args.reps} pushes; engine in this process\n")
