@@ -31,7 +31,7 @@ import pytest
 from faults import FullDiskActor
 from runs_helpers import REPO, child_env
 
-import baton.trainers.placement.roles as placement_module
+import baton.workers.actor as actor_module
 from baton.cli import main
 from baton.controller.ray_backend import STOPPED_GRACE_S, _proc_state
 from baton.metrics import read_metrics
@@ -137,7 +137,7 @@ def test_a_full_disk_at_checkpoint_time_is_one_line(placement, tmp_path, capsys,
     process that writes it (the driver; a Ray rank): one line naming ENOSPC and the path,
     exit 1, the first checkpoint intact, no temp dir left. (Before: 25 traceback frames of a
     WorkerError wrapping the DiskFullError, under every placement.)"""
-    monkeypatch.setattr(placement_module, "ActorWorker", FullDiskActor)
+    monkeypatch.setattr(actor_module, "ActorWorker", FullDiskActor)  # ROLES["actor"] names it by module:Class
     run = tmp_path / "run"
     assert main(argv(placement, run, "trainer.steps=2", "trainer.save_every=1")) == 1
     line = one_line(capsys.readouterr().err, "baton:")
