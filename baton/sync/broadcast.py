@@ -40,9 +40,8 @@ from typing import Iterable, Sequence
 import torch
 
 from baton.sync.backend import End, choose_backend, end_of
-from baton.sync.delta import (Held, StaleBase, check_base, installed_as, nbytes, receiver_version, stale_refusal,
-                              takes_delta, weights_id)
-from baton.sync.digest import WeightDigestError, check_digests, digests as digests_of, staged
+from baton.sync.delta import Held, StaleBase, check_base, installed_as, weights_id
+from baton.sync.digest import WeightDigestError, check_digests, staged
 from baton.sync.group import (DEFAULT_GROUP_NAME, WeightUpdateGroup, drain, dtype_name, gather_buckets,
                               parse_dtype, plan_buckets, receive_buckets, receive_digests, send_buckets)
 
@@ -238,28 +237,11 @@ class BroadcastSync:
         """Broadcast the weights as `version`: only the tensors changed since the version every
         engine serves (`baton.sync.delta`; all of them otherwise, or with `delta=False`), with
         their digests; `last` says what moved ("sync/bytes", "sync/seconds", "sync/tensors")."""
-        t0 = time.perf_counter()
         named = [(n, t if self.cast_dtype is None else t.to(self.cast_dtype)) for n, t in named_params]
         if self._broken is not None:
             raise RuntimeError(f"weight update group is broken by an earlier failure ({self._broken}); "
                                "close this BroadcastSync and create a new one")
-        every = digests_of(named)  # each engine checks what arrived against these before installing
-        sizes = {n: nbytes(t) for n, t in named}
-        delta = self.held.enabled and all(takes_delta(e) for e in self.engines)
-        keep = self.held.to_send(every, sizes, [receiver_version(e) for e in self.engines]) if delta else None
-        keep = None if keep is None else set(keep)
-        try:
-            self._push([(n, t) for n, t in named if keep is None or n in keep], every, version,
-                       None if keep is None else self.held.id)
-        except BaseException as exc:
-            self.held.forget()  # the engines' state is not known: the next push is whole
-            if keep is None or not stale_refusal(exc):
-                raise
-            keep = None
-            self._push(named, every, version, None)  # an engine moved since we asked: whole, once
-        self.held.installed(version, every)
-        self.last = {"sync/bytes": float(sum(sizes[n] for n in (keep or sizes))),
-                     "sync/seconds": time.perf_counter() - t0, "sync/tensors": float(len(keep or sizes))}
+        self.last = self.held.push(self.engines, named, version, self._push)
 
     def _push(self, named: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
               base_weights: str | None) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -25,9 +24,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from baton.sync.delta import (Held, check_base, installed_as, nbytes, receiver_version, stale_refusal, takes_delta,
-                              weights_id)
-from baton.sync.digest import check_digests, digests
+from baton.sync.delta import Held, check_base, installed_as, weights_id
+from baton.sync.digest import check_digests
 
 
 
@@ -88,30 +86,13 @@ class CheckpointSync:
         every tensor it read against the digest of what was written (`baton.sync.digest`) and
         the delta's base against the version it serves: a file cut or corrupted on its way is
         refused naming the tensor, the old version kept."""
-        t0 = time.perf_counter()
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_params]
-        every = digests(tensors)
-        sizes = {n: nbytes(t) for n, t in tensors}
-        delta = self.held.enabled and all(takes_delta(e) for e in self.engines)
-        keep = self.held.to_send(every, sizes, [receiver_version(e) for e in self.engines]) if delta else None
-        try:
-            sent = self._push(tensors, every, version, keep)
-        except BaseException as exc:
-            self.held.forget()  # the receivers' state is not known: the next push is whole
-            if keep is None or not stale_refusal(exc):
-                raise
-            sent = self._push(tensors, every, version, None)  # an engine moved since we asked: whole, once
-        self.held.installed(version, every)
-        self.last = {"sync/bytes": float(sum(sizes[n] for n in sent)), "sync/seconds": time.perf_counter() - t0,
-                     "sync/tensors": float(len(sent))}
+        self.last = self.held.push(self.engines, tensors, version, self._push)
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], every: dict[str, str], version: int,
-              keep: list[str] | None) -> dict[str, str]:
-        """Write `tensors` (those in `keep`: a delta on `held.id`) and have every engine
-        load them; returns the digests of what was sent."""
-        base = None if keep is None else self.held.id
-        if keep is not None:
-            tensors = [(n, t) for n, t in tensors if n in set(keep)]
+              base: str | None) -> None:
+        """Write `tensors` (a delta on the weights `base` names; None: all of them) and have
+        every engine load them."""
         sent = {n: every[n] for n, _ in tensors}
         path = save_safetensors_atomic(tensors, self.directory / f"weights-v{version}.safetensors")
         if path not in self._written:
@@ -127,7 +108,6 @@ class CheckpointSync:
                 check_base(engine, base)
                 engine.update_weights(iter_safetensors(path), version)
                 installed_as(engine, weights_id(every))
-        return sent
 
     def close(self) -> None:
         for p in self._written:

@@ -23,9 +23,12 @@ model once. A delta is never applied on top of other weights.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import torch
+
+from baton.sync.digest import digests
 
 
 class StaleBase(ValueError):
@@ -88,6 +91,35 @@ class Held:
             return None
         changed = [n for n, d in sent.items() if self.digests[n] != d]
         return changed or [min(sent, key=lambda n: sizes[n])]
+
+    def push(self, engines: Sequence[Any], named: list[tuple[str, torch.Tensor]], version: int,
+             send: Callable[[list[tuple[str, torch.Tensor]], dict[str, str], int, str | None], None]
+             ) -> dict[str, float]:
+        """One push of `named` as `version` to `engines` through the transport's
+        `send(tensors, digests of all, version, base)`: only the tensors changed since what every
+        engine holds (a delta on `self.id`, the base) when all take deltas, else all (base
+        None); a delta refused as stale is sent whole, once. Returns what moved (sync/bytes,
+        sync/seconds, sync/tensors: the transport's `last`)."""
+        t0 = time.perf_counter()
+        every = digests(named)  # each engine checks what arrived against these before installing
+        sizes = {n: nbytes(t) for n, t in named}
+        keep = None
+        if self.enabled and all(takes_delta(e) for e in engines):
+            keep = self.to_send(every, sizes, [receiver_version(e) for e in engines])
+        keep = None if keep is None else set(keep)
+        try:
+            send([(n, t) for n, t in named if keep is None or n in keep], every, version,
+                 None if keep is None else self.id)
+        except BaseException as exc:
+            self.forget()  # the engines' state is not known: the next push is whole
+            if keep is None or not stale_refusal(exc):
+                raise
+            keep = None
+            send(named, every, version, None)  # an engine moved since we asked: whole, once
+        self.installed(version, every)
+        moved = sizes if keep is None else keep
+        return {"sync/bytes": float(sum(sizes[n] for n in moved)), "sync/seconds": time.perf_counter() - t0,
+                "sync/tensors": float(len(moved))}
 
     def installed(self, version: int, sent: dict[str, str]) -> None:
         self.version, self.digests, self.id = version, dict(sent), weights_id(sent)
