@@ -29,6 +29,15 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.storage_offset() == b.storage_offset())
 
 
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """{name: tensor} of a module's parameters and buffers, tied aliases included
+    (`state_dict` keeps `lm_head.weight`, which `named_parameters` drops)."""
+    table = dict(module.named_parameters())
+    for name, t in module.state_dict(keep_vars=True).items():
+        table.setdefault(name, t)
+    return table
+
+
 def held_exactly(engine_tensors: Mapping[str, torch.Tensor],
                  trainer_named: Iterable[tuple[str, torch.Tensor]]) -> tuple[bool, str | None]:
     """(True, None) when every trainer tensor is held by the engine byte for byte, else

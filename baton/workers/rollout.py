@@ -325,15 +325,13 @@ class RolloutWorker(Worker):
         the policy's weights (`baton.sync.verify.held_exactly`), else 0.0 (every rank takes
         part: a sharded actor's weights are gathered); NaN for an engine whose weights are not
         torch tensors here (vLLM): not known."""
-        from baton.sync.verify import held_exactly
+        from baton.sync.verify import held_exactly, module_tensors
 
         moved = dict(getattr(self.sync, "last", {}))
         model = self.engine.model  # a declared member (None: its weights live elsewhere)
         if not isinstance(model, torch.nn.Module):
             return {**moved, "sync/verified": float("nan")}
-        held = dict(model.named_parameters())
-        held.update(model.state_dict(keep_vars=True))  # tied aliases (lm_head.weight)
-        return {**moved, "sync/verified": float(held_exactly(held, self.policy.named_weights())[0])}
+        return {**moved, "sync/verified": float(held_exactly(module_tensors(model), self.policy.named_weights())[0])}
 
     @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
     def evaluate(self, rows: list[dict], greedy: bool) -> dict[str, float]:

@@ -60,6 +60,7 @@ from baton.rollout.embedded.kv_budget import (MEMORY_FRACTION, check_budget_opti
 from baton.rollout.embedded.live_lora import live_lora
 from baton.rollout.embedded.static_decode import STEPS, DecodeGraphs, StaticDecoder
 from baton.rollout.embedded.stop_strings import StopStringMatcher
+from baton.sync.verify import module_tensors
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
@@ -495,13 +496,6 @@ class EmbeddedEngine(Engine):
                 if isinstance(llama._base(m), nn.Linear)}
 
     # --- weights -----------------------------------------------------------------------
-    def _param_table(self) -> dict[str, torch.Tensor]:
-        # state_dict keeps tied aliases (lm_head.weight), which named_parameters drops
-        table = dict(self.model.named_parameters())
-        for name, t in self.model.state_dict(keep_vars=True).items():
-            table.setdefault(name, t)
-        return table
-
     @property
     def holds_weights(self) -> bool:
         """Every parameter holds what was last installed (none discarded by `sleep` and not
@@ -514,7 +508,7 @@ class EmbeddedEngine(Engine):
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy (name, tensor) pairs into the model's parameters in place."""
-        table = self._param_table()
+        table = module_tensors(self.model)
         with torch.no_grad():
             for name, tensor in weights:
                 target = table.get(name)
