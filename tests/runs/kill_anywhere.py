@@ -5,7 +5,7 @@ compared with an uninterrupted run's by the tests (tests/runs/test_kill_anywhere
 
     kills = train_killed(argv, run_dir, when=after_new_step(run_dir, rng), kills=5)
 
-`when(n)` returns a callable that says when kill n is due: a drawn number of new steps' lines
+`when(n, proc)` returns a callable that says when kill n of the trainer `proc` is due: a drawn number of new steps' lines
 since the last (re)start (so every life trains), then a seeded random delay (any moment of a step: the
 rollout, the update, the checkpoint), or an event of the services (the API has handed out a
 batch). Nothing asserted depends on when a kill lands: every moment must be survivable.
@@ -54,10 +54,10 @@ def baton_train(argv: list[str], cwd: Path, log) -> subprocess.Popen:
 
 
 def after_new_step(run_dir: Path, rng: random.Random, max_delay_s: float = 0.3,
-                   span: int = 2) -> Callable[[int], Callable[[], bool]]:
+                   span: int = 2) -> Callable[[int, subprocess.Popen], Callable[[], bool]]:
     """Kill n is due once the run logged 1..`span` (drawn) steps since its start, plus a drawn
     delay of up to `max_delay_s` (within the next step: the rollout, the update, the checkpoint)."""
-    def when(n: int) -> Callable[[], bool]:
+    def when(n: int, proc: subprocess.Popen) -> Callable[[], bool]:
         target, delay, seen = last_step(run_dir) + rng.randint(1, span), rng.uniform(0.0, max_delay_s), []
 
         def due() -> bool:
@@ -68,7 +68,7 @@ def after_new_step(run_dir: Path, rng: random.Random, max_delay_s: float = 0.3,
     return when
 
 
-def train_killed(argv: list[str], run_dir: Path, when: Callable[[int], Callable[[], bool]], kills: int,
+def train_killed(argv: list[str], run_dir: Path, when: Callable[[int, subprocess.Popen], Callable[[], bool]], kills: int,
                  steps: int) -> list[int]:
     """Run `baton train ARGV trainer.resume=auto`, SIGKILL it at `when(n)` (n < `kills`; a
     life that ends first is not killed), resuming each time until it ends; returns the last
@@ -78,7 +78,7 @@ def train_killed(argv: list[str], run_dir: Path, when: Callable[[int], Callable[
     while True:
         with open(err, "a") as log:
             proc = baton_train([*argv, "trainer.resume=auto"], run_dir.parent, log)
-        due = when(n) if n < kills else (lambda: False)
+        due = when(n, proc) if n < kills else (lambda: False)
         deadline = time.monotonic() + EVENT_S
         while proc.poll() is None and not due():
             if time.monotonic() > deadline:

@@ -72,8 +72,8 @@ def test_embedded_sync_path_five_kills(tmp_path):
 # --- the services path ------------------------------------------------------------------
 class Services:
     """`baton api` (a queue of 8 groups), `baton serve` and one `baton env` feeding it: each a
-    process of its own, none killed with the trainer. `restart(name)` SIGKILLs one ("api",
-    "serve", "env") and starts it again as it was (the API on the same `--db` and port)."""
+    process of its own, none killed with the trainer. `kill(name)` SIGKILLs one ("api",
+    "serve", "env"), `start(name)` starts it again as it was (the API on the same `--db` and port)."""
 
     def __init__(self, tmp: Path, name: str):
         from runs_helpers import child_env
@@ -95,18 +95,14 @@ class Services:
         if kind in self.health:
             wait_http(self.health[kind], timeout=120)
 
-    def kill(self, kind: str) -> None:
+    def kill(self, kind: str, expect_alive: bool = False) -> None:
         import os
 
         p = self.procs[kind]
+        assert not expect_alive or p.poll() is None, f"{kind} exited before its kill: {self.argv[kind]}"
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(30)
-
-    def restart(self, kind: str) -> None:
-        assert self.procs[kind].poll() is None, f"{kind} exited before its kill: {self.argv[kind]}"
-        self.kill(kind)
-        self.start(kind)
 
     def batches_handed_out(self) -> int:
         return int(httpx.get(f"{self.url}/status", timeout=30).json().get("current_step") or 0)
@@ -150,7 +146,7 @@ def test_api_source_one_kill_between_checkpoints(tmp_path):
     trained, not in it; the trainer of 48c715e had acknowledged it with that request, and
     lost it): batches 5 and 6 are served again, the same groups, and nothing else is."""
     def when(run_dir, services):
-        return lambda n: (lambda: n == 0 and services.batches_handed_out() >= 6)
+        return lambda n, _proc: (lambda: n == 0 and services.batches_handed_out() >= 6)
     check_api(tmp_path, steps=8, save_every=4, kills=1, when=when, compare=False)
 
 

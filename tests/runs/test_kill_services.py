@@ -11,13 +11,16 @@ groups oldest first, each once (no group lost, none trained twice).
 The restarted env starts its own prompt stream again (`--seed 0`): the API's groups, not
 the env's prompts, are what the ledger counts (an env keeps no position of its own). All
 slow: four processes, two trainer lives (1.5-3 min each on 2 busy cores). The moments are
-drawn from a printed seed (BATON_KILL_SEED=N replays one). The long form: five lives, each
+drawn from a printed seed (BATON_KILL_SEED=N replays one). The long form: six lives, each
 with a service killed and restarted (env, api, serve, api, env) and then the trainer.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,21 +30,41 @@ from test_kill_anywhere import Services, api_argv
 
 
 def services_then_trainer(run_dir: Path, services: Services, kinds: list[str], rng: random.Random):
-    """Kill n of the trainer (n < len(kinds)) is due one step after service `kinds[n]` was
-    killed and restarted, which is once the life logged 1-2 new steps plus a drawn delay."""
-    def when(n: int):
+    """Kill n of the trainer (n < len(kinds)) comes just after service `kinds[n]` was killed and
+    started again. The service is killed once the life logged 1-2 new steps plus a drawn 0-0.2 s;
+    the trainer runs on beside the dead service for a drawn 0.1-0.5 s (a failed pull, an env whose
+    generation fails), and is then paused (SIGSTOP) while the service starts again: a start takes
+    5-120 s here, the trainer would otherwise finish every step from the API's queue first (CI,
+    cd9dabf) and never be killed. It is resumed (SIGCONT) once the service answers, and killed
+    a drawn 0-0.2 s later. Every wait is on the harness's own clock, none on a step: a step
+    from the API's queue takes ~0.1 s here, the queue holds 4 steps, and a starved harness sees
+    steps late, so the run has room for 14 steps past the target (16 in all)."""
+    def when(n: int, proc: subprocess.Popen):
         if n >= len(kinds):
             return lambda: False
-        target, delay, state = last_step(run_dir) + rng.randint(1, 2), rng.uniform(0.0, 0.5), {}
-        print(f"life {n}: {kinds[n]} killed after step {target} + {delay:.2f} s")
+        target, delay, state = last_step(run_dir) + rng.randint(1, 2), rng.uniform(0.0, 0.2), {}
+        dead_s, then_s = rng.uniform(0.1, 0.5), rng.uniform(0.0, 0.2)
+        print(f"life {n}: {kinds[n]} killed after step {target} + {delay:.2f} s, dead {dead_s:.2f} s, "
+              f"the trainer killed {then_s:.2f} s after it is back")
 
         def due() -> bool:
-            step = last_step(run_dir)
-            if "restarted" in state:
-                return step > state["restarted"]
-            if step >= target and time.monotonic() - state.setdefault("seen", time.monotonic()) >= delay:
-                services.restart(kinds[n])
-                state["restarted"] = step
+            now = time.monotonic()
+            if "back" in state:
+                return now - state["back"] >= then_s
+            if "killed" in state:
+                if now - state["killed"] >= dead_s:
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                    try:
+                        services.start(kinds[n])
+                    finally:
+                        os.killpg(proc.pid, signal.SIGCONT)
+                    state["back"] = time.monotonic()
+                    print(f"life {n}: {kinds[n]} back at step {last_step(run_dir)}")
+                return False
+            if last_step(run_dir) >= target and now - state.setdefault("seen", now) >= delay:
+                services.kill(kinds[n], expect_alive=True)
+                state["killed"] = time.monotonic()
+                print(f"life {n}: {kinds[n]} killed at step {last_step(run_dir)}")
             return False
         return due
     return when
@@ -65,10 +88,10 @@ def check_services(tmp_path: Path, kinds: list[str], steps: int, save_every: int
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["env", "api", "serve"])
 def test_a_killed_service_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_path, kind):
-    check_services(tmp_path, [kind], steps=8, save_every=3)
+    check_services(tmp_path, [kind], steps=16, save_every=3)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_five_service_kills_each_followed_by_a_trainer_kill(tmp_path):
-    check_services(tmp_path, ["env", "api", "serve", "api", "env"], steps=28, save_every=3)
+    check_services(tmp_path, ["env", "api", "serve", "api", "env"], steps=60, save_every=3)
