@@ -12,6 +12,8 @@ uninterrupted run's.
               timing, and a step's groups are in the order their sessions finished (seen:
               5 of 14 steps in another order after 5 kills); the prompts each step trains
               are the sampler's and so must be equal
+    *-ahead   the same with trainer.mode=one_step_off: the episodes of step s+1 run in the
+              generator (on Ray) while step s trains; the checkpoint holds the admitted rows
 
 All slow: one kill takes 2 min (agent) and 2.5 min (gateway) on 2 busy cores (an
 uninterrupted run and the killed run's lives, each a `baton train` process that loads a
@@ -35,7 +37,9 @@ GATEWAY = [str(REPO / "recipes/agent_calculator.yaml"), *SMALL, "data.source=gat
 pytest.importorskip("openai")
 
 
-PATHS = {"agent": (AGENT, True), "gateway": (GATEWAY, False)}  # (argv, every step's metrics equal)
+PATHS = {"agent": (AGENT, True), "gateway": (GATEWAY, False),  # (argv, every step's metrics equal)
+         "agent-ahead": ([*AGENT, "trainer.mode=one_step_off"], True),
+         "gateway-ahead": ([*GATEWAY, "trainer.mode=one_step_off"], False)}
 
 
 KILLS = {1: dict(steps=5, save_every=2, span=3), 5: dict(steps=14, save_every=3, span=1)}  # the run for k kills

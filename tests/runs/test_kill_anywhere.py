@@ -3,11 +3,13 @@
 uninterrupted run's, and where placement is deterministic so does every step's metrics line.
 
     embedded    the colocated synchronous path (placement.auto=false, one process)
-    generator   trainer.mode=one_step_off: the generator ahead, a process on Ray
+    generator   trainer.mode=one_step_off: the generator ahead, a process on Ray; and
+                trainer.mode=async with trainer.max_staleness=2 (up to two steps ahead)
     api         `baton api` + a `baton env` service feeding it (samples from a server kept at
                 the start-up weights: data.servers=[]), trainer.save_every > 1
 
-Short forms (default run): one kill each (~1.5 min each on 2 busy cores). The API's falls where the issue's loss was: once
+Short forms: one kill each (~1-1.5 min each on 2 busy cores), embedded and API in the default
+run, the generator's (Ray in every life) marked slow and run by `.ci/run`. The API's falls where the issue's loss was: once
 the API has handed out the batch two steps past a checkpoint (the trainer of 48c715e had
 acknowledged the one before it with that request; resumed from the checkpoint it never saw
 that batch again). Long forms (slow): five kills at random moments from a printed seed
@@ -56,6 +58,22 @@ def test_generator_ahead_one_kill(tmp_path):
     trains step s; the checkpoint holds the rows admitted ahead. Killed (the driver's group:
     Ray's processes die with it) and resumed: the same prompts, seeds and metrics."""
     check_embedded(tmp_path, steps=6, save_every=4, kills=1, span=4, extra=("trainer.mode=one_step_off",))
+
+
+@pytest.mark.slow  # 6-10 min on 2 busy cores: six lives, each starting Ray
+@pytest.mark.timeout(1800)
+def test_generator_ahead_five_kills(tmp_path):
+    check_embedded(tmp_path, steps=16, save_every=3, kills=5, span=1, extra=("trainer.mode=one_step_off",))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("kills", [1, 5])
+def test_async_generator_two_steps_ahead(tmp_path, kills):
+    """trainer.mode=async with trainer.max_staleness=2: the generator runs up to two steps
+    ahead, so a checkpoint holds the rows of two admitted steps, sampled by older versions."""
+    check_embedded(tmp_path, steps=16 if kills > 1 else 7, save_every=3, kills=kills, span=1 if kills > 1 else 3,
+                   extra=("trainer.mode=async", "trainer.max_staleness=2"))
 
 
 @pytest.mark.timeout(900)
