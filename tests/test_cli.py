@@ -2,7 +2,10 @@
 anything is written; what a user asks of the command line (key help, the resolved config,
 eval on a file or a LoRA checkpoint, Ctrl-C) answers in a line or a listing."""
 
+import io
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -120,6 +123,32 @@ def test_config_resolves_the_algorithm_as_train_does(capsys):
     line and exit 2 (it was a ValueError's traceback, exit 1)."""
     _one_line_exit_2(["config", "recipes/grpo_arithmetic.yaml", "algorithm=nope"], capsys,
                      "algorithm='nope' is not one of")
+
+
+WATCHED: dict[str, int] = {}  # file name -> opens seen, for the files a test watches
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and isinstance(args[0], (str, Path)) and Path(args[0]).name in WATCHED:
+        WATCHED[Path(args[0]).name] += 1
+
+
+sys.addaudithook(_count_opens)  # every open in this process, by any API (audit hooks stay installed)
+
+
+def test_build_recipe_reads_the_recipe_once(tmp_path):
+    """`build_recipe` (train, config, baton.train) names the algorithm and builds the config
+    from one read of the recipe file (it read it twice: once for `algorithm:`)."""
+    from baton.trainers.run_recipe import build_recipe
+
+    recipe = tmp_path / "once_sft.yaml"
+    recipe.write_text(Path("recipes/sft_arithmetic.yaml").read_text())
+    WATCHED[recipe.name] = 0
+    try:
+        name, cfg = build_recipe(str(recipe), [], say=io.StringIO())
+        assert (name, WATCHED[recipe.name]) == ("sft", 1)
+    finally:
+        del WATCHED[recipe.name]
 
 
 def test_make_tiny_unknown_preset_lists_the_presets(tmp_path, capsys):
