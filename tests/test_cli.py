@@ -67,11 +67,23 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys):
         assert not run_dir.exists(), f"{override} wrote {run_dir}"
 
 
-def test_a_finished_run_dir_is_one_line_and_exit_1(tmp_path, capsys):
+def _tree(d):
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+def test_a_run_dir_holding_a_run_is_bad_input_exit_2_nothing_written(tmp_path, capsys):
+    """Neither trainer.resume nor trainer.overwrite set on a dir that holds a run: a config
+    error (exit 2, it was 1), one line naming both switches, and the dir as it was (the lock
+    file a finished run leaves included)."""
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
-    assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 1
+    (tmp_path / "config.yaml").write_text("trainer: {steps: 1}\n")
+    (tmp_path / ".lock").write_text("")
+    before = _tree(tmp_path)
+    assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert "already holds a run" in err and "trainer.resume=auto" in err and err.count("\n") == 1
+    assert err.startswith("baton: config error: run dir") and err.count("\n") == 1, err
+    assert "already holds a run" in err and "trainer.resume=auto" in err and "trainer.overwrite=true" in err
+    assert _tree(tmp_path) == before
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ARTIFACTS", "LOCK_FILE", "MARKERS", "RESUMABLE_CHANGES", "PreparedRun", "RunDirBusy", "RunDirError",
-    "RunDirLock", "RunFinished", "check_data_unchanged", "check_resume_changes", "cleanup_interrupted", "last_step", "prepare_run_dir",
+    "RunDirLock", "RunDirTaken", "RunFinished", "check_data_unchanged", "check_resume_changes", "cleanup_interrupted", "last_step", "prepare_run_dir",
 ]
 
 LOCK_FILE = ".lock"
@@ -74,6 +74,11 @@ _TMP_FILE = re.compile(rf"({re.escape(METRICS_FILE)}|{re.escape(CONFIG_FILE)})\.
 
 class RunDirError(RuntimeError):
     """The run dir cannot be used as asked; the message says why and what to set."""
+
+
+class RunDirTaken(RunDirError):
+    """The run dir holds another run and the config says neither to resume it nor to
+    discard it: bad input (the CLI's exit 2), refused before anything of the run is written."""
 
 
 class RunDirBusy(RunDirError):
@@ -514,7 +519,7 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
             moved = _move_to_previous(d)
             run.notices.append(f"{d} held a run that never trained a step: reusing it (its files moved to {moved})")
         elif _holds_run(d) and resume == "":
-            raise RunDirError(
+            raise RunDirTaken(
                 f"run dir {d} already holds a run: {_describe_contents(d)}. To continue it set "
                 f"trainer.resume=auto; to discard it and start over set trainer.overwrite=true; or "
                 f"choose another trainer.run_dir.")
@@ -547,7 +552,7 @@ def prepare_run_dir(path: str | os.PathLike, *, resume: str | None = "", overwri
             if reason is not None:
                 raise RunDirError(f"trainer.resume={resume}: not a complete checkpoint: {reason}")
             if not overwrite and _holds_run(d) and not _inside(ckpt_path, d / CHECKPOINTS_DIR):
-                raise RunDirError(
+                raise RunDirTaken(
                     f"run dir {d} holds another run ({_describe_contents(d)}) and trainer.resume="
                     f"{resume} is not one of its checkpoints: the two runs' metrics would mix. Set "
                     f"trainer.overwrite=true to discard it, or choose another trainer.run_dir.")
