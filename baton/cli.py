@@ -17,8 +17,9 @@
     baton ledger RUN_DIR [OTHER_RUN_DIR]             what each step trained (prompts, API groups,
                                                      seeds); two run dirs: compared (exit 1: differ)
 
-A config error (unknown key, wrong type, a missing model dir or metric-sink package) prints
-one line naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
+A config error (unknown key, wrong type, a missing model dir or metric-sink package, a run dir
+holding another run with neither trainer.resume nor trainer.overwrite set) prints one line
+naming the key and exits with 2, before anything is written. Ctrl-C and SIGTERM
 finish the step in progress, save it and print one line naming it and `trainer.resume=auto`
 (exit 130 / 143; a second one stops at once); a worker process that dies or stops is one
 line naming it (exit 1). `trainer.resume=auto` on a run
@@ -386,11 +387,11 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
     from baton.runs.checkpoints import DiskFullError
     from baton.runs.fsutil import YAMLFileError
     from baton.runs.metrics_log import MetricsLogError
-    from baton.runs.rundir import RunDirError, RunFinished
+    from baton.runs.rundir import RunDirError, RunDirTaken, RunFinished
     from baton.sources.episodes import AgentFailureError
     from baton.trainers.session.run import Preempted, RewardFailureError
 
-    # busy/finished run dir; bad training; rewards or agents failing step after step; disk full
+    # a busy or unusable run dir; bad training; rewards or agents failing step after step; disk full
     one_line = (RunDirError, FloatingPointError, RewardFailureError, AgentFailureError, DiskFullError)
     if isinstance(e, RunFinished):  # resume=auto on a finished run: nothing to do is not a failure
         return f"baton: {e}", 0
@@ -400,7 +401,7 @@ def _failure(e: BaseException, argv: list[str]) -> tuple[str, int] | None:
         return f"baton: error: {e}", 2
     if isinstance(e, DataError):  # a data file's row: named with its file, line and field
         return f"baton: data error: {e}", 2
-    if isinstance(e, (ModelLoadError, ConfigError)):
+    if isinstance(e, (ModelLoadError, ConfigError, RunDirTaken)):  # RunDirTaken: resume or overwrite unset
         return f"baton: config error: {e}", 2
     if isinstance(e, Preempted):  # SIGTERM / Ctrl-C: the last step saved, exit as a process ended by it does
         return f"baton: {e}", 128 + e.signum

@@ -24,7 +24,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 import yaml
 
@@ -138,10 +138,19 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+# config class -> the step loading ends with (it returns the finished config, a copy): the
+# one place it happens, so a config loaded in Python (a test, `baton.train`) is finished as
+# `baton train`'s is. PPOConfig registers its generator's placement (ppo_config.py).
+LOAD_STEPS: dict[type, Callable[[Any], Any]] = {}
+
+
 def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> Any:
-    """Build `cls` from a YAML file (or a dict) plus `key.sub=value` overrides."""
-    return _build(cls, merge_recipe(path, overrides, data))
+    """Build `cls` from a YAML file (or a dict) plus `key.sub=value` overrides, then its
+    load step (`LOAD_STEPS`), if the class registered one."""
+    cfg = _build(cls, merge_recipe(path, overrides, data))
+    step = LOAD_STEPS.get(cls)
+    return step(cfg) if step else cfg
 
 
 def merge_recipe(path: str | Path | None = None, overrides: list[str] | None = None,

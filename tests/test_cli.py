@@ -2,7 +2,10 @@
 anything is written; what a user asks of the command line (key help, the resolved config,
 eval on a file or a LoRA checkpoint, Ctrl-C) answers in a line or a listing."""
 
+import io
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,11 +67,23 @@ def test_bad_configs_exit_2_before_writing_anything(tmp_path, capsys):
         assert not run_dir.exists(), f"{override} wrote {run_dir}"
 
 
-def test_a_finished_run_dir_is_one_line_and_exit_1(tmp_path, capsys):
+def _tree(d):
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+def test_a_run_dir_holding_a_run_is_bad_input_exit_2_nothing_written(tmp_path, capsys):
+    """Neither trainer.resume nor trainer.overwrite set on a dir that holds a run: a config
+    error (exit 2, it was 1), one line naming both switches, and the dir as it was (the lock
+    file a finished run leaves included)."""
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
-    assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 1
+    (tmp_path / "config.yaml").write_text("trainer: {steps: 1}\n")
+    (tmp_path / ".lock").write_text("")
+    before = _tree(tmp_path)
+    assert main(["train", "recipes/grpo_arithmetic.yaml", f"trainer.run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert "already holds a run" in err and "trainer.resume=auto" in err and err.count("\n") == 1
+    assert err.startswith("baton: config error: run dir") and err.count("\n") == 1, err
+    assert "already holds a run" in err and "trainer.resume=auto" in err and "trainer.overwrite=true" in err
+    assert _tree(tmp_path) == before
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +135,32 @@ def test_config_resolves_the_algorithm_as_train_does(capsys):
     line and exit 2 (it was a ValueError's traceback, exit 1)."""
     _one_line_exit_2(["config", "recipes/grpo_arithmetic.yaml", "algorithm=nope"], capsys,
                      "algorithm='nope' is not one of")
+
+
+WATCHED: dict[str, int] = {}  # file name -> opens seen, for the files a test watches
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and isinstance(args[0], (str, Path)) and Path(args[0]).name in WATCHED:
+        WATCHED[Path(args[0]).name] += 1
+
+
+sys.addaudithook(_count_opens)  # every open in this process, by any API (audit hooks stay installed)
+
+
+def test_build_recipe_reads_the_recipe_once(tmp_path):
+    """`build_recipe` (train, config, baton.train) names the algorithm and builds the config
+    from one read of the recipe file (it read it twice: once for `algorithm:`)."""
+    from baton.trainers.run_recipe import build_recipe
+
+    recipe = tmp_path / "once_sft.yaml"
+    recipe.write_text(Path("recipes/sft_arithmetic.yaml").read_text())
+    WATCHED[recipe.name] = 0
+    try:
+        name, cfg = build_recipe(str(recipe), [], say=io.StringIO())
+        assert (name, WATCHED[recipe.name]) == ("sft", 1)
+    finally:
+        del WATCHED[recipe.name]
 
 
 def test_make_tiny_unknown_preset_lists_the_presets(tmp_path, capsys):

@@ -49,7 +49,8 @@ AUTO_ENV = "BATON_PLACEMENT_AUTO"  # "0": placement.auto is off unless a recipe 
 def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = None,
                 data: dict[str, Any] | None = None) -> Any:
     """The algorithm's config from a recipe and dotted overrides, placed: a generator ahead on
-    a pool of its own (`baton.trainers.placement.generator`), and `placement.auto`
+    a pool of its own (`baton.trainers.placement.generator`, load_config's step for the PPO
+    family: `baton.config.LOAD_STEPS`), and `placement.auto`
     applied: the machine's choice of devices, ranks and threads for whatever the recipe left
     unset (`baton.trainers.placement.auto`), printed in one line; what it decided becomes
     explicit keys (and `placement.auto` false), so config.yaml and a resume hold the choice.
@@ -65,14 +66,6 @@ def load_recipe(name: str, recipe: str | None, overrides: list[str], say: Any = 
     instead of choosing again. `say` is where the line goes (a text stream; stdout by default:
     `baton config` sends it to stderr). `data`: sections (a mapping, as a recipe file holds
     them) over the recipe file's, before the overrides (`baton.train` with a dict)."""
-    from baton.trainers.placement.generator import place_generator
-
-    return place_generator(_load_auto(name, recipe, overrides, say, data))
-
-
-def _load_auto(name: str, recipe: str | None, overrides: list[str], say: Any = None,
-               data: dict[str, Any] | None = None) -> Any:
-    """`load_recipe` before the generator's placement: the config with placement.auto applied."""
     import dataclasses
     import os
     import sys

@@ -63,7 +63,7 @@ from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkp
 from baton.runs.fsutil import unused_sibling
 from baton.sources import evaluation, row_source
 from baton.sources.colocated import RolloutSource
-from baton.trainers.placement.generator import place_generator
+from baton.trainers.placement.generator import check_placed
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
 from baton.trainers.role_specs import REWARD_COUNTS, role_specs
@@ -222,7 +222,7 @@ def kl_controller(algo: Any) -> Any:
 
 # --- the loop ----------------------------------------------------------------------------
 def train(cfg: PPOConfig) -> dict[str, float]:
-    cfg = place_generator(cfg)  # a config not from load_recipe (a test, a Python caller) is placed here
+    check_placed(cfg)  # load_config placed it (baton.config.LOAD_STEPS); a config built by hand is refused
     t, algo = cfg.trainer, cfg.algo
     with RunSession(cfg) as run:
         state = RunState.fresh(cfg.data)

@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
+from baton.config import LOAD_STEPS
 from baton.models.moe import dense_on_disk
 from baton.agents.config import AgentConfig, GatewayAgentConfig
 from baton.algos import ADVANTAGES, estimator_needs
@@ -54,7 +55,7 @@ from baton.controller.placement import PlacementConfig
 from baton.models.config import ModelConfig
 from baton.services.launch import entry_group_size
 from baton.sources import SourceSpec, source_spec, unread_keys
-from baton.trainers.placement.generator import GEN_POOL, placed_pools
+from baton.trainers.placement.generator import GEN_POOL, place_generator, placed_pools
 from baton.trainers.role_specs import ROLES
 from baton.trainers.session.config import DataConfig, RolloutTrainerConfig
 from baton.workers.actor import ActorConfig
@@ -302,3 +303,6 @@ class PPOConfig:
                                  f"(data.prompts_per_step x rollout.n)")
             if mini % dp:
                 raise ValueError(f"{name}.mini_batch_size={mini} must be divisible by the {dp} ranks of its pool")
+
+
+LOAD_STEPS[PPOConfig] = place_generator  # load_config places the generator: the one place it happens

@@ -17,36 +17,15 @@ from typing import Any
 from baton.config import ConfigError
 
 
-def recipe_algorithm(recipe: str | None, overrides: list[str], default: str | None = "grpo",
-                     data: dict[str, Any] | None = None) -> str | None:
-    """The recipe's top-level `algorithm:` (of the file, then of `data`; an `algorithm=...`
-    override wins); `default` if none says."""
-    import yaml
-
-    name = default
-    if recipe is not None:
-        try:
-            with open(recipe) as f:
-                loaded = yaml.safe_load(f) or {}
-            if isinstance(loaded, dict) and "algorithm" in loaded:
-                name = str(loaded["algorithm"])
-        except (OSError, yaml.YAMLError):
-            pass  # load_config names the missing or malformed recipe
-    if data and "algorithm" in data:
-        name = str(data["algorithm"])
-    for text in overrides:
-        if text.split("=", 1)[0].strip() == "algorithm":
-            name = text.split("=", 1)[1].strip()
-    return name
-
-
 def build_recipe(recipe: str | None, overrides: list[str], *, expected: str | None = None,
                  command: str = "train", data: dict[str, Any] | None = None, say: Any = None) -> tuple[str, Any]:
     """(the algorithm's name, its validated and placed config). `expected`: the algorithm
     the command runs (`baton sft` -> "sft"); a recipe that names another is refused."""
+    from baton.config import merge_recipe
     from baton.trainers.algorithms import DEFAULT, config_class, load_recipe
 
-    declared = recipe_algorithm(recipe, overrides, default=None, data=data)
+    merged = merge_recipe(recipe, overrides, data)  # the recipe file read once; an `algorithm=` override applied
+    declared = str(merged["algorithm"]) if "algorithm" in merged else None
     if expected and declared not in (None, expected):
         raise ConfigError(f"baton {command} runs algorithm {expected!r}, but the recipe says algorithm: "
                           f"{declared}; run `baton train {recipe}`")
@@ -55,8 +34,7 @@ def build_recipe(recipe: str | None, overrides: list[str], *, expected: str | No
         config_class(name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    kept = [o for o in overrides if o.split("=", 1)[0].strip() != "algorithm"]
-    return name, load_recipe(name, recipe, [*kept, f"algorithm={name}"], say=say, data=data)
+    return name, load_recipe(name, None, [], say=say, data={**merged, "algorithm": name})
 
 
 def run_built(name: str, cfg: Any) -> dict[str, Any]:

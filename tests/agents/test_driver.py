@@ -8,7 +8,6 @@ import pytest
 
 from baton.config import ConfigError, load_config
 from baton.metrics import read_metrics
-from baton.trainers.placement.generator import place_generator
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 
@@ -32,7 +31,7 @@ def test_agent_keys_need_each_other():
     with pytest.raises(ConfigError, match="data.source=agent"):
         load_config(PPOConfig, RECIPE, ["data.source=rollout"])
     # the overlapping modes run the episodes on a generator of its own (tests/trainers/test_agent_async.py)
-    assert place_generator(load_config(PPOConfig, RECIPE, ["trainer.mode=one_step_off"])).placement.roles["rollout"] == "gen"
+    assert load_config(PPOConfig, RECIPE, ["trainer.mode=one_step_off"]).placement.roles["rollout"] == "gen"
 
 
 def _learns(tmp_path, overrides):

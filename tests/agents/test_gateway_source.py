@@ -8,7 +8,6 @@ import pytest
 
 from baton.config import ConfigError, load_config
 from baton.metrics import read_metrics
-from baton.trainers.placement.generator import place_generator
 from baton.trainers.ppo import train
 from baton.trainers.ppo_config import PPOConfig
 
@@ -45,8 +44,7 @@ def test_sessions_on_a_generator_of_its_own(tmp_path):
     train(cfg)
     steps = [r for r in read_metrics(tmp_path) if r.get("step") in (1, 2)]
     assert [s["agent/trajectories"] for s in steps] == [4, 4] and all("actor/loss" in s for s in steps)
-    assert place_generator(load_config(PPOConfig, RECIPE, [*GATEWAY, "trainer.mode=one_step_off"])).placement.roles[
-        "rollout"] == "gen"
+    assert load_config(PPOConfig, RECIPE, [*GATEWAY, "trainer.mode=one_step_off"]).placement.roles["rollout"] == "gen"
 
 
 def test_session_rows_are_the_recorded_tokens(tmp_path):

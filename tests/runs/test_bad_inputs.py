@@ -167,7 +167,7 @@ def test_a_recipe_that_is_not_yaml_is_one_line(text, says, tmp_path, capsys):
 
 def test_a_torn_run_dir_config_yaml_is_one_line(tmp_path, capsys):
     from baton.runs.fsutil import YAMLFileError
-    from baton.runs.rundir import check_resume_changes
+    from baton.runs.resume_checks import check_resume_changes
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

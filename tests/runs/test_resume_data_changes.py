@@ -13,7 +13,8 @@ import pytest
 from runs_helpers import REPO
 
 from baton.cli import main
-from baton.runs.rundir import RunDirError, check_data_unchanged
+from baton.runs.resume_checks import check_data_unchanged
+from baton.runs.rundir import RunDirError
 
 TINY = ["data.prompts_per_step=2", "data.eval_size=2", "rollout.n=2", "rollout.max_new_tokens=2",
         "actor.micro_batch_size=4", "actor.mini_batch_size=4", "trainer.progress=false", "trainer.eval_every=0",

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from runs_helpers import PYTHON, child_env, version_of, write_checkpoint
 
-from baton.runs import ray_temp, rundir
+from baton.runs import ray_temp, resume_checks, rundir
 from baton.runs.ray_temp import OWNER_FILE, find_stale_ray_temp_dirs, record_temp_dir_owner, remove_stale_ray_temp_dirs
 from baton.runs.rundir import RunDirBusy, RunDirError, RunDirLock, prepare_run_dir
 
@@ -168,20 +168,20 @@ def test_resume_with_changed_hyperparameters_is_refused_listing_them(tmp_path, m
     same = {"actor": {"lr": 0.001, "betas": (0.9, 0.99)},
             "trainer": {"steps": 20, "resume": "auto", "progress": False},  # may change on resume
             "data": {"api_url": "http://127.0.0.1:8123", "servers": ["http://127.0.0.1:8124"]}}  # addresses
-    assert rundir.check_resume_changes(tmp_path, same, allow=False) == []
+    assert resume_checks.check_resume_changes(tmp_path, same, allow=False) == []
     changed = {"actor": {"lr": 0.01, "betas": (0.9, 0.99)}, "algo": {"kl_coef": 0.1},
                "trainer": {"steps": 10, "resume": "auto", "progress": True}}
     with pytest.raises(RunDirError) as err:
-        rundir.check_resume_changes(tmp_path, changed, allow=False)
+        resume_checks.check_resume_changes(tmp_path, changed, allow=False)
     msg = str(err.value)
     assert "actor.lr: 0.001 -> 0.01" in msg and "algo.kl_coef: '(absent)' -> 0.1" in msg
     assert "trainer.resume_changes=allow" in msg and "\n" not in msg and "trainer.steps" not in msg
-    assert rundir.check_resume_changes(tmp_path, changed, allow=True) == [
+    assert resume_checks.check_resume_changes(tmp_path, changed, allow=True) == [
         "actor.lr: 0.001 -> 0.01", "algo.kl_coef: '(absent)' -> 0.1"]
-    assert rundir.check_resume_changes(tmp_path / "none", changed, allow=False) == []  # no config.yaml
+    assert resume_checks.check_resume_changes(tmp_path / "none", changed, allow=False) == []  # no config.yaml
     (tmp_path / "config.yaml").write_text(f"model:\n  path: {tmp_path.name}\n")  # relative to the cwd below
     monkeypatch.chdir(tmp_path.parent)
-    assert rundir.check_resume_changes(tmp_path, {"model": {"path": str(tmp_path)}}, allow=False) == []
+    assert resume_checks.check_resume_changes(tmp_path, {"model": {"path": str(tmp_path)}}, allow=False) == []
 
 
 def test_the_resume_hint_names_a_copied_run_dir_not_the_one_its_config_was_made_in(tmp_path, monkeypatch):
@@ -196,7 +196,7 @@ def test_the_resume_hint_names_a_copied_run_dir_not_the_one_its_config_was_made_
     hints = {}
     for run in ("orig", "copy"):
         with pytest.raises(RunDirError) as err:
-            rundir.check_resume_changes(run, changed, allow=False)
+            resume_checks.check_resume_changes(run, changed, allow=False)
         hints[run] = str(err.value).split("put them back: ")[1]
     assert hints["orig"].startswith("`baton train orig/config.yaml trainer.resume=auto` resumes")
     assert hints["copy"].startswith("`baton train copy/config.yaml trainer.resume=auto trainer.run_dir=copy` resumes")

@@ -3,6 +3,7 @@ the placement the modes derive and refuse, staleness 0 = the synchronous run exa
 age under one_step_off, a killed generator as an error within seconds, and an exact resume
 with the staleness state (rows sampled ahead, by the versions that sampled them)."""
 
+import dataclasses
 import os
 import signal
 import threading
@@ -13,9 +14,9 @@ import pytest
 
 from baton.config import ConfigError, load_config
 from baton.controller import WorkerError
+from baton.controller.placement import PlacementConfig
 from baton.metrics import read_metrics
 from baton.trainers import ppo
-from baton.trainers.placement.generator import place_generator
 from baton.trainers.ppo_config import PPOConfig
 
 TINY = ["data.prompts_per_step=4", "data.eval_size=8", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -33,9 +34,9 @@ def model_dir():
 
 
 def config(model_dir, run_dir, *extra):
-    """The config as the placement step leaves it (a generator ahead on its pool)."""
-    return place_generator(load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
-                                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra]))
+    """The config as loading leaves it: placed (a generator ahead on its pool)."""
+    return load_config(PPOConfig, "recipes/grpo_arithmetic.yaml",
+                       [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", *TINY, *extra])
 
 
 def steps(run_dir):
@@ -43,10 +44,12 @@ def steps(run_dir):
 
 
 def test_modes_place_the_generator_or_say_what_to_set(tmp_path):
-    checked = load_config(PPOConfig, "recipes/grpo_arithmetic.yaml", ["model.path=m", f"trainer.run_dir={tmp_path}",
-                                                                      *TINY, "trainer.mode=one_step_off"])
-    assert checked.placement.roles == {}  # the config's checks only check; the placement step writes
     cfg = config("m", tmp_path, "trainer.mode=one_step_off")
+    unplaced = dataclasses.replace(cfg, placement=PlacementConfig())  # built, not loaded: checked only
+    assert unplaced.placement.roles == {}  # the config's checks only check; loading places
+    with pytest.raises(ConfigError, match="was not placed: build it with load_config"):
+        ppo.train(dataclasses.replace(unplaced, trainer=dataclasses.replace(cfg.trainer, run_dir=str(tmp_path / "r"))))
+    assert not (tmp_path / "r").exists()  # refused before anything is written
     p = cfg.placement
     assert (p.roles, p.pools, cfg.trainer.staleness) == ({"rollout": "gen", "reward": "gen"}, {"gen": 1}, 1)
     with pytest.warns(UserWarning, match="algo.off_policy=decoupled_ppo corrects it"):  # measured: k=2 uncorrected learns worse

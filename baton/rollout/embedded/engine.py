@@ -37,13 +37,15 @@ with its *live* adapter tensors applied at each `generate` (nothing merged, noth
 so an optimizer step on the adapters is seen by the next call); `load_lora_adapter(name,
 dir)` adds PEFT-format adapters that a request selects with `SamplingParams.lora = name`
 (vLLM / SGLang's multi-LoRA serving, the base weights shared).
+
+Weights pushed in (`update_weights`) and `sleep` / `wake`: `residency.py` (`Residency`).
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -51,21 +53,19 @@ from torch import nn
 from baton.padding import pad_left
 from baton.rollout.embedded import llama
 from baton.rollout.embedded.hf import HFRunner
-from baton.rollout.embedded.llama import LlamaRunner, fuse_storage
+from baton.rollout.embedded.llama import LlamaRunner
 from baton.protocol import Completion, Engine, SamplingParams
 from baton.rollout.embedded.sampling import draw, sample
 from baton.rollout.embedded.generation import Generation
 from baton.rollout.embedded.kv_budget import (MEMORY_FRACTION, check_budget_options, free_memory, group_prompts,
                                      kv_bytes_per_token, token_budget)
 from baton.rollout.embedded.live_lora import live_lora
+from baton.rollout.embedded.residency import SLEEP_MODES, Residency
 from baton.rollout.embedded.static_decode import STEPS, DecodeGraphs, StaticDecoder
 from baton.rollout.embedded.stop_strings import StopStringMatcher
-from baton.sync.verify import module_tensors
 
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
-SLEEP_MODES = ("cache", "offload", "discard")
 SYNC_EVERY_GPU = 8  # decode steps between the host's looks at finished rows on a GPU
 
 
@@ -85,7 +85,7 @@ def _per_layer(log: list[torch.Tensor], layers: int) -> torch.Tensor:
     return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
 
 
-class EmbeddedEngine(Engine):
+class EmbeddedEngine(Residency, Engine):
     """Rollout engine that runs inside the calling process.
 
     sleep_mode: what `sleep()` frees. "cache": only the KV cache (the default, and the only
@@ -494,76 +494,3 @@ class EmbeddedEngine(Engine):
         base = self.model.get_base_model() if self._peft else self.model
         return {name: tuple(llama._base(m).weight.shape) for name, m in base.named_modules()
                 if isinstance(llama._base(m), nn.Linear)}
-
-    # --- weights -----------------------------------------------------------------------
-    @property
-    def holds_weights(self) -> bool:
-        """Every parameter holds what was last installed (none discarded by `sleep` and not
-        yet refilled): a delta sync may build on it (`baton.sync.delta`)."""
-        return not self._missing and not (self._asleep and self.sleep_mode == "discard")
-
-    def served_version(self) -> int | None:
-        """Its version; None while its weights are discarded (a delta has nothing to build on)."""
-        return self.version if self.holds_weights else None
-
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy (name, tensor) pairs into the model's parameters in place."""
-        table = module_tensors(self.model)
-        with torch.no_grad():
-            for name, tensor in weights:
-                target = table.get(name)
-                if target is None:
-                    stripped = name
-                    for prefix in _WRAPPER_PREFIXES:
-                        stripped = stripped.removeprefix(prefix)
-                    target = table.get(stripped)
-                    name = stripped
-                if target is None:
-                    raise KeyError(f"update_weights: unknown parameter {name!r}")
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(f"update_weights: {name!r} has shape {tuple(target.shape)}, "
-                                     f"got {tuple(tensor.shape)}")
-                target.copy_(tensor)
-                self._missing.pop(id(target), None)
-        # generations started from now on fuse the new weights (into a new copy while those
-        # in flight still read the old one; else into the old one, in place: same addresses)
-        self.runner.forget() if self._in_flight else self.runner.unpack()
-        self.version = version
-
-    # --- memory ------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """Free the KV cache (always) and, per `sleep_mode`, the weights' memory."""
-        if self._asleep:
-            return
-        self.runner.release()
-        self.runner.forget()
-        self.graphs.clear()  # the arenas' KV memory (and their graphs) go too
-        if self.sleep_mode == "offload":
-            self._device = self.device
-            self.model.to("cpu")
-        elif self.sleep_mode == "discard":
-            self._device = self.device
-            self._discarded = [(p, p.shape) for p in self.model.parameters()]  # tied: once
-            for p, _ in self._discarded:
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self._asleep = True
-
-    def wake(self) -> None:
-        if not self._asleep:
-            return
-        if self.sleep_mode == "offload":
-            self.model.to(self._device)
-        elif self.sleep_mode == "discard":
-            for p, shape in self._discarded:
-                p.data = torch.empty(shape, dtype=p.dtype, device=self._device)
-            self._missing = {id(p): name for name, p in self.model.named_parameters()}
-            self._discarded = []
-            self._lay_out()
-        self._asleep = False
-
-    def _lay_out(self) -> None:
-        """An own module on the fast path (sleep_mode "discard"): Q|K|V and gate|up back to back."""
-        if self.sleep_mode == "discard" and isinstance(self.runner, LlamaRunner):
-            fuse_storage(self.model)

@@ -1,6 +1,7 @@
 """The placement step's other half, beside `placement.auto`: a generator ahead gets a pool.
 
-    cfg = place_generator(cfg)   # load_recipe and the PPO driver do this; config checks only check
+    cfg = place_generator(cfg)   # load_config's step for PPOConfig; config checks only check
+    check_placed(cfg)            # the PPO driver: a config that skipped the step is refused
 
 The overlapping `trainer.mode`s (one_step_off, async) run the rollout as a generator ahead of
 the trainer, on a pool of its own. When the recipe does not place the rollout
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+
+from baton.config import ConfigError
 
 GEN_POOL = "gen"  # where the overlapping modes put the rollout unless placement.roles says
 
@@ -46,4 +49,12 @@ def place_generator(cfg: Any) -> Any:
     return out
 
 
-__all__ = ["GEN_POOL", "place_generator", "placed_pools"]
+def check_placed(cfg: Any) -> None:
+    """Refuse a config with a generator left to place: built as `PPOConfig(...)` rather than
+    loaded (`load_config` places; the driver does not place again)."""
+    if placed_pools(cfg) is not None:
+        raise ConfigError(f"trainer.mode={cfg.trainer.mode} runs the rollout on a pool of its own, and this config "
+                          f"was not placed: build it with load_config (or place_generator(cfg))")
+
+
+__all__ = ["GEN_POOL", "check_placed", "place_generator", "placed_pools"]

@@ -39,7 +39,8 @@ from baton.metrics import MetricsLogger, Timer, write_report
 from baton.models.config import check_export_path, check_model_path
 from baton.runs.checkpoints import CHECKPOINTS_DIR, prune_checkpoints
 from baton.runs.metrics_log import read_metrics, truncate_after
-from baton.runs.rundir import PreparedRun, check_data_unchanged, check_resume_changes, prepare_run_dir
+from baton.runs.resume_checks import check_data_unchanged, check_resume_changes
+from baton.runs.rundir import PreparedRun, prepare_run_dir
 from baton.trainers.session.config import TrainerConfig
 from baton.trainers.session.inputs import check_data, data_files
 
