@@ -192,27 +192,36 @@ class ServerSyncWorker(Worker):
         return {**dict(getattr(self.sync, "last", None) or {}), "sync/verified": verified}, problem
 
     def _verified(self) -> tuple[float, str | None]:
+        """(1.0, None) when every server holds what was pushed; else (0.0, the first server that
+        does not, in one line); (NaN, why) when none differs and one cannot say."""
         held = getattr(self.sync, "held", None)
         if held is None or held.version is None:
             return 0.0, f"no push to {self.urls} was confirmed"
+        unknown = None
         for e in self.engines:
             if e.base_url not in self.held_dtypes:
-                return math.nan, f"server {e.base_url} does not say what it holds (no /weights_digest)"
-            try:
-                answer = e.weights_digest()
-            except Exception as exc:  # noqa: BLE001 - gone, asleep: it does not hold the push now
-                return 0.0, f"server {e.base_url} did not say what it holds: {str(exc)[:300]}"
-            served, dtypes = answer.get("weight_version"), answer.get("dtypes") or {}
-            if served != held.version:
-                return 0.0, f"server {e.base_url} serves version {served}, not {held.version} as pushed"
-            self.held_dtypes[e.base_url] = dtypes
-            sent = {n: d if dtypes.get(n, self.sent_dtypes.get(n)) == self.sent_dtypes.get(n)
-                    else self.casts.get((n, dtypes[n]), "cast not hashed") for n, d in held.digests.items()}
-            ok, name = digests_held(answer.get("digests") or {}, sent)
-            if not ok:
-                return 0.0, (f"server {e.base_url} (version {served}) does not hold the weights pushed: tensor "
-                             f"{name!r} digest {(answer.get('digests') or {}).get(name)} != {sent[name]} sent")
-        return 1.0, None
+                unknown = unknown or f"server {e.base_url} does not say what it holds (no /weights_digest)"
+                continue
+            problem = self._server_differs(e, held.version, held.digests)
+            if problem is not None:
+                return 0.0, " ".join(problem.split())
+        return (math.nan, unknown) if unknown else (1.0, None)
+
+    def _server_differs(self, engine: RemoteEngine, version: int, pushed: dict[str, str]) -> str | None:
+        """Why `engine` does not hold `pushed` (the digests of what was sent) as `version`, or None."""
+        try:
+            answer = engine.weights_digest()
+        except Exception as exc:  # noqa: BLE001 - gone, asleep: it does not hold the push now
+            return f"server {engine.base_url} did not say what it holds: {str(exc)[:300]}"
+        served, dtypes, digests = answer.get("weight_version"), answer.get("dtypes") or {}, answer.get("digests") or {}
+        if served != version:
+            return f"server {engine.base_url} serves version {served}, not {version} as pushed"
+        self.held_dtypes[engine.base_url] = dtypes
+        want = {n: d if dtypes.get(n, self.sent_dtypes.get(n)) == self.sent_dtypes.get(n)
+                else self.casts.get((n, dtypes[n]), "(cast not hashed)") for n, d in pushed.items()}
+        ok, name = digests_held(digests, want)
+        return None if ok else (f"server {engine.base_url} (version {served}) does not hold the weights pushed: "
+                                f"tensor {name!r} digest {digests.get(name)} != {want[name]} sent")
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def close_sync(self) -> None:
