@@ -170,6 +170,7 @@ def test_server_restart_env_retries_and_trainer_pushes_weights_again(tmp_path, c
             gen.join(60)
             assert got["group"].policy_version == 0 and runner.counts["generate_retries"] >= 1
             assert sync.ensure(1)[0] == 1  # the trainer sees version 0 != 1: it pushes again
+            assert sync.verify()[0][0]["sync/verified"] == 1.0  # the fresh server holds the re-push, by content
         assert engine.version == 1 and max(sync.push(2, check=True)[0]) < 1e-4
         assert any("pushing the weights again" in r.message for r in caplog.records)
         assert any("retrying with backoff" in r.message for r in caplog.records)
