@@ -1,6 +1,6 @@
 """The services path's step time next to the embedded path's, and the weight-sync time.
 
-    .venv/bin/python bench/api_vs_embedded.py [--steps 30] [--sync broadcast|checkpoint]
+    .venv/bin/python bench/api_vs_embedded.py [--steps 30] [--sync broadcast|checkpoint] [--only api|embedded]
 
 Runs, one after the other on this machine, the same GRPO recipe (demo model, 64 prompts x 8,
 4 new tokens, same optimiser) two ways:
@@ -9,7 +9,9 @@ Runs, one after the other on this machine, the same GRPO recipe (demo model, 64 
              `baton env arithmetic` + the trainer pulling batches, pushing weights every step
 and prints medians over steps 3..N of timing/step_s, rollout_s (API path: waiting for the
 batch), update_s, sync_s (API path: pushing the weights to the server; embedded: a version
-bump), the mean policy age, and the wall time of the whole command.
+bump), verify_s (the `sync/verified` check after the sync: on the API path the server hashes
+its model and the trainer compares the digests, issue 49), the lowest `sync/verified` of the
+steps, the mean policy age, and the wall time of the whole command.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def summary(name: str, wall: float, rows: list[dict]) -> str:
         return f"{statistics.median(vals):.3f}" if vals else "-"
 
     age = statistics.mean(r.get("rollout/policy_age", 0.0) for r in rows)
+    verified = min((r["sync/verified"] for r in rows if "sync/verified" in r), default=None)
     return (f"| {name} | {med('timing/step_s')} | {med('timing/rollout_s')} | {med('timing/update_s')} | "
-            f"{med('timing/sync_s')} | {age:.2f} | {wall:.0f} |")
+            f"{med('timing/sync_s')} | {med('timing/verify_s')} | {verified} | {age:.2f} | {wall:.0f} |")
 
 
 def main() -> None:
@@ -63,6 +66,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--sync", default="broadcast", choices=["broadcast", "checkpoint"])
     ap.add_argument("--api-first", action="store_true", help="run the API path first (load drifts)")
+    ap.add_argument("--only", choices=["api", "embedded"], default=None, help="run one path only")
     add_smoke(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -86,11 +90,13 @@ def main() -> None:
                           f"data.servers=[http://127.0.0.1:{srv}]", *extra, *common], tmp / "api")
         out.append(summary(f"API path ({args.sync} sync)", wall, rows))
 
-    for fn in ((api_path, embedded) if args.api_first else (embedded, api_path)):
+    order = (api_path, embedded) if args.api_first else (embedded, api_path)
+    for fn in order if args.only is None else [{"api": api_path, "embedded": embedded}[args.only]]:
         fn()
     print(f"load average before/after: {os.getloadavg()}")
-    print("| path | step (s) | rollout / wait (s) | update (s) | sync (s) | policy age | wall (s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| path | step (s) | rollout / wait (s) | update (s) | sync (s) | verify (s) | sync/verified (min) | "
+          "policy age | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(out))
 
 

@@ -158,6 +158,11 @@ class RemoteEngine(Engine):
         except (TypeError, ValueError):
             return None
 
+    def weights_digest(self, digests: bool = True) -> dict[str, Any]:
+        """baton's server: the version it serves and each tensor's dtype and digest, hashed
+        there from its model (`/weights_digest`; digests=False: dtypes only)."""
+        return self._post("/weights_digest", {"digests": digests})
+
     def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
         import time
         deadline = time.monotonic() + timeout

@@ -36,6 +36,13 @@ starting step, number of steps, + baton's `max_staleness`), then each step:
                processes in `data.servers` (`ServerSyncWorker`, colocated with the actor;
                `rollout.weight_sync`: auto = broadcast, or checkpoint), bumping their version; with
                trainer.check_weight_sync the parity check runs on each server.
+  sync_metrics()
+               right after weights_updated: sync/bytes, sync/seconds, sync/tensors of the
+               push made this step (0 on a step without one), sync/verified (every server in
+               data.servers holds, by content, the weights last pushed: checked after each push,
+               `ServerSyncWorker.verify`; between pushes the last check's answer) and
+               sync/lag_steps (updates the served weights are behind the trainer's: 0 on a push
+               step, up to data.sync_every - 1). A 0 names the server and tensor in a warning.
 
 Group sizes must equal rollout.n (the advantage estimator's group); a group of another
 size is an error naming its environment.
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -111,7 +119,8 @@ class ApiSource:
             self.servers = colocated_groups(actor.pool, {"server_sync": (ServerSyncWorker, (list(d.servers),), kw)})[
                 "server_sync"]
             self.servers.push(state.step)  # the servers start from the trainer's weights, whatever they loaded
-        self.pushed = state.step  # the version the servers serve
+        self.pushed = self.version = state.step  # the version the servers serve; the trainer's
+        self._verify_due, self._verified = self.servers is not None, math.nan  # sync/verified of the last push
         self._last_ensure = time.monotonic()
 
     # --- the seam -------------------------------------------------------------------------
@@ -134,7 +143,8 @@ class ApiSource:
                 return batch
             now = time.monotonic()
             if self.servers is not None and now - self._last_ensure > ENSURE_EVERY_S:
-                self.servers.ensure(self.pushed)  # a restarted server gets the weights again
+                if self.servers.ensure(self.pushed)[0]:  # a restarted server gets the weights again
+                    self._verify_due = True
                 self._last_ensure = now
             if now - last_report > WAIT_REPORT_S:
                 log.warning("step %d: %s", step, self.waiting_for())
@@ -159,13 +169,30 @@ class ApiSource:
         return text
 
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
+        self.version = version
         if self.servers is None:
             return [0.0] if check else None
         if version - self.pushed < self.sync_every and version >= self.pushed and not check:
             return None  # every K steps (a resumed run pushes at once: its version jumped)
+        self._verify_due = True
         parity = self.servers.push(version, check)[0]
         self.pushed = version
         return parity if check else None
+
+    def sync_metrics(self) -> dict[str, float]:
+        """The step's sync/* (see the module docstring); {} without data.servers."""
+        if self.servers is None:
+            return {}
+        moved = {"sync/bytes": 0.0, "sync/seconds": 0.0, "sync/tensors": 0.0}
+        if self._verify_due:
+            self._verify_due = False
+            checked, problem = self.servers.verify()[0]
+            self._verified = checked["sync/verified"]
+            if problem is not None:
+                log.warning("weights version %d: sync/verified=%g: %s", self.pushed, self._verified, problem)
+            if self.pushed == self.version:
+                moved.update({k: v for k, v in checked.items() if k in moved})
+        return {**moved, "sync/verified": self._verified, "sync/lag_steps": float(self.version - self.pushed)}
 
     def metrics(self) -> dict[str, float]:
         return {}

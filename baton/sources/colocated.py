@@ -32,6 +32,11 @@ class RolloutSource:
     def weights_updated(self, version: int, check: bool = False) -> list[float] | None:
         return self.rollout.sync_weights(version, check=check)
 
+    def sync_metrics(self) -> dict[str, float]:
+        """Right after `weights_updated`: what the sync moved and `sync/verified` (the engine
+        holds the trainer's weights byte for byte: `RolloutWorker.sync_metrics`)."""
+        return self.rollout.sync_metrics()[0]
+
     def metrics(self) -> dict[str, float]:
         return {}
 

@@ -11,6 +11,11 @@ equal digests (`baton.sync.digest`) would say, without hashing or a copy to the 
 sides are in this process; digests are for what crosses a wire). A trainer tensor the engine
 does not hold is a difference too. Cost: one read of each tensor on both sides for an own
 copy, nothing for `inplace` (BENCHMARKS.md, "sync/verified").
+
+Across a wire (the API path's `baton serve` processes) the two sides do not share a process:
+the receiver reports what it holds (`held_report`: each tensor's dtype and digest, computed
+from its model; the server's `/weights_digest`) and the sender compares that with the digests
+of what it sent (`digests_held`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 import torch
+
+from baton.sync.digest import digests
+from baton.sync.group import dtype_name
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 
@@ -62,3 +70,26 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def held_report(module: torch.nn.Module, with_digests: bool = True) -> dict[str, dict[str, str]]:
+    """What a receiver holds, for a sender across a wire: {"dtypes": {name: dtype}, "digests":
+    {name: digest}} of the module's tensors (`module_tensors`); without digests nothing is hashed."""
+    table = module_tensors(module)
+    report = {"dtypes": {name: dtype_name(t.dtype) for name, t in table.items()}}
+    if with_digests:
+        report["digests"] = digests(table.items())
+    return report
+
+
+def digests_held(held: Mapping[str, str], sent: Mapping[str, str]) -> tuple[bool, str | None]:
+    """`held_exactly` over a wire: (True, None) when the receiver's digests `held` match the
+    digests `sent` for every tensor sent, else (False, the first tensor's name missing or differing)."""
+    for name, want in sent.items():
+        got = held.get(name)
+        for prefix in WRAPPER_PREFIXES:
+            if got is None:
+                got = held.get(name.removeprefix(prefix))
+        if got != want:
+            return False, name
+    return True, None

@@ -23,6 +23,13 @@ fails (a server gone mid-broadcast) waits for the servers to be healthy, rebuild
 transport and pushes again, for up to `recover_s`. With `check=True` a push returns the
 max |server - trainer| logprob on a probe prompt per server (the parity check).
 
+`verify()` after a push: what the transport moved (sync/bytes, sync/seconds, sync/tensors)
+and `sync/verified`: 1.0 when every server answers (`/weights_digest`, hashed there from its
+model) the version pushed and, tensor for tensor, the digest of what was sent (a server that
+holds another dtype, e.g. bf16 on a GPU: the digest of the trainer's tensor cast to it,
+hashed during the push), else 0.0 with the first server and tensor that differ; NaN for a
+server that cannot say (vLLM's).
+
 Only rank 0 talks to the servers; with a sharded actor every rank takes part in gathering
 the full tensors (`Policy.named_weights`).
 """
@@ -30,6 +37,7 @@ the full tensors (`Policy.named_weights`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Iterator
 
@@ -39,6 +47,9 @@ from baton.controller import Dispatch, Worker, register
 from baton.data.records import prompt_ids
 from baton.rollout.remote import RemoteEngine, detect_dialect
 from baton.sync import build_transport, check_logprob_parity, resolve_weight_sync
+from baton.sync.digest import tensor_digest
+from baton.sync.group import dtype_name, parse_dtype
+from baton.sync.verify import digests_held
 
 log = logging.getLogger("baton.server_sync")
 
@@ -60,6 +71,9 @@ class ServerSyncWorker(Worker):
         self.sync: Any = None
         self.version: int | None = None  # last version every server confirmed
         self.repushes = 0
+        self.held_dtypes: dict[str, dict[str, str]] = {}  # per server: {tensor: the dtype it holds}
+        self.sent_dtypes: dict[str, str] = {}  # {tensor: dtype} of the last push
+        self.casts: dict[tuple[str, str], str] = {}  # (tensor, a server's dtype): digest of the cast
 
     def _connect(self) -> None:
         if self.sync is not None:
@@ -78,6 +92,23 @@ class ServerSyncWorker(Worker):
         options = {"broadcast": dict(bucket_mb=self.bucket_mb, timeout_s=120.0, device=self.device),
                    "checkpoint": dict(directory=self.weights_dir)}.get(self.kind, {})
         self.sync = build_transport(self.kind, "servers", self.engines, **options)
+        for e in self.engines:  # the dtypes each holds (nothing hashed): a cast's digest is taken while sending
+            if e.dialect == "baton":
+                try:
+                    self.held_dtypes[e.base_url] = e.weights_digest(digests=False)["dtypes"]
+                except Exception as exc:  # noqa: BLE001 - an older server: sync/verified is NaN
+                    log.warning("server %s does not say what it holds (%s): sync/verified is not known",
+                                e.base_url, str(exc)[:200])
+
+    def _noted(self, weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """`weights`, with each tensor's dtype noted, and the digest of its cast to any other
+        dtype a server holds it in (what that server holds after installing it)."""
+        self.sent_dtypes, self.casts = {}, {}
+        for name, t in weights:
+            sent = self.sent_dtypes[name] = dtype_name(t.dtype)
+            for held in {d[name] for d in self.held_dtypes.values() if d.get(name, sent) != sent}:
+                self.casts[(name, held)] = tensor_digest(t.to(parse_dtype(held)))
+            yield name, t
 
     def _reset(self) -> None:
         sync, self.sync = self.sync, None
@@ -109,7 +140,7 @@ class ServerSyncWorker(Worker):
                 self._reset()
                 self.repushes += 1
                 time.sleep(1.0)
-                weights = iter(list(self.policy.named_weights()))  # unsharded: cheap to read again
+                weights = self._noted(iter(list(self.policy.named_weights())))  # unsharded: cheap to read again
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def push(self, version: int, check: bool = False) -> list[float] | None:
@@ -120,7 +151,7 @@ class ServerSyncWorker(Worker):
             for _ in weights:  # take part in the gather (sharded actors); rank 0 sends
                 pass
             return None
-        self._push_rank0(version, weights)
+        self._push_rank0(version, self._noted(weights))
         if not check:
             return None
         return [check_logprob_parity(e, self.policy.module, self.probe_ids, max_new_tokens=4) for e in self.engines]
@@ -148,8 +179,49 @@ class ServerSyncWorker(Worker):
                         [u for u, _ in stale], [v for _, v in stale], version)
             self._reset()
             self.repushes += 1
-            self._push_rank0(version, iter(list(self.policy.named_weights())))
+            self._push_rank0(version, self._noted(iter(list(self.policy.named_weights()))))
         return len(stale)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def verify(self) -> tuple[dict[str, float], str | None] | None:
+        """After a push: ({sync/bytes, sync/seconds, sync/tensors, sync/verified}, the reason
+        it is not 1.0 in one line, else None); None on ranks other than 0."""
+        if self.rank != 0:
+            return None
+        verified, problem = self._verified()
+        return {**dict(getattr(self.sync, "last", None) or {}), "sync/verified": verified}, problem
+
+    def _verified(self) -> tuple[float, str | None]:
+        """(1.0, None) when every server holds what was pushed; else (0.0, the first server that
+        does not, in one line); (NaN, why) when none differs and one cannot say."""
+        held = getattr(self.sync, "held", None)
+        if held is None or held.version is None:
+            return 0.0, f"no push to {self.urls} was confirmed"
+        unknown = None
+        for e in self.engines:
+            if e.base_url not in self.held_dtypes:
+                unknown = unknown or f"server {e.base_url} does not say what it holds (no /weights_digest)"
+                continue
+            problem = self._server_differs(e, held.version, held.digests)
+            if problem is not None:
+                return 0.0, " ".join(problem.split())
+        return (math.nan, unknown) if unknown else (1.0, None)
+
+    def _server_differs(self, engine: RemoteEngine, version: int, pushed: dict[str, str]) -> str | None:
+        """Why `engine` does not hold `pushed` (the digests of what was sent) as `version`, or None."""
+        try:
+            answer = engine.weights_digest()
+        except Exception as exc:  # noqa: BLE001 - gone, asleep: it does not hold the push now
+            return f"server {engine.base_url} did not say what it holds: {str(exc)[:300]}"
+        served, dtypes, digests = answer.get("weight_version"), answer.get("dtypes") or {}, answer.get("digests") or {}
+        if served != version:
+            return f"server {engine.base_url} serves version {served}, not {version} as pushed"
+        self.held_dtypes[engine.base_url] = dtypes
+        want = {n: d if dtypes.get(n, self.sent_dtypes.get(n)) == self.sent_dtypes.get(n)
+                else self.casts.get((n, dtypes[n]), "(cast not hashed)") for n, d in pushed.items()}
+        ok, name = digests_held(digests, want)
+        return None if ok else (f"server {engine.base_url} (version {served}) does not hold the weights pushed: "
+                                f"tensor {name!r} digest {digests.get(name)} != {want[name]} sent")
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def close_sync(self) -> None:

@@ -274,3 +274,37 @@ def test_a_corrupted_generator_broadcast_is_refused_and_the_generator_keeps_its_
         assert engine.version == 1 and check_logprob_parity(engine, trainer, PROMPT) < 1e-4
     finally:
         sync.close()
+
+
+def test_a_server_reports_what_it_holds_by_content_and_a_tampered_one_differs(fresh_served, make_tiny_qwen,
+                                                                             srv_tokenizer, tmp_path):
+    """`/weights_digest` (the API path's `sync/verified`): the version and each tensor's digest,
+    hashed by the server from its model, equal what a push sent; weights installed after it
+    through the server's own admin endpoint (the same version number) are seen by content."""
+    from baton.sync.verify import digests_held
+
+    s = fresh_served(weights_dirs=[str(tmp_path)])
+    trainer = make_tiny_qwen(1)
+    sync = CheckpointSync([RemoteEngine(s.url)], directory=tmp_path, delta=False)
+    sync.push(trainer.named_parameters(), 3)
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        held = c.post("/weights_digest", json={}).json()
+        assert held["weight_version"] == 3 and held["dtypes"][NAME] == "float32"
+        assert digests_held(held["digests"], sync.held.digests) == (True, None)
+        assert set(c.post("/weights_digest", json={"digests": False}).json()) == {"weight_version", "dtypes"}
+        assert c.post("/weights_digest", json={"digest": False}).status_code == 422  # a typo is not ignored
+        other = dict(trainer.named_parameters())
+        other[NAME] = other[NAME].detach() + 1.0
+        path = save_safetensors_atomic([(NAME, other[NAME])], tmp_path / "tampered.safetensors")
+        assert c.post("/update_weights_from_disk", json={"model_path": str(path), "version": 3}).json()["success"]
+        held = c.post("/weights_digest", json={}).json()
+        assert held["weight_version"] == 3  # the version says nothing changed; the content does
+        assert digests_held(held["digests"], sync.held.digests) == (False, NAME)
+    from baton.rollout.embedded.engine import EmbeddedEngine
+
+    model = make_tiny_qwen(0)
+    asleep = fresh_served(model=model, engine=EmbeddedEngine(model, srv_tokenizer, sleep_mode="discard"))
+    with httpx.Client(base_url=asleep.url, timeout=60) as c:
+        assert c.post("/release_memory_occupation", json={}).json()["success"]
+        r = c.post("/weights_digest", json={})
+        assert r.status_code == 409 and "discarded" in r.json()["message"]  # nothing held to report

@@ -4,6 +4,7 @@ broadcast) and by an Atropos-shaped client (no policy version, no logprobs, gzip
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import random
@@ -77,27 +78,65 @@ def test_groups_become_rows():
         groups_to_batch(groups, tok, tok.pad_token_id, group_size=4)
 
 
-def test_baton_env_feeds_the_trainer_and_the_server_follows_its_weights(api_url, served, tmp_path):
-    server_url, engine = served
-    tok = load_tokenizer(MODEL)
-    env = make_environment("arithmetic", tok, group_size=4, max_new_tokens=4, eval_size=4)
+@contextlib.contextmanager
+def env_feeding(api_url: str, server_url: str):
+    """`baton env arithmetic` (its runner on a thread) sampling from `server_url` into the API."""
+    env = make_environment("arithmetic", load_tokenizer(MODEL), group_size=4, max_new_tokens=4, eval_size=4)
     env.setup()
     stop = threading.Event()
     runner = EnvRunner(env, APIClient(api_url, stop=stop), [RemoteEngine(server_url)], concurrency=4, stop=stop)
     thread = threading.Thread(target=runner.run, kwargs={"grace_s": 5}, daemon=True)
     thread.start()
     try:
-        train(tiny_run(tmp_path / "run", api_url, f"data.servers=[{server_url}]", "trainer.max_staleness=1",
-                       "trainer.check_weight_sync=true"))  # broadcast after each step, parity checked
+        yield runner
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_baton_env_feeds_the_trainer_and_the_server_follows_its_weights(api_url, served, tmp_path):
+    server_url, engine = served
+    with env_feeding(api_url, server_url) as runner:
+        train(tiny_run(tmp_path / "run", api_url, f"data.servers=[{server_url}]", "trainer.max_staleness=1",
+                       "trainer.check_weight_sync=true"))  # broadcast after each step, parity checked
     steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[0]["rollout/policy_age"] == 0 and 0 <= steps[1]["rollout/policy_age"] <= 1
     assert "timing/sync_s" in steps[0] and "actor/grad_norm" in steps[0]
     assert engine.version == 2  # the server serves the trainer's version
+    # each push checked by content (the server's /weights_digest against what was sent): issue 49
+    assert [r["sync/verified"] for r in steps] == [1.0, 1.0] and [r["sync/lag_steps"] for r in steps] == [0.0, 0.0]
+    assert all(r["sync/bytes"] > 0 and r["sync/tensors"] > 0 and r["sync/seconds"] > 0 for r in steps), steps
     assert runner.counts["pushed"] >= 2 and runner.counts["refused"] == 0
+
+
+class Tampering(EmbeddedEngine):
+    """A server's engine that installs what arrived, then changes a byte of one tensor (a fault
+    injected where the receive-time digest check, done before installing, cannot see it)."""
+
+    def update_weights(self, weights, version):
+        super().update_weights(weights, version)
+        with torch.no_grad():
+            self.model.model.norm.weight.view(-1).view(torch.uint8)[0] ^= 1
+
+
+def test_a_server_not_holding_the_pushed_weights_makes_sync_verified_0(api_url, served, tmp_path, caplog):
+    """Two servers, one whose install is faulty; data.sync_every=2: step 1 pushes nothing (the
+    start-up push's check, lag 1), step 2 pushes. Each check names the faulty server."""
+    server_url, _ = served
+    tok = load_tokenizer(MODEL)
+    bad = ServerThread(build_app(Tampering(load_model(MODEL).eval(), tok), tok, "arith-sft", model_path=MODEL))
+    try:
+        with env_feeding(api_url, server_url):
+            train(tiny_run(tmp_path / "run", api_url, f"data.servers=[{server_url},{bad.url}]", "data.sync_every=2"))
+    finally:
+        bad.stop()
+    steps = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
+    assert [r["sync/verified"] for r in steps] == [0.0, 0.0] and [r["sync/lag_steps"] for r in steps] == [1.0, 0.0]
+    assert steps[0]["sync/bytes"] == 0 and steps[1]["sync/bytes"] > 0, steps
+    warned = [r.getMessage() for r in caplog.records if "sync/verified=0" in r.getMessage()]
+    assert len(warned) == 2 and all(f"server {bad.url} (version" in w and "'model.norm.weight'" in w
+                                    and "\n" not in w for w in warned), warned
 
 
 def atropos_group(tok, rng, row):

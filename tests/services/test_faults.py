@@ -170,6 +170,7 @@ def test_server_restart_env_retries_and_trainer_pushes_weights_again(tmp_path, c
             gen.join(60)
             assert got["group"].policy_version == 0 and runner.counts["generate_retries"] >= 1
             assert sync.ensure(1)[0] == 1  # the trainer sees version 0 != 1: it pushes again
+            assert sync.verify()[0][0]["sync/verified"] == 1.0  # the fresh server holds the re-push, by content
         assert engine.version == 1 and max(sync.push(2, check=True)[0]) < 1e-4
         assert any("pushing the weights again" in r.message for r in caplog.records)
         assert any("retrying with backoff" in r.message for r in caplog.records)
@@ -254,3 +255,38 @@ def test_env_killed_the_trainer_waits_says_why_and_resumes(tmp_path, caplog, mon
                 p.wait(10)
         server.stop()
         api.stop()
+
+
+def test_server_sync_checks_each_server_by_content_in_its_dtype_and_names_one_changed_since(tmp_path):
+    """`ServerSyncWorker.verify` (the API path's `sync/verified`): an fp32 and a bf16 server
+    (the trainer's fp32 tensors cast on install) both hold what was pushed: 1.0; weights put
+    on one through its own admin endpoint under the same version: 0.0 naming it and the tensor."""
+    from baton.sync.checkpoint import save_safetensors_atomic
+
+    tok = load_tokenizer(MODEL)
+    plain, half = (ServerThread(build_app(EmbeddedEngine(load_model(MODEL).to(dtype).eval(), tok), tok, "arith-sft",
+                                          model_path=MODEL, weights_dirs=[str(tmp_path)]))
+                   for dtype in (torch.float32, torch.bfloat16))
+    groups = colocated_groups(ResourcePool(1, backend="local"), {
+        "actor": (StubActor, (MODEL, 0.01)),
+        "server_sync": (ServerSyncWorker, ([plain.url, half.url],), dict(kind="broadcast"))})
+    sync = groups["server_sync"]
+    try:
+        sync.push(1)
+        moved, problem = sync.verify()[0]
+        assert moved["sync/verified"] == 1.0 and problem is None and moved["sync/bytes"] > 0, problem
+        name = "model.norm.weight"
+        path = save_safetensors_atomic([(name, torch.zeros_like(load_model(MODEL).model.norm.weight))],
+                                       tmp_path / "other.safetensors")
+        answer = httpx.post(f"{plain.url}/update_weights_from_disk", json={"model_path": str(path), "version": 1},
+                            timeout=60).json()
+        assert answer["success"], answer
+        moved, problem = sync.verify()[0]
+        assert moved["sync/verified"] == 0.0 and problem.startswith(f"server {plain.url} (version 1) ") and \
+            f"tensor {name!r}" in problem and "\n" not in problem, problem
+    finally:
+        sync.close_sync()
+        for g in groups.values():
+            g.shutdown()
+        plain.stop()
+        half.stop()

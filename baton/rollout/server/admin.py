@@ -14,10 +14,12 @@ from baton.http import error_body, guarded_router
 from baton.rollout.server.guards import check_checkpoint, iter_handles, open_checkpoint, param_shapes
 from baton.rollout.server.schemas import (I64_MAX, DestroyWeightsUpdateGroupRequest, InitWeightsUpdateGroupRequest,
                                           LoadLoraAdapterRequest, UnloadLoraAdapterRequest,
-                                          UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, errors)
+                                          UpdateWeightsFromDiskRequest, UpdateWeightsFromDistributedRequest, WeightsDigestRequest,
+                                          errors)
 from baton.sync.broadcast import AlreadyHasTrainer, validate_specs
 from baton.sync.delta import StaleBase, check_base, installed_as
 from baton.sync.digest import WeightDigestError, check_digests
+from baton.sync.verify import held_report
 
 
 def add_admin_routes(app: FastAPI, srv, admin_route: dict[str, Any]) -> None:
@@ -96,6 +98,21 @@ def weight_routes(srv, admin_route: dict[str, Any]) -> APIRouter:
             return _fail(400, f"update_weights_from_distributed failed: {exc}")
         srv.weights_path = f"broadcast:{req.group_name}"
         return {"success": True, "message": f"received {len(req.names)} tensors", "version": engine.version}
+
+    @router.post("/weights_digest", dependencies=admin_route["dependencies"],
+                 responses={**admin_route["responses"], **errors(409)})
+    async def weights_digest(req: WeightsDigestRequest) -> Any:
+        """The version served and each tensor's dtype and digest, hashed here from the model
+        (`baton.sync.verify.held_report`): a trainer checks the server holds what it pushed."""
+        model = getattr(engine, "model", None)
+        if not hasattr(model, "state_dict"):
+            return _fail(400, "weights_digest: this engine's weights are not torch tensors in this process")
+        async with srv.weights_lock:  # no update installs while the weights are read
+            if engine.served_version() is None:
+                return _fail(409, f"weights_digest: the weights are discarded (asleep) (version {engine.version})")
+            version = engine.version
+            report = await asyncio.to_thread(held_report, model, req.digests)
+        return {"weight_version": version, **report}
 
     @router.post("/destroy_weights_update_group", **admin_route)
     async def destroy_group(req: DestroyWeightsUpdateGroupRequest) -> Any:

@@ -39,6 +39,9 @@ Admin endpoints (off with --no-admin: 403):
                                     installed; a mismatch is a 409 naming it, old version kept)
   POST /destroy_weights_update_group, /release_memory_occupation (sleep),
        /resume_memory_occupation (wake)
+  POST /weights_digest              {"digests"?: bool}: {"weight_version", "dtypes": {tensor:
+                                    dtype}, "digests": {tensor: digest}} of what the model holds
+                                    now, hashed here (a trainer's `sync/verified`); 409 asleep
   POST /load_lora_adapter           {"lora_name", "lora_path": a PEFT adapter dir inside a
        (/v1/load_lora_adapter)       --weights-dir, "digests"?}: serve it by name (vLLM / SGLang
                                     shape; every tensor checked first, against the digests

@@ -231,6 +231,12 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     abort_all_requests: bool = False
 
 
+class WeightsDigestRequest(BaseModel):
+    """baton: what the server holds now, by content (`sync/verified` on the API path)."""
+    model_config = ConfigDict(extra="forbid")
+    digests: bool = True  # False: only the version and each tensor's dtype (nothing hashed)
+
+
 class DestroyWeightsUpdateGroupRequest(_Lenient):
     group_name: str = "weight_update_group"
 
