@@ -33,10 +33,10 @@ AGENT = dict(section="agent", reads=("agent",), evaluate="baton.sources.episodes
 GATEWAY = dict(section="gateway", reads=("gateway",), evaluate="baton.sources.gateway:evaluate", own_sampling="agent",
                **SCORED)
 SOURCES.add("rollout", SourceSpec("rollout", "baton.sources.colocated:build", drivers=("ppo", "online_dpo"),
-                                  draws_more=True, greedy_baseline=True))
+                                  draws_more=True, greedy_baseline=True, checks_sync=True))
 SOURCES.add("generator", SourceSpec("rollout", "baton.sources.ahead:build", generator=True))
 SOURCES.add("api", SourceSpec("api", "baton.sources.api:build", bounds_age=True, own_sampling="environments",
-                              sync_only=True, launched=True, reads=API_KEYS, **SCORED))
+                              sync_only=True, launched=True, checks_sync=True, reads=API_KEYS, **SCORED))
 SOURCES.add("agent", SourceSpec("agent", "baton.sources.episodes:build_episodes", **AGENT))
 SOURCES.add("agent_generator", SourceSpec("agent", "baton.sources.episodes:build_episode_generator", generator=True,
                                           **AGENT))

@@ -83,6 +83,9 @@ class SourceSpec:
     section         the config section it runs (`agent:`, `gateway:`), given iff chosen
     sync_only       refuses an overlapping trainer.mode (its rows come from elsewhere)
     launched        its rows come from services `baton launch` starts (API, servers, environments)
+    checks_sync     has `sync_metrics()`, called right after `weights_updated`: what the push
+                    moved (sync/bytes, sync/seconds, sync/tensors) and whether its receivers
+                    hold the trainer's weights by content (sync/verified)
     reads           the config sections and keys only some sources read ("agent",
                     "data.api_url", ...) that this one does; with "reward" for a source whose
                     rows are not `scored` (`read_keys`): one that some source reads and the
@@ -101,6 +104,7 @@ class SourceSpec:
     section: str | None = None
     sync_only: bool = False
     launched: bool = False
+    checks_sync: bool = False
     reads: tuple[str, ...] = ()
 
     @property

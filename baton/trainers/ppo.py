@@ -61,7 +61,7 @@ from baton.algos.off_policy import mismatch_kl
 from baton.batch import Batch
 from baton.runs.checkpoints import CHECKPOINTS_DIR, checkpoint_step, list_checkpoints
 from baton.runs.fsutil import unused_sibling
-from baton.sources import evaluation, row_source
+from baton.sources import evaluation, row_source, source_spec
 from baton.trainers.placement.generator import check_placed
 from baton.trainers.placement.roles import build_roles
 from baton.trainers.ppo_config import PPOConfig
@@ -299,10 +299,9 @@ def train(cfg: PPOConfig) -> dict[str, float]:
                 metrics["rollout/logprob_mismatch_kl"] = sampled_mismatch_kl(actor, batch)
             with timed("sync"):
                 parity = source.weights_updated(step, check=t.check_weight_sync)
-            sync_metrics = getattr(source, "sync_metrics", None)  # the colocated engine, the API's servers
-            if sync_metrics is not None:  # (other sources: their receivers check before installing)
-                with timed("verify"):
-                    metrics.update(sync_metrics())
+            if source_spec(cfg).checks_sync:  # the colocated engine, the API's servers (other
+                with timed("verify"):  # sources: their receivers check before installing)
+                    metrics.update(source.sync_metrics())
             if t.check_weight_sync:
                 check_sync(parity, step, sync_tolerance(cfg))
             metrics.update(watch.check(step, batch, groups))
