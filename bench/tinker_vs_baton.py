@@ -10,8 +10,8 @@ demo) on the arithmetic task and take, each step:
 
     tinker  a LoRA training client (rank, alpha 32, seed 0, no unembedding adapter) on a
             `baton tinker` subprocess (one torch thread); `save_weights_for_sampler`, a sampling
-            client on that path, `--n` samples (T=1, `--max-tokens`) for each of the step's
-            prompts; reward 1 for the exact answer; GRPO advantages (r - mean) / (std + 1e-6)
+            client on that path, `--n` samples (T=1, `--max-tokens`, a seed per request) for
+            each of the step's prompts; reward 1 for the exact answer; GRPO advantages (r - mean) / (std + 1e-6)
             (unbiased std) divided by the step's sampled-token count (Tinker's losses are sums,
             the recipe's token-mean divides by that count); groups whose rewards are all equal
             are not sent (their advantage is 0: no gradient, as in tinker-cookbook's rl_loop);
@@ -87,7 +87,9 @@ def tinker_arm(args: argparse.Namespace, url: str) -> list[dict]:
         sampler = service.create_sampling_client(model_path=path).result()
         rows = prompts.next_batch(args.prompts)
         ids = [prompt_ids(tok, row["prompt"]) for row in rows]
-        futures = [sampler.sample(types.ModelInput.from_ints(p), args.n, params) for p in ids]
+        futures = [sampler.sample(types.ModelInput.from_ints(p), args.n,  # seeded: a rerun draws the same
+                                  params.model_copy(update={"seed": step * args.prompts + i}))
+                   for i, p in enumerate(ids)]
         data, rewards, n_tokens = [], [], 0
         groups = []
         for row, prompt, fut in zip(rows, ids, futures):
