@@ -2,7 +2,7 @@
 against the official Tinker SDK driving `baton tinker`, and `baton train` of the recipe.
 
     python bench/tinker_vs_baton.py [--steps 30 --prompts 64 --n 8 --lr 2e-3 --rank 8
-                                     --max-tokens 4 --warmup 5 --work DIR --arms tinker,baton]
+                                     --max-tokens 4 --warmup 5 --seed 0 --work DIR --arms tinker,baton]
     python bench/tinker_vs_baton.py --smoke  # 2 steps each, 4 prompts x 4 (CI's tinker job)
 
 Needs the `tinker` extra (the SDK). Both arms start from `checkpoints/arith-sft` (the README's
@@ -88,7 +88,7 @@ def tinker_arm(args: argparse.Namespace, url: str) -> list[dict]:
         rows = prompts.next_batch(args.prompts)
         ids = [prompt_ids(tok, row["prompt"]) for row in rows]
         futures = [sampler.sample(types.ModelInput.from_ints(p), args.n,  # seeded: a rerun draws the same
-                                  params.model_copy(update={"seed": step * args.prompts + i}))
+                                  params.model_copy(update={"seed": (args.seed * args.steps + step) * args.prompts + i}))
                    for i, p in enumerate(ids)]
         data, rewards, n_tokens = [], [], 0
         groups = []
@@ -135,7 +135,7 @@ def baton_arm(args: argparse.Namespace, run: Path) -> list[dict]:
                  f"rollout.max_new_tokens={args.max_tokens}", f"model.lora.rank={args.rank}",
                  f"model.lora.alpha={LORA_ALPHA}", f"actor.lr={args.lr}", f"actor.lr_warmup_steps={args.warmup}",
                  f"actor.mini_batch_size={batch}", f"actor.micro_batch_size={batch}", "data.eval_size=2",
-                 "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false"]
+                 "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.seed={args.seed}"]
     with contextlib.redirect_stdout(io.StringIO()):
         code = baton_main(["train", str(REPO / "recipes/grpo_arithmetic.yaml"), *overrides])
     if code:
@@ -183,6 +183,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=8, help="LoRA rank")
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--block", type=int, default=5, help="steps per block mean")
+    p.add_argument("--seed", type=int, default=0, help="the samples' seed (baton: trainer.seed; the prompts do not change)")
     p.add_argument("--arms", default="tinker,baton", help="which arms, in order: tinker, baton or both")
     p.add_argument("--work", type=Path, default=None, help="server log, state and run dir (default: a temp dir)")
     add_smoke(p)
@@ -191,8 +192,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if set(args.arms) - {"tinker", "baton"} or len(set(args.arms)) != len(args.arms):
         p.error(f"--arms: tinker and/or baton, each once, got {','.join(args.arms)}")
     if min(args.steps, args.prompts, args.n, args.rank, args.max_tokens, args.block) < 1 or args.lr <= 0 \
-            or args.warmup < 0:
-        p.error("--steps, --prompts, --n, --rank, --max-tokens and --block must be >= 1, --lr > 0, --warmup >= 0")
+            or min(args.warmup, args.seed) < 0:
+        p.error("--steps, --prompts, --n, --rank, --max-tokens and --block must be >= 1, --lr > 0, --warmup and "
+                "--seed >= 0")
     if args.smoke:
         args.steps, args.prompts, args.n, args.warmup, args.block = 2, 4, 4, 0, 1
     return args
