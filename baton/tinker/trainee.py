@@ -3,9 +3,11 @@ the SDK's `TrainingClient` makes (forward, forward_backward, optim_step, state s
 adapter snapshots for sampling).
 
 Runs on the server's one worker thread (`baton.tinker.service`): calls of a model execute in
-the order they arrived, as the SDK's request ids ("turns") order them. Each datum is its own
-forward pass (no padding: its logprobs are exactly the unbatched model's); gradients add up
-over the data of every `forward_backward` until `optim_step` applies and clears them.
+the order they arrived, as the SDK's request ids ("turns") order them. The data of a request
+run in right-padded micro-batches (`micro_batches`: consecutive data within
+`TOKENS_PER_BATCH` padded tokens; each datum's logprobs and loss read its own positions only,
+which attend to no padding); gradients add up over the data of every `forward_backward`
+until `optim_step` applies and clears them.
 
 LoRA (`create_lora_training_client(base_model, rank, train_attn, train_mlp, train_unembed)`):
 baton's `apply_lora` with alpha `LORA_ALPHA` on the attention projections, the MLP projections
@@ -28,6 +30,7 @@ from baton.tinker.losses import LOSSES, loss_config
 from baton.tinker.wire import Datum
 
 LORA_ALPHA = 32.0
+TOKENS_PER_BATCH = 2048  # padded tokens a forward pass holds (its logits: this x vocab floats, 400 MB at 49k)
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
 OPTIMIZER_FILE = "optimizer.pt"
@@ -38,6 +41,22 @@ def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> list
     if not targets:
         raise ValueError("lora_config: at least one of train_attn, train_mlp, train_unembed must be true")
     return targets
+
+
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive indices of `lengths`, cut so that each batch's padded size (its count x
+    its longest) stays within `budget` tokens; a datum longer than the budget is a batch of
+    its own. In order: the data's sums and outputs keep the request's order."""
+    out: list[list[int]] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        if out and (len(out[-1]) + 1) * max(width, n) <= budget:
+            out[-1].append(i)
+            width = max(width, n)
+        else:
+            out.append([i])
+            width = n
+    return out
 
 
 class Trainee:
@@ -52,6 +71,7 @@ class Trainee:
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
         self.steps = 0
         self.vocab = self.model.config.vocab_size
+        self.tokens_per_batch = TOKENS_PER_BATCH
 
     @property
     def device(self) -> torch.device:
@@ -88,24 +108,34 @@ class Trainee:
     def forward_backward(self, data: list[Datum], loss_fn: str, cfg: dict[str, float],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum: its target logprobs and per-token loss; metrics: `loss:sum` (Tinker's
-        losses are sums). Without `forward_only` the loss's gradient is accumulated."""
+        losses are sums). Without `forward_only` the loss's gradient is accumulated. The data
+        run in padded micro-batches of consecutive data (`micro_batches`); each datum's loss is
+        computed on its own positions only, so padding adds nothing."""
         fn = LOSSES[loss_fn].fn
         outputs, total = [], 0.0
-        for d in data:
-            tokens = torch.tensor([d.tokens], device=self.device)  # [1, T]
-            inputs = {k: torch.tensor(v, device=self.device).float() for k, v in d.inputs.items() if
-                      k != "target_tokens"}
-            targets = torch.tensor(d.inputs["target_tokens"], device=self.device).long()  # [T]
+        for chunk in micro_batches([len(d.tokens) for d in data], self.tokens_per_batch):
+            batch = [data[i] for i in chunk]
+            width = max(len(d.tokens) for d in batch)
+            tokens = torch.zeros(len(batch), width, dtype=torch.long, device=self.device)  # [B, T]
+            targets = torch.zeros_like(tokens)  # [B, T]
+            mask = torch.zeros_like(tokens)  # [B, T] 1 on each datum's own positions
+            for row, d in enumerate(batch):
+                tokens[row, :len(d.tokens)] = torch.tensor(d.tokens)
+                targets[row, :len(d.tokens)] = torch.as_tensor(d.inputs["target_tokens"]).long()
+                mask[row, :len(d.tokens)] = 1
             with torch.set_grad_enabled(not forward_only):
-                logits = self.model(input_ids=tokens).logits[0]  # [T, V]
-                logprobs = logprobs_from_logits(logits, targets)  # [T]
-                per_token = fn(logprobs, inputs, cfg)  # [T]
-                loss = per_token.sum()
+                logits = self.model(input_ids=tokens, attention_mask=mask).logits  # [B, T, V]
+                logprobs = logprobs_from_logits(logits, targets)  # [B, T]
+                per_token = [fn(logprobs[row, :len(d.tokens)],
+                                {k: torch.tensor(v, device=self.device).float() for k, v in d.inputs.items()
+                                 if k != "target_tokens"}, cfg) for row, d in enumerate(batch)]  # each [T_i]
+                losses = torch.stack([t.sum() for t in per_token])  # [B]
             if not forward_only:
-                loss.backward()
-            total += float(loss.detach())
-            outputs.append({"logprobs": logprobs.detach().cpu().float().numpy(),
-                            "elementwise_loss": per_token.detach().cpu().float().numpy()})
+                losses.sum().backward()
+            total += float(losses.detach().double().sum())
+            outputs += [{"logprobs": logprobs[row, :len(d.tokens)].detach().cpu().float().numpy(),
+                         "elementwise_loss": t.detach().cpu().float().numpy()}
+                        for row, (d, t) in enumerate(zip(batch, per_token))]
         return outputs, {"loss:sum": total}
 
     def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
