@@ -37,7 +37,7 @@ SOURCES.add("rollout", SourceSpec("rollout", "baton.sources.colocated:build", dr
 SOURCES.add("generator", SourceSpec("rollout", "baton.sources.ahead:build", generator=True))
 SOURCES.add("api", SourceSpec("api", "baton.sources.api:build", bounds_age=True, own_sampling="environments",
                               sync_only=True, launched=True, checks_sync=True, reads=API_KEYS, **SCORED))
-SOURCES.add("agent", SourceSpec("agent", "baton.sources.episodes:build_episodes", **AGENT))
+SOURCES.add("agent", SourceSpec("agent", "baton.sources.episodes:build_episodes", checks_sync=True, **AGENT))
 SOURCES.add("agent_generator", SourceSpec("agent", "baton.sources.episodes:build_episode_generator", generator=True,
                                           **AGENT))
 SOURCES.add("gateway", SourceSpec("gateway", "baton.sources.gateway:build_sessions", **GATEWAY))

@@ -51,3 +51,19 @@ def test_the_demo_recipe_is_verified_on_every_step(tmp_path, weight_sync):
     moved = {r["sync/bytes"] for r in steps}  # inplace: nothing moves; copy: the whole model, copied in
     assert moved == {0.0} if weight_sync == "auto" else len(moved) == 1 and moved.pop() > 1e6, steps
     assert all(r["sync/seconds"] >= 0 for r in steps)
+
+
+def test_an_agent_run_is_verified_on_every_step(tmp_path):
+    """The agent path samples with the same colocated engine (its source declares
+    `checks_sync`): every step says so too."""
+    from baton.cli import main
+    from baton.sources import SOURCES
+
+    assert [n for n, s in SOURCES.items() if s.checks_sync] == ["rollout", "api", "agent"]
+    run_dir = tmp_path / "run"
+    assert main(["train", "recipes/agent_guess.yaml", "trainer.steps=2", "data.prompts_per_step=2", "rollout.n=4",
+                 "data.eval_size=4", "trainer.eval_every=0", "agent.max_turns=2", "actor.micro_batch_size=8",
+                 "actor.mini_batch_size=8", "model.path=checkpoints/arith-sft", f"trainer.run_dir={run_dir}"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/loss" in r]
+    assert len(steps) == 2 and [r["sync/verified"] for r in steps] == [1.0, 1.0], steps
