@@ -53,7 +53,6 @@ sys.path.insert(0, str(REPO / "scripts"))
 from tinker_cookbook_loops import KEY, Server  # noqa: E402  (scripts/: the `baton tinker` subprocess)
 
 NAME = "arith-sft"
-LORA_ALPHA = 32  # baton tinker's (baton/tinker/trainee.py)
 CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}  # the recipe's ppo_clip 0.2 / 0.28
 
 
@@ -71,6 +70,7 @@ def tinker_arm(args: argparse.Namespace, url: str) -> list[dict]:
     import torch
     from tinker import types
 
+    from baton.algos.advantages import grpo_advantages
     from baton.data.prompts import PromptSampler
     from baton.data.records import prompt_ids
     from baton.envs import ArithmeticTask, verify
@@ -98,7 +98,8 @@ def tinker_arm(args: argparse.Namespace, url: str) -> list[dict]:
                               for s in seqs])
             rewards += r.tolist()
             n_tokens += sum(len(s.tokens) for s in seqs)
-            groups.append((prompt, seqs, (r - r.mean()) / (r.std() + 1e-6)))
+            adv, _ = grpo_advantages(scores=r, response_mask=torch.ones(len(r), 1), group_size=len(r))  # [n, 1]
+            groups.append((prompt, seqs, adv[:, 0]))  # baton train's estimator, one group
         sampled_s = time.perf_counter() - t0
         for prompt, seqs, adv in groups:
             if not adv.abs().sum():
@@ -127,6 +128,7 @@ def baton_arm(args: argparse.Namespace, run: Path) -> list[dict]:
 
     from baton.cli import main as baton_main
     from baton.metrics import read_metrics
+    from baton.tinker.trainee import LORA_ALPHA  # baton tinker's: the same adapters
 
     torch.set_num_threads(1)
     batch = args.prompts * args.n

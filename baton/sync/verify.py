@@ -20,7 +20,7 @@ of what it sent (`digests_held`).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -46,15 +46,22 @@ def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return table
 
 
+def held_as(held: Mapping[str, Any], name: str) -> Any:
+    """What `held` (the engine's names) holds under the trainer's `name`, a wrapper's prefix
+    (`WRAPPER_PREFIXES`) dropped if need be; None when it holds nothing by that name."""
+    got = held.get(name)
+    for prefix in WRAPPER_PREFIXES:
+        if got is None:
+            got = held.get(name.removeprefix(prefix))
+    return got
+
+
 def held_exactly(engine_tensors: Mapping[str, torch.Tensor],
                  trainer_named: Iterable[tuple[str, torch.Tensor]]) -> tuple[bool, str | None]:
     """(True, None) when every trainer tensor is held by the engine byte for byte, else
     (False, the first tensor's name that is missing or differs)."""
     for name, t in trainer_named:
-        held = engine_tensors.get(name)
-        for prefix in WRAPPER_PREFIXES:
-            if held is None:
-                held = engine_tensors.get(name.removeprefix(prefix))
+        held = held_as(engine_tensors, name)
         if held is None:
             return False, name
         held, t = held.detach(), t.detach()
@@ -86,10 +93,6 @@ def digests_held(held: Mapping[str, str], sent: Mapping[str, str]) -> tuple[bool
     """`held_exactly` over a wire: (True, None) when the receiver's digests `held` match the
     digests `sent` for every tensor sent, else (False, the first tensor's name missing or differing)."""
     for name, want in sent.items():
-        got = held.get(name)
-        for prefix in WRAPPER_PREFIXES:
-            if got is None:
-                got = held.get(name.removeprefix(prefix))
-        if got != want:
+        if held_as(held, name) != want:
             return False, name
     return True, None

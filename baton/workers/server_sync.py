@@ -189,12 +189,12 @@ class ServerSyncWorker(Worker):
         if self.rank != 0:
             return None
         verified, problem = self._verified()
-        return {**dict(getattr(self.sync, "last", None) or {}), "sync/verified": verified}, problem
+        return {**(self.sync.last if self.sync is not None else {}), "sync/verified": verified}, problem
 
     def _verified(self) -> tuple[float, str | None]:
         """(1.0, None) when every server holds what was pushed; else (0.0, the first server that
         does not, in one line); (NaN, why) when none differs and one cannot say."""
-        held = getattr(self.sync, "held", None)
+        held = self.sync.held if self.sync is not None else None  # the broadcast's or checkpoint's `Held`
         if held is None or held.version is None:
             return 0.0, f"no push to {self.urls} was confirmed"
         unknown = None

@@ -16,9 +16,8 @@ import torch
 from torch import nn
 
 from baton.rollout.embedded.llama import LlamaRunner, fuse_storage
-from baton.sync.verify import module_tensors
+from baton.sync.verify import WRAPPER_PREFIXES, module_tensors
 
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers of trainer names
 SLEEP_MODES = ("cache", "offload", "discard")
 
 
@@ -56,7 +55,7 @@ class Residency:
                 target = table.get(name)
                 if target is None:
                     stripped = name
-                    for prefix in _WRAPPER_PREFIXES:
+                    for prefix in WRAPPER_PREFIXES:
                         stripped = stripped.removeprefix(prefix)
                     target = table.get(stripped)
                     name = stripped

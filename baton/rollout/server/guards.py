@@ -121,7 +121,7 @@ def param_shapes(engine) -> dict[str, tuple[int, ...]] | None:
 def check_checkpoint(handles: Sequence[Any], shapes: dict[str, tuple[int, ...]] | None) -> int:
     """Read every tensor once; ValueError naming the first unknown name, wrong shape or
     non-finite tensor. Returns the number of tensors."""
-    from baton.rollout.embedded.residency import _WRAPPER_PREFIXES
+    from baton.sync.verify import WRAPPER_PREFIXES
 
     count = 0
     for name, t in iter_handles(handles):
@@ -129,7 +129,7 @@ def check_checkpoint(handles: Sequence[Any], shapes: dict[str, tuple[int, ...]] 
         if shapes is not None:
             key = name
             if key not in shapes:
-                for prefix in _WRAPPER_PREFIXES:
+                for prefix in WRAPPER_PREFIXES:
                     key = key.removeprefix(prefix)
             if key not in shapes:
                 raise ValueError(f"unknown parameter {name!r}")
